@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: builds .venv if needed, then runs the whole suite (tiny local models, no network).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export MIRRORBERT_DATA="${MIRRORBERT_DATA:-$(cd .. && pwd)/shared/data}"
+exec .venv/bin/python -m pytest -q "$@"

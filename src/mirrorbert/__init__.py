@@ -1,0 +1,21 @@
+"""Mirror-BERT: self-supervised conversion of masked language models into universal encoders."""
+
+__version__ = "0.1.0"
+__all__ = ["Encoder", "TrainConfig", "train", "__version__"]
+
+
+def __getattr__(name):
+    # Lazy so that `import mirrorbert` stays cheap (no torch import) for the CLI's --help.
+    if name == "Encoder":
+        from mirrorbert.encoder import Encoder
+
+        return Encoder
+    if name == "TrainConfig":
+        from mirrorbert.config import TrainConfig
+
+        return TrainConfig
+    if name == "train":
+        from mirrorbert.trainer import train
+
+        return train
+    raise AttributeError(name)

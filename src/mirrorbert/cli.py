@@ -1,0 +1,194 @@
+"""`mirrorbert` command line: a thin layer that parses options, calls the library and reports errors.
+
+User mistakes (`UserError`) print one line and exit with status 2; Ctrl-C during training writes a
+checkpoint and exits with 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from mirrorbert import __version__
+from mirrorbert.errors import UserError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def _quiet_third_party() -> None:
+    """Hub/transformers chatter (load reports, weight-loading bars) drowns our own progress output."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except Exception:  # transformers missing or very old: nothing to quieten
+        pass
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+
+
+# ----------------------------------------------------------------------------- train
+def add_train_parser(sub) -> None:
+    p = sub.add_parser(
+        "train", help="Mirror-BERT tuning of a masked LM into an encoder",
+        description="Mirror-BERT: self-supervised contrastive tuning with duplicated views, span masking "
+                    "and dropout. Options default to the chosen --preset (the paper's settings).",
+    )
+    g = p.add_argument_group("model and output")
+    g.add_argument("--model", help="hub id or local folder of the starting MLM (default: bert-base-uncased)")
+    g.add_argument("--output", help="folder to write the trained model to (must not exist unless --overwrite)")
+    g.add_argument("--overwrite", action="store_true", default=None, help="replace an existing --output folder")
+    g.add_argument("--preset", help="paper settings: word | phrase | sentence")
+    g.add_argument("--config", dest="config_file", help="YAML or JSON file of options; command-line options win")
+    d = p.add_argument_group("training strings")
+    d.add_argument("--data", help="strings: .txt (one per line), .csv/.tsv (with --column), .jsonl (with --field)")
+    d.add_argument("--column", help="column holding the text in a CSV/TSV file")
+    d.add_argument("--field", help="field holding the text in a JSONL file")
+    d.add_argument("--words-top", type=int, help="train on the N most frequent words of --lang (wordfreq)")
+    d.add_argument("--lang", help="language of --words-top (default en)")
+    d.add_argument("--random-strings", type=int, help="train on N random letter/digit strings (zero-semantics control)")
+    d.add_argument("--limit", type=int, help="use a random sample of N strings (seeded)")
+    d.add_argument("--skip-bad-lines", action="store_true", default=None, help="skip lines that are not UTF-8 instead of stopping")
+    m = p.add_argument_group("method")
+    m.add_argument("--temperature", type=float, help="InfoNCE temperature tau")
+    m.add_argument("--mask-span", type=int, help="mask K consecutive tokens in the second view (0: off)")
+    m.add_argument("--dropout", type=float, help="dropout probability (hidden, attention, embeddings)")
+    m.add_argument("--drophead", type=float, help="probability of dropping a whole attention head per example")
+    m.add_argument("--controlled-dropout", action="store_true", default=None, help="identical dropout masks for both views (ablation)")
+    m.add_argument("--pooling", help="cls | mean | first-last")
+    m.add_argument("--max-length", type=int, help="maximum tokens per string during training")
+    o = p.add_argument_group("optimisation")
+    o.add_argument("--lr", type=float, help="AdamW learning rate (default 2e-5)")
+    o.add_argument("--weight-decay", type=float, help="AdamW weight decay (default 0.01)")
+    o.add_argument("--schedule", help="constant (paper) | linear (decay to 0 after warmup)")
+    o.add_argument("--warmup-steps", type=int, help="linear warmup steps (default 0)")
+    o.add_argument("--max-grad-norm", type=float, help="clip gradients to this norm (default: off)")
+    o.add_argument("--batch-size", type=int, help="strings per batch, 2 views each (default 200)")
+    o.add_argument("--epochs", type=int, help="passes over the data")
+    o.add_argument("--steps", type=int, help="stop after N optimiser steps (overrides --epochs)")
+    o.add_argument("--seed", type=int, help="random seed (default 42)")
+    h = p.add_argument_group("hardware and bookkeeping")
+    h.add_argument("--device", help="auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:1 | mps")
+    h.add_argument("--precision", help="fp32 | bf16 | fp16 (GPU only)")
+    h.add_argument("--save-every", type=int, help="write a checkpoint every N steps (0: only at the end/interrupt)")
+    h.add_argument("--checkpoint-dir", help="where checkpoints go (default: <output>.checkpoints)")
+    h.add_argument("--keep-checkpoints", type=int, help="how many checkpoints to keep (default 2)")
+    h.add_argument("--resume", help="continue from a checkpoint folder (step-N) or a checkpoint root")
+    h.add_argument("--log-dir", help="write TensorBoard scalars here")
+    h.add_argument("--log-every", type=int, help="log metrics every N steps (default 10)")
+    h.add_argument("--no-progress", dest="show_progress", action="store_false", default=None, help="no progress bar")
+    p.set_defaults(func=run_train)
+
+
+TRAIN_KEYS = (
+    "model", "output", "overwrite", "preset", "data", "column", "field", "words_top", "lang", "random_strings",
+    "limit", "skip_bad_lines", "temperature", "mask_span", "dropout", "drophead", "controlled_dropout", "pooling",
+    "max_length", "lr", "weight_decay", "schedule", "warmup_steps", "max_grad_norm", "batch_size", "epochs",
+    "steps", "seed", "device", "precision", "save_every", "checkpoint_dir", "keep_checkpoints", "resume",
+    "log_dir", "log_every", "show_progress",
+)
+
+
+def run_train(args) -> int:
+    from mirrorbert.config import resolve_config
+    from mirrorbert.trainer import train
+
+    cfg = resolve_config({k: getattr(args, k) for k in TRAIN_KEYS}, config_file=args.config_file)
+    print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
+    result = train(cfg)
+    if result.interrupted:
+        print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"
+              f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(json.dumps({"output": str(result.output), "steps": result.steps, "final_loss": result.final_loss,
+                      "wall_time_s": round(result.wall_time_s, 2),
+                      "strings_per_s": result.info.get("strings_per_s")}, indent=2))
+    return 0
+
+
+# ----------------------------------------------------------------------------- encode
+def add_encode_parser(sub) -> None:
+    p = sub.add_parser("encode", help="encode strings into a .npy matrix (one row per input line)")
+    p.add_argument("--model", required=True, help="trained folder, sentence-transformers folder, HF MLM or hub id")
+    p.add_argument("--input", required=True, help=".txt (one string per line), .csv/.tsv (--column) or .jsonl (--field)")
+    p.add_argument("--column", help="column holding the text in a CSV/TSV file")
+    p.add_argument("--field", help="field holding the text in a JSONL file")
+    p.add_argument("--output", required=True, help="where to write the vectors (.npy)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    p.add_argument("--pooling", help="override the saved pooling: cls | mean | first-last")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-length", type=int, help="truncate inputs to N tokens (default: the model's)")
+    p.add_argument("--normalize", action="store_true", help="L2-normalise the vectors")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 (GPU only)")
+    p.add_argument("--skip-bad-lines", action="store_true", help="skip lines that are not UTF-8")
+    p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True)
+    p.set_defaults(func=run_encode)
+
+
+def run_encode(args) -> int:
+    import numpy as np
+
+    from mirrorbert.data import read_file
+    from mirrorbert.encoder import Encoder
+
+    output = Path(args.output)
+    if output.suffix != ".npy":
+        raise UserError(f"--output {output}: expected a .npy file name")
+    if output.exists() and not args.overwrite:
+        raise UserError(f"--output {output} already exists; pass --overwrite to replace it")
+    texts, _ = read_file(args.input, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
+                         option="--input")
+    encoder = Encoder.load(args.model, pooling=args.pooling, device=args.device, max_length=args.max_length)
+    vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
+                             show_progress=args.show_progress, precision=args.precision)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp.npy")
+    np.save(tmp, vectors)
+    os.replace(tmp, output)
+    print(json.dumps({"output": str(output), "rows": int(vectors.shape[0]), "dim": int(vectors.shape[1]),
+                      "pooling": encoder.pooling}))
+    return 0
+
+
+# ----------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mirrorbert",
+        description="Mirror-BERT and GR-BERT: turn masked language models into word, phrase and sentence encoders.",
+    )
+    parser.add_argument("--version", action="version", version=f"mirrorbert {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_train_parser(sub)
+    add_encode_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USER_ERROR
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    _quiet_third_party()
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"mirrorbert: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("mirrorbert: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

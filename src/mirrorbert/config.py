@@ -1,0 +1,193 @@
+"""Training configuration: one typed dataclass, the paper's presets, config files and overrides.
+
+Precedence (lowest to highest): dataclass defaults < preset < config file < command-line options.
+Everything is validated once, here, so the rest of the code can trust the values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mirrorbert.errors import UserError
+
+POOLINGS = ("cls", "mean", "first-last")
+PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULES = ("constant", "linear")
+DEFAULT_MODEL = "bert-base-uncased"
+
+# The paper's settings (Liu et al. 2021, section 3 and appendix). `pooling: None` in the sentence
+# preset means "mean for BERT-family models, [CLS] otherwise", resolved once the model type is known.
+PRESETS: dict[str, dict[str, Any]] = {
+    "word": {"temperature": 0.2, "mask_span": 0, "epochs": 2, "max_length": 25, "pooling": "cls"},
+    "phrase": {"temperature": 0.04, "mask_span": 2, "epochs": 2, "max_length": 25, "pooling": "cls"},
+    "sentence": {"temperature": 0.04, "mask_span": 5, "epochs": 1, "max_length": 50, "pooling": None},
+}
+# Model types whose sentence-level Mirror-BERT uses mean pooling in the paper's appendix.
+MEAN_POOLING_SENTENCE_MODEL_TYPES = ("bert",)
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a Mirror-BERT run; field names match the long CLI options (`_` -> `-`)."""
+
+    # what to train and where to write it
+    model: str = DEFAULT_MODEL
+    output: str | None = None
+    overwrite: bool = False
+    preset: str | None = None
+    # training strings
+    data: str | None = None
+    column: str | None = None
+    field: str | None = None
+    words_top: int | None = None
+    lang: str = "en"
+    random_strings: int | None = None
+    limit: int | None = None
+    skip_bad_lines: bool = False
+    # the method
+    temperature: float = 0.04
+    mask_span: int = 0
+    dropout: float = 0.1
+    drophead: float = 0.0
+    controlled_dropout: bool = False
+    pooling: str | None = "cls"
+    max_length: int = 50
+    # optimisation
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    max_grad_norm: float | None = None
+    batch_size: int = 200
+    epochs: int = 1
+    steps: int | None = None
+    seed: int = 42
+    # hardware
+    device: str = "auto"
+    precision: str = "fp32"
+    # bookkeeping
+    save_every: int = 0
+    checkpoint_dir: str | None = None
+    keep_checkpoints: int = 2
+    resume: str | None = None
+    log_dir: str | None = None
+    log_every: int = 10
+    show_progress: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def resolved_checkpoint_dir(self) -> Path:
+        """Checkpoints live beside the output so the final model folder can be written atomically."""
+        if self.checkpoint_dir:
+            return Path(self.checkpoint_dir)
+        return Path(f"{Path(self.output).as_posix().rstrip('/')}.checkpoints")
+
+
+FIELD_NAMES = {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def option_name(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON mapping whose keys are TrainConfig fields (dashes or underscores)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--config {path}: no such file")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # both parsers raise many types; the message is what matters
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"--config {path}: cannot parse: {first_line}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"--config {path}: expected a mapping of option names to values")
+    out = {}
+    for key, value in data.items():
+        norm = str(key).replace("-", "_")
+        if norm not in FIELD_NAMES:
+            raise UserError(f"--config {path}: unknown option {key!r}")
+        out[norm] = value
+    return out
+
+
+def resolve_config(
+    overrides: dict[str, Any] | None = None, config_file: str | Path | None = None
+) -> TrainConfig:
+    """Merge defaults, preset, file and explicit overrides (None values in overrides mean 'not given')."""
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = set(overrides) - FIELD_NAMES
+    if unknown:
+        raise UserError(f"unknown option(s): {', '.join(sorted(option_name(k) for k in unknown))}")
+    from_file = load_config_file(config_file) if config_file else {}
+    preset = overrides.get("preset", from_file.get("preset"))
+    values: dict[str, Any] = {}
+    if preset is not None:
+        if preset not in PRESETS:
+            raise UserError(f"--preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        values.update(PRESETS[preset])
+    values.update(from_file)
+    values.update(overrides)
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    return cfg
+
+
+def _check(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise UserError(f"{option_name(key)}: {message}")
+
+
+def validate(cfg: TrainConfig) -> None:
+    _check(cfg.preset is None or cfg.preset in PRESETS, "preset", f"unknown preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
+    _check(cfg.pooling is None or cfg.pooling in POOLINGS, "pooling", f"unknown pooling {cfg.pooling!r}; choose one of {', '.join(POOLINGS)}")
+    _check(cfg.precision in PRECISIONS, "precision", f"unknown precision {cfg.precision!r}; choose one of {', '.join(PRECISIONS)}")
+    _check(cfg.schedule in SCHEDULES, "schedule", f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    _check(_is_number(cfg.temperature) and cfg.temperature > 0, "temperature", "must be a positive number")
+    _check(_is_int(cfg.mask_span) and cfg.mask_span >= 0, "mask_span", "must be an integer >= 0")
+    for key in ("dropout", "drophead"):
+        value = getattr(cfg, key)
+        _check(_is_number(value) and 0 <= value < 1, key, "must be in [0, 1)")
+    _check(_is_number(cfg.lr) and cfg.lr > 0, "lr", "must be a positive number")
+    _check(_is_number(cfg.weight_decay) and cfg.weight_decay >= 0, "weight_decay", "must be >= 0")
+    _check(cfg.max_grad_norm is None or (_is_number(cfg.max_grad_norm) and cfg.max_grad_norm > 0), "max_grad_norm", "must be a positive number")
+    for key in ("batch_size", "epochs", "max_length", "keep_checkpoints", "log_every"):
+        _check(_is_int(getattr(cfg, key)) and getattr(cfg, key) >= 1, key, "must be an integer >= 1")
+    _check(cfg.batch_size >= 2, "batch_size", "must be at least 2 (the loss needs in-batch negatives)")
+    _check(cfg.max_length >= 3, "max_length", "must be at least 3 (special tokens plus one token)")
+    for key in ("steps", "limit", "words_top", "random_strings"):
+        value = getattr(cfg, key)
+        _check(value is None or (_is_int(value) and value >= 1), key, "must be an integer >= 1")
+    for key in ("warmup_steps", "save_every", "seed"):
+        _check(_is_int(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be an integer >= 0")
+    sources = [cfg.data is not None, cfg.words_top is not None, cfg.random_strings is not None]
+    _check(sum(sources) <= 1, "data", "give only one of --data, --words-top, --random-strings")
+    _check(not (cfg.column and cfg.field), "column", "--column is for CSV/TSV, --field for JSONL; not both")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def resolve_pooling(cfg_pooling: str | None, model_type: str) -> str:
+    """The sentence preset leaves pooling open: mean for BERT-family models, [CLS] for the others."""
+    if cfg_pooling is not None:
+        return cfg_pooling
+    return "mean" if model_type in MEAN_POOLING_SENTENCE_MODEL_TYPES else "cls"

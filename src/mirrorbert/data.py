@@ -1,0 +1,191 @@
+"""Training strings: read from files or built-in sources, cleaned, deduplicated, fingerprinted.
+
+Mirror-BERT needs nothing but raw strings, so this module's job is to get them right: every line a user
+gave is either used, reported as a duplicate/blank, or rejected with the file and line named.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import random
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = {".txt", ".text", ""}
+CSV_SUFFIXES = {".csv": ",", ".tsv": "\t"}
+JSONL_SUFFIXES = {".jsonl", ".ndjson"}
+
+
+@dataclass
+class TrainingStrings:
+    strings: list[str]
+    source: str
+    n_read: int
+    n_blank: int
+    n_duplicates: int
+    n_bad_lines: int
+    fingerprint: str
+
+    def summary(self) -> dict:
+        return {
+            "source": self.source,
+            "strings": len(self.strings),
+            "read": self.n_read,
+            "blank": self.n_blank,
+            "duplicates_removed": self.n_duplicates,
+            "bad_lines_skipped": self.n_bad_lines,
+            "sha256": self.fingerprint,
+        }
+
+
+def fingerprint(strings: list[str]) -> str:
+    digest = hashlib.sha256()
+    for s in strings:
+        digest.update(s.encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def _decoded_lines(path: Path, skip_bad_lines: bool) -> tuple[list[tuple[int, str]], int]:
+    """(line number, text) pairs; a line that is not UTF-8 is an error naming it, or skipped on request."""
+    out, bad = [], 0
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if skip_bad_lines:
+                    bad += 1
+                    logger.warning("%s:%d: skipped, not valid UTF-8", path, lineno)
+                    continue
+                raise UserError(
+                    f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}); fix the file or pass --skip-bad-lines"
+                ) from None
+            if lineno == 1:
+                text = text.lstrip("\ufeff")
+            out.append((lineno, text.rstrip("\r\n")))
+    return out, bad
+
+
+def _read_csv(path: Path, lines: list[tuple[int, str]], delimiter: str, column: str | None) -> list[str]:
+    if not column:
+        raise UserError(f"{path}: a {path.suffix} file needs --column NAME to say which column holds the text")
+    reader = csv.DictReader(io.StringIO("\n".join(text for _, text in lines)), delimiter=delimiter)
+    if reader.fieldnames is None or column not in reader.fieldnames:
+        found = ", ".join(reader.fieldnames or [])
+        raise UserError(f"{path}: --column {column!r} not in the header (columns: {found})")
+    return [row.get(column) or "" for row in reader]
+
+
+def _read_jsonl(path: Path, lines: list[tuple[int, str]], field: str | None) -> list[str]:
+    if not field:
+        raise UserError(f"{path}: a JSONL file needs --field NAME to say which field holds the text")
+    out = []
+    for lineno, text in lines:
+        if not text.strip():
+            out.append("")
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        if not isinstance(record, dict) or field not in record:
+            raise UserError(f"{path}:{lineno}: no field {field!r}")
+        value = record[field]
+        if not isinstance(value, str):
+            raise UserError(f"{path}:{lineno}: field {field!r} is not a string")
+        out.append(value)
+    return out
+
+
+def read_file(path: str | Path, column: str | None = None, field: str | None = None,
+              skip_bad_lines: bool = False, option: str = "--data") -> tuple[list[str], int]:
+    """Raw strings of a .txt/.csv/.tsv/.jsonl file (one string per line or row) and the bad-line count."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{option} {path}: no such file")
+    if path.is_dir():
+        raise UserError(f"{option} {path}: is a folder, expected a file")
+    if path.stat().st_size == 0:
+        raise UserError(f"{option} {path}: the file is empty")
+    suffix = path.suffix.lower()
+    lines, bad = _decoded_lines(path, skip_bad_lines)
+    if suffix in CSV_SUFFIXES:
+        return _read_csv(path, lines, CSV_SUFFIXES[suffix], column), bad
+    if suffix in JSONL_SUFFIXES:
+        return _read_jsonl(path, lines, field), bad
+    if column or field:
+        raise UserError(f"{path}: --column/--field only apply to .csv/.tsv/.jsonl files")
+    return [text for _, text in lines], bad
+
+
+def top_words(n: int, lang: str) -> list[str]:
+    """The paper's word-level training data: the N most frequent words of a language."""
+    import wordfreq
+
+    try:
+        words = wordfreq.top_n_list(lang, n)
+    except LookupError:
+        raise UserError(f"--lang {lang!r}: wordfreq has no word list for this language") from None
+    if not words:
+        raise UserError(f"--lang {lang!r}: wordfreq has no word list for this language")
+    return words
+
+
+def random_strings(n: int, seed: int, min_len: int = 3, max_len: int = 12) -> list[str]:
+    """The paper's zero-semantics control: strings of random lowercase letters and digits."""
+    rng = random.Random(seed)
+    alphabet = string.ascii_lowercase + string.digits
+    return ["".join(rng.choices(alphabet, k=rng.randint(min_len, max_len))) for _ in range(n)]
+
+
+def load_training_strings(
+    data: str | None = None,
+    column: str | None = None,
+    field: str | None = None,
+    words_top: int | None = None,
+    lang: str = "en",
+    random_count: int | None = None,
+    limit: int | None = None,
+    seed: int = 42,
+    skip_bad_lines: bool = False,
+) -> TrainingStrings:
+    bad = 0
+    if data is not None:
+        raw, bad = read_file(data, column=column, field=field, skip_bad_lines=skip_bad_lines)
+        source = str(data)
+    elif words_top is not None:
+        raw, source = top_words(words_top, lang), f"wordfreq:{lang}:top{words_top}"
+    elif random_count is not None:
+        raw, source = random_strings(random_count, seed), f"random-strings:{random_count}:seed{seed}"
+    else:
+        raise UserError("no training data: give --data FILE, --words-top N or --random-strings N")
+
+    stripped = [s.strip() for s in raw]
+    n_blank = sum(1 for s in stripped if not s)
+    seen: set[str] = set()
+    unique = []
+    for s in stripped:
+        if s and s not in seen:
+            seen.add(s)
+            unique.append(s)
+    n_dup = len(stripped) - n_blank - len(unique)
+    if limit is not None and limit < len(unique):
+        keep = sorted(random.Random(seed).sample(range(len(unique)), limit))
+        unique = [unique[i] for i in keep]
+    if len(unique) < 2:
+        raise UserError(f"{source}: needs at least 2 distinct non-blank strings, found {len(unique)}")
+    logger.info(
+        "training strings from %s: %d used (%d read, %d blank, %d duplicates removed, %d bad lines skipped)",
+        source, len(unique), len(raw), n_blank, n_dup, bad,
+    )
+    return TrainingStrings(unique, source, len(raw), n_blank, n_dup, bad, fingerprint(unique))

@@ -1,0 +1,285 @@
+"""The encoder: a Hugging Face model + tokenizer + pooling, with loading, batched encoding and saving.
+
+Saved folders are at the same time a `transformers` model folder (AutoModel/AutoTokenizer load them) and
+a sentence-transformers folder (modules.json, pooling config), plus `mirrorbert.json` describing how the
+model was trained. `Encoder.load` reads any of: such a folder, a sentence-transformers folder, a plain
+HF masked LM (the "before" state, mean pooling by default) or a hub id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from mirrorbert.errors import UserError
+from mirrorbert.pooling import (
+    POOLINGS,
+    needs_hidden_states,
+    pool,
+    pooling_from_sentence_transformers,
+    sentence_transformers_modules,
+)
+from mirrorbert.runtime import atomic_output_dir, autocast, check_precision, library_versions, resolve_device
+from mirrorbert.views import pad_batch
+
+logger = logging.getLogger(__name__)
+
+MIRRORBERT_JSON = "mirrorbert.json"
+# Models whose position ids start after the padding index, so two positions are unusable.
+OFFSET_POSITION_MODEL_TYPES = ("roberta", "xlm-roberta", "camembert", "longformer")
+
+
+def _hub_error(name: str, exc: Exception) -> UserError:
+    if Path(name).exists():
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return UserError(f"--model {name}: cannot load the model in this folder: {first}")
+    offline = os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True")
+    text = str(exc).lower()
+    unreachable = offline or any(
+        hint in text for hint in ("connect", "offline", "resolve", "network", "couldn't reach", "cannot find the requested files", "local_files_only", "internet")
+    )
+    if unreachable:
+        return UserError(
+            f"--model {name}: not a local folder and the Hugging Face hub is unreachable from this machine; "
+            "--model also takes a local folder holding a saved model (e.g. --model path/to/model)"
+        )
+    return UserError(f"--model {name}: no such local folder or hub model ({type(exc).__name__})")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP check, so an offline machine gets an answer in seconds instead of minutes of retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+        return False
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def check_model_reachable(name: str) -> None:
+    """A name that is neither a local folder nor in the local HF cache needs the hub: fail fast if offline."""
+    if Path(name).exists():
+        return
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name, local_files_only=True)
+        return  # cached earlier: loads offline
+    except (OSError, ValueError):
+        pass
+    if not hub_reachable():
+        raise UserError(
+            f"--model {name}: not a local folder and the Hugging Face hub is unreachable from this machine; "
+            "--model also takes a local folder holding a saved model (e.g. --model path/to/model)"
+        )
+
+
+def default_max_length(tokenizer, config) -> int:
+    candidates = []
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and 0 < tok_max < 100_000:
+        candidates.append(tok_max)
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        offset = (config.pad_token_id or 0) + 1 if config.model_type in OFFSET_POSITION_MODEL_TYPES else 0
+        candidates.append(positions - offset)
+    return min(candidates) if candidates else 512
+
+
+class Encoder(torch.nn.Module):
+    """Encodes strings into vectors; also the module Mirror-BERT trains (its forward is the pooled vector)."""
+
+    def __init__(self, model, tokenizer, pooling: str = "mean", max_length: int | None = None,
+                 normalize_default: bool = False, source: str | None = None):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise UserError(f"--pooling: unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.max_length = max_length or default_max_length(tokenizer, model.config)
+        self.normalize_default = normalize_default
+        self.source = source
+        self.training_info: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, name_or_path: str | os.PathLike, pooling: str | None = None, device: str | None = None,
+             max_length: int | None = None, config_overrides: dict[str, Any] | None = None) -> "Encoder":
+        """Load a mirrorbert/sentence-transformers/HF folder or hub id; pooling defaults to what was saved."""
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+        name = str(name_or_path)
+        if pooling is not None and pooling not in POOLINGS:
+            raise UserError(f"--pooling: unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+        folder = Path(name)
+        saved_pooling, normalize, saved_max, info = None, False, None, {}
+        if folder.is_dir():
+            if not (folder / "config.json").exists():
+                raise UserError(f"--model {name}: folder has no config.json (not a Hugging Face model folder)")
+            try:
+                saved_pooling, normalize = pooling_from_sentence_transformers(folder)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+            if (folder / MIRRORBERT_JSON).exists():
+                info = json.loads((folder / MIRRORBERT_JSON).read_text(encoding="utf-8"))
+                saved_pooling = info.get("pooling", saved_pooling)
+            st_cfg = folder / "sentence_bert_config.json"
+            if st_cfg.exists():
+                saved_max = json.loads(st_cfg.read_text(encoding="utf-8")).get("max_seq_length")
+        check_model_reachable(name)
+        try:
+            config = AutoConfig.from_pretrained(name, **(config_overrides or {}))
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            try:
+                model = AutoModel.from_pretrained(name, config=config, add_pooling_layer=False)
+            except TypeError:  # architectures without a pooler head do not take the argument
+                model = AutoModel.from_pretrained(name, config=config)
+        except (OSError, ValueError) as exc:
+            raise _hub_error(name, exc) from None
+        encoder = cls(
+            model, tokenizer, pooling=pooling or saved_pooling or "mean",
+            max_length=max_length or saved_max, normalize_default=normalize, source=name,
+        )
+        encoder.training_info = info.get("training", {})
+        encoder.to(resolve_device(device))
+        return encoder
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    # ------------------------------------------------------------------ forward / encode
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra) -> torch.Tensor:
+        outputs = self.model(
+            input_ids=input_ids, attention_mask=attention_mask,
+            output_hidden_states=needs_hidden_states(self.pooling), return_dict=True, **extra,
+        )
+        return pool(outputs, attention_mask, self.pooling)
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        encoded = self.tokenizer(list(texts), add_special_tokens=True, truncation=True, max_length=self.max_length)
+        return [list(ids) for ids in encoded["input_ids"]]
+
+    def encode(self, texts: str | Sequence[str], batch_size: int = 64, normalize: bool | None = None,
+               show_progress: bool = False, convert_to: str = "numpy", precision: str = "fp32"):
+        """Vectors in input order. Sorted by length internally so each batch pads little."""
+        from tqdm.auto import tqdm
+
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        if convert_to not in ("numpy", "torch"):
+            raise UserError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
+        if batch_size < 1:
+            raise UserError("--batch-size must be >= 1")
+        device = self.device
+        check_precision(precision, device)
+        normalize = self.normalize_default if normalize is None else normalize
+        out = torch.empty((len(texts), self.dim), dtype=torch.float32)
+        if texts:
+            ids = self.tokenize(texts)
+            order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+            pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            was_training = self.training
+            self.eval()
+            try:
+                with torch.inference_mode():
+                    starts = range(0, len(order), batch_size)
+                    for start in tqdm(starts, disable=not show_progress, desc="encode", unit="batch"):
+                        index = order[start:start + batch_size]
+                        batch = {k: v.to(device) for k, v in pad_batch([ids[i] for i in index], pad_id).items()}
+                        with autocast(device, precision):
+                            vectors = self(**batch)
+                        out[torch.tensor(index)] = vectors.float().cpu()
+            finally:
+                self.train(was_training)
+        if normalize:
+            out = torch.nn.functional.normalize(out, dim=-1)
+        result = out[0] if single else out
+        return result if convert_to == "torch" else result.numpy()
+
+    def similarity(self, a, b, batch_size: int = 64) -> np.ndarray:
+        """Cosine similarity matrix between two lists of strings (or of already computed vectors)."""
+        va = self.encode(a, batch_size=batch_size, normalize=True) if _is_texts(a) else _unit(np.asarray(a))
+        vb = self.encode(b, batch_size=batch_size, normalize=True) if _is_texts(b) else _unit(np.asarray(b))
+        return np.atleast_2d(va) @ np.atleast_2d(vb).T
+
+    # ------------------------------------------------------------------ saving
+    def write(self, folder: str | Path, training_info: dict[str, Any] | None = None) -> Path:
+        """Write into an existing (empty) folder; use `save` for the atomic user-facing version."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        config = self.model.config
+        previous_hidden = config.output_hidden_states
+        config.output_hidden_states = needs_hidden_states(self.pooling)
+        try:
+            self.model.save_pretrained(folder)
+        finally:
+            config.output_hidden_states = previous_hidden
+        self.tokenizer.save_pretrained(folder)
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+        for idx, module in enumerate(sentence_transformers_modules(self.pooling, self.dim, config.num_hidden_layers), 1):
+            sub = folder / module["folder"]
+            sub.mkdir(exist_ok=True)
+            (sub / "config.json").write_text(json.dumps(module["config"], indent=2), encoding="utf-8")
+            if "weights" in module:
+                save_file(module["weights"], str(sub / "model.safetensors"))
+            modules.append({"idx": idx, "name": str(idx), "path": module["folder"], "type": module["type"]})
+        _write_json(folder / "modules.json", modules)
+        _write_json(folder / "sentence_bert_config.json", {"max_seq_length": self.max_length, "do_lower_case": False})
+        versions = library_versions()
+        _write_json(folder / "config_sentence_transformers.json", {
+            "__version__": {"sentence_transformers": _st_version(), "transformers": versions["transformers"],
+                            "pytorch": versions["torch"]},
+            "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine",
+        })
+        info = training_info if training_info is not None else self.training_info
+        _write_json(folder / MIRRORBERT_JSON, {
+            "format_version": 1, "pooling": self.pooling, "max_length": self.max_length,
+            "base_model": info.get("config", {}).get("model", self.source), "versions": versions, "training": info,
+        })
+        return folder
+
+    def save(self, path: str | Path, training_info: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
+        """Atomic: the folder appears complete or not at all; an existing one is kept unless overwrite."""
+        with atomic_output_dir(path, overwrite=overwrite) as tmp:
+            self.write(tmp, training_info)
+        return Path(path)
+
+
+def _is_texts(x) -> bool:
+    return isinstance(x, str) or (isinstance(x, (list, tuple)) and (not x or isinstance(x[0], str)))
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
+
+
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def _st_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sentence-transformers")
+    except Exception:
+        return "unknown"

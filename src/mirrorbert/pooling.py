@@ -1,0 +1,95 @@
+"""The one pooling implementation, used by training, encoding and the saved sentence-transformers files.
+
+- cls: the last layer's first-token vector, taken before any pooler head (the paper's [CLS]).
+- mean: attention-masked mean of the last layer.
+- first-last: attention-masked mean of the average of the first transformer layer's output
+  (hidden_states[1], not the embedding layer) and the last layer's output.
+"""
+
+from __future__ import annotations
+
+import torch
+
+POOLINGS = ("cls", "mean", "first-last")
+
+
+def needs_hidden_states(mode: str) -> bool:
+    return mode == "first-last"
+
+
+def masked_mean(tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
+    return (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+def pool(outputs, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """`outputs` is a HF model output with last_hidden_state (and hidden_states for first-last)."""
+    if mode == "cls":
+        return outputs.last_hidden_state[:, 0]
+    if mode == "mean":
+        return masked_mean(outputs.last_hidden_state, attention_mask)
+    if mode == "first-last":
+        hidden = outputs.hidden_states
+        if hidden is None:
+            raise ValueError("first-last pooling needs output_hidden_states=True")
+        return masked_mean((hidden[1] + hidden[-1]) / 2, attention_mask)
+    raise ValueError(f"unknown pooling {mode!r}")
+
+
+def sentence_transformers_modules(mode: str, dim: int, num_layers: int) -> list[dict]:
+    """Describe `mode` as stock sentence-transformers modules so SentenceTransformer(path) reproduces it.
+
+    first-last becomes a WeightedLayerPooling over layers 1..L with weights (1, 0, ..., 0, 1), which
+    averages exactly the first and last layers, followed by mean pooling.
+    """
+    modules = []
+    if mode == "first-last":
+        weights = [0.0] * num_layers
+        weights[0] = weights[-1] = 1.0
+        modules.append({
+            "type": "sentence_transformers.models.WeightedLayerPooling",
+            "folder": "1_WeightedLayerPooling",
+            "config": {"word_embedding_dimension": dim, "layer_start": 1, "num_hidden_layers": num_layers},
+            "weights": {"layer_weights": torch.tensor(weights)},
+        })
+    modules.append({
+        "type": "sentence_transformers.models.Pooling",
+        "folder": f"{len(modules) + 1}_Pooling",
+        "config": {
+            "word_embedding_dimension": dim,
+            "pooling_mode_cls_token": mode == "cls",
+            "pooling_mode_mean_tokens": mode in ("mean", "first-last"),
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+        },
+    })
+    return modules
+
+
+def pooling_from_sentence_transformers(folder) -> tuple[str | None, bool]:
+    """Read back (pooling mode, normalize) from a sentence-transformers folder; (None, False) if not one."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    modules_file = folder / "modules.json"
+    if not modules_file.exists():
+        return None, False
+    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    mode, normalize, weighted = None, False, False
+    for module in modules:
+        kind = module.get("type", "")
+        if kind.endswith("WeightedLayerPooling"):
+            weighted = True
+        elif kind.endswith("Pooling"):
+            cfg_path = folder / module.get("path", "") / "config.json"
+            cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+            if cfg.get("pooling_mode_cls_token") or cfg.get("pooling_mode") == "cls":
+                mode = "cls"
+            elif cfg.get("pooling_mode_mean_tokens") or cfg.get("pooling_mode", "mean") == "mean":
+                mode = "first-last" if weighted else "mean"
+            else:
+                raise ValueError(f"{cfg_path}: pooling mode not supported by mirrorbert ({cfg})")
+        elif kind.endswith("Normalize"):
+            normalize = True
+    return mode, normalize

@@ -1,0 +1,369 @@
+"""Training machinery shared by every trainer (Mirror-BERT, MLM pre-training, GR-BERT).
+
+Device and precision selection, seeding, atomic output folders, checkpoints with full optimiser,
+scheduler and RNG state (so a resumed run continues bit-for-bit), and metric logging. Kept free of
+anything method-specific so the three trainers share one copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+TRAINING_STATE = "training_state.pt"
+CHECKPOINT_META = "checkpoint.json"
+
+
+# --------------------------------------------------------------------------- device / precision
+def resolve_device(name: str | None = None) -> torch.device:
+    """`auto`/None picks CUDA, then Apple MPS, then CPU, as users expect from sentence-transformers."""
+    if name in (None, "", "auto"):
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise UserError(f"--device: unknown device {name!r} ({exc})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available on this machine")
+    return device
+
+
+def check_precision(precision: str, device: torch.device) -> None:
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision: unknown value {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if precision == "fp16" and device.type != "cuda":
+        raise UserError(f"--precision fp16 needs a CUDA GPU (device is {device.type}); use bf16 or fp32")
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """Mixed precision for the forward pass; fp32 is a no-op context."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def make_grad_scaler(device: torch.device, precision: str):
+    """fp16 needs loss scaling to avoid underflow; bf16 and fp32 do not."""
+    if precision == "fp16":
+        return torch.amp.GradScaler(device.type)
+    return None
+
+
+# --------------------------------------------------------------------------- seeding
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def worker_init_fn(worker_id: int) -> None:
+    """Give each DataLoader worker its own reproducible seed derived from the torch base seed."""
+    seed = (torch.initial_seed() + worker_id) % (2**32)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def derived_generator(seed: int, *stream: int) -> torch.Generator:
+    """An independent torch generator for one purpose (e.g. masking in epoch 3), reproducible from the seed."""
+    mixed = np.random.SeedSequence([seed, *stream]).generate_state(1, dtype=np.uint64)[0]
+    gen = torch.Generator()
+    gen.manual_seed(int(mixed) & 0x7FFF_FFFF_FFFF_FFFF)
+    return gen
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def replay_rng() -> Iterator[None]:
+    """Run a block twice with identical random draws: the state is captured on entry and restored on exit.
+
+    Used for controlled dropout, where the second view must see exactly the dropout masks of the first.
+    """
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+# --------------------------------------------------------------------------- output folders
+def check_output_dir(path: str | Path, overwrite: bool, option: str = "--output") -> Path:
+    """Refuse early (before any training) to clobber a user's folder."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise UserError(f"{option} {path} already exists; pass --overwrite to replace it")
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{option} {path} exists and is not a folder")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_output_dir(final: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling folder; on success it replaces `final` in (almost) one rename.
+
+    Nothing the user had is lost: on failure the temporary folder is removed and `final` is untouched;
+    an existing `final` is moved aside first and only deleted after the new one is in place.
+    """
+    final = Path(final)
+    check_output_dir(final, overwrite)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    backup = None
+    if final.exists():
+        backup = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, backup)
+    os.replace(tmp, final)
+    if backup is not None:
+        shutil.rmtree(backup, ignore_errors=True)
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- checkpoints
+@dataclass
+class Checkpoint:
+    """What a resumed run needs besides the model weights (which live in `path/model`)."""
+
+    path: Path
+    step: int
+    meta: dict[str, Any]
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+
+class CheckpointManager:
+    """Writes `root/step-N/{model/, training_state.pt, checkpoint.json}` atomically and keeps the newest few."""
+
+    def __init__(self, root: str | Path, keep: int = 2):
+        self.root = Path(root)
+        self.keep = keep
+
+    def save(
+        self,
+        step: int,
+        save_model,
+        optimizer: torch.optim.Optimizer,
+        scheduler=None,
+        scaler=None,
+        meta: dict[str, Any] | None = None,
+        extra_state: dict[str, Any] | None = None,
+    ) -> Path:
+        """`save_model(folder)` writes the weights (and tokenizer); the rest is pickled state."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"step-{step}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}.tmp-", dir=self.root))
+        try:
+            save_model(tmp / "model")
+            state = {
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "rng": rng_state(),
+                "extra": extra_state or {},
+            }
+            torch.save(state, tmp / TRAINING_STATE)
+            write_json_atomic(tmp / CHECKPOINT_META, {"step": step, **(meta or {})})
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        self._prune()
+        logger.info("checkpoint written: %s", final)
+        return final
+
+    def _prune(self) -> None:
+        steps = sorted(self.all_steps())
+        for step in steps[: max(0, len(steps) - self.keep)]:
+            shutil.rmtree(self.root / f"step-{step}", ignore_errors=True)
+
+    def all_steps(self) -> list[int]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for child in self.root.iterdir():
+            if child.name.startswith("step-") and (child / CHECKPOINT_META).exists():
+                try:
+                    out.append(int(child.name.split("-", 1)[1]))
+                except ValueError:
+                    continue
+        return out
+
+    def latest(self) -> Checkpoint | None:
+        steps = self.all_steps()
+        return load_checkpoint(self.root / f"step-{max(steps)}") if steps else None
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Accept either one `step-N` folder or a checkpoint root (its newest step is taken)."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"--resume {path}: no such checkpoint folder")
+    if not (path / CHECKPOINT_META).exists():
+        latest = CheckpointManager(path).latest()
+        if latest is None:
+            raise UserError(f"--resume {path}: no checkpoint found (expected step-N folders with {CHECKPOINT_META})")
+        return latest
+    meta = json.loads((path / CHECKPOINT_META).read_text(encoding="utf-8"))
+    return Checkpoint(path=path, step=int(meta["step"]), meta=meta)
+
+
+def restore_training_state(ckpt: Checkpoint, optimizer, scheduler=None, scaler=None) -> dict[str, Any]:
+    """Load optimiser/scheduler/scaler/RNG state; returns the trainer's extra state (epoch, batch...)."""
+    state = torch.load(ckpt.path / TRAINING_STATE, map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state.get("scheduler") is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state.get("scaler") is not None:
+        scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"])
+    return state.get("extra", {})
+
+
+# --------------------------------------------------------------------------- optimiser / schedule
+def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with the usual BERT convention: no weight decay on biases and LayerNorm weights."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def build_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: int):
+    """`constant` (the Mirror-BERT paper), `constant-warmup`, or `linear` (warmup then linear decay to 0)."""
+
+    def factor(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "linear":
+            remaining = max(0, total_steps - step)
+            return remaining / max(1, total_steps - warmup_steps)
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# --------------------------------------------------------------------------- interruption / logging
+class InterruptFlag:
+    """Turns Ctrl-C into a flag the training loop checks between steps, so it can checkpoint and exit."""
+
+    def __init__(self):
+        self.raised = False
+        self._previous = None
+
+    def __enter__(self):
+        def handler(signum, frame):
+            if self.raised:  # a second Ctrl-C aborts at once
+                raise KeyboardInterrupt
+            self.raised = True
+            logger.warning("interrupt received: finishing this step, writing a checkpoint, then stopping")
+
+        try:
+            self._previous = signal.signal(signal.SIGINT, handler)
+        except ValueError:  # not in the main thread: leave default behaviour
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+
+class MetricLogger:
+    """Optional TensorBoard scalars; a no-op when no log dir is given."""
+
+    def __init__(self, log_dir: str | Path | None):
+        self.writer = None
+        if log_dir:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise UserError("--log-dir needs TensorBoard: pip install 'mirrorbert[tensorboard]'") from None
+            self.writer = SummaryWriter(str(log_dir))
+
+    def log(self, step: int, **scalars: float) -> None:
+        if self.writer is not None:
+            for key, value in scalars.items():
+                self.writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def library_versions() -> dict[str, str]:
+    import platform
+
+    import transformers
+
+    from mirrorbert import __version__
+
+    versions = {"mirrorbert": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+    versions["python"] = platform.python_version()
+    try:
+        import tokenizers
+
+        versions["tokenizers"] = tokenizers.__version__
+    except ImportError:
+        pass
+    return versions

@@ -1,0 +1,273 @@
+"""Mirror-BERT training: duplicated views, in-batch InfoNCE, checkpoints, exact resume, atomic save."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mirrorbert.config import TrainConfig, resolve_pooling, validate
+from mirrorbert.data import TrainingStrings, load_training_strings
+from mirrorbert.encoder import Encoder, _hub_error, check_model_reachable
+from mirrorbert.errors import UserError
+from mirrorbert.loss import mirror_infonce
+from mirrorbert.runtime import (
+    CheckpointManager,
+    InterruptFlag,
+    MetricLogger,
+    autocast,
+    build_optimizer,
+    build_scheduler,
+    check_output_dir,
+    check_precision,
+    derived_generator,
+    library_versions,
+    load_checkpoint,
+    make_grad_scaler,
+    replay_rng,
+    resolve_device,
+    restore_training_state,
+    seed_everything,
+)
+from mirrorbert.views import (
+    DropHead,
+    dropout_overrides,
+    masked_views,
+    pad_batch,
+    require_mask_token,
+    special_token_ids,
+    tokenize_once,
+)
+
+logger = logging.getLogger(__name__)
+
+# Random streams derived from the seed, one per purpose, so that resuming can regenerate them.
+STREAM_ORDER, STREAM_MASK = 1, 2
+
+
+@dataclass
+class TrainResult:
+    output: Path | None
+    steps: int
+    final_loss: float | None
+    wall_time_s: float
+    interrupted: bool = False
+    checkpoint: Path | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Plan:
+    """How the strings are cut into batches; a pure function of the data, batch size and seed."""
+
+    n: int
+    batch_size: int
+    total_steps: int
+    seed: int
+
+    @property
+    def batches_per_epoch(self) -> int:
+        # A trailing batch of one string has no negatives, so it is dropped.
+        return self.n // self.batch_size + (1 if self.n % self.batch_size >= 2 else 0)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        order = torch.randperm(self.n, generator=derived_generator(self.seed, STREAM_ORDER, epoch)).tolist()
+        return [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)][: self.batches_per_epoch]
+
+
+def load_model_config(name: str):
+    from transformers import AutoConfig
+
+    check_model_reachable(name)
+    try:
+        return AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        raise _hub_error(name, exc) from None
+
+
+def _load_strings(cfg: TrainConfig) -> TrainingStrings:
+    return load_training_strings(
+        data=cfg.data, column=cfg.column, field=cfg.field, words_top=cfg.words_top, lang=cfg.lang,
+        random_count=cfg.random_strings, limit=cfg.limit, seed=cfg.seed, skip_bad_lines=cfg.skip_bad_lines,
+    )
+
+
+def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
+                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str) -> torch.Tensor:
+    """Loss of one batch. Both views share one padded tensor; normally also one forward pass.
+
+    With controlled dropout the views run as two passes that replay the same random state, so every
+    dropout (and drophead) mask is identical for x and x-bar: f(x) = f(x-bar) when the inputs are equal.
+    """
+    batch = {k: v.to(device) for k, v in pad_batch(first + second, pad_id).items()}
+    with autocast(device, precision):
+        if controlled_dropout:
+            half = len(first)
+            views = [{k: v[:half] for k, v in batch.items()}, {k: v[half:] for k, v in batch.items()}]
+            with replay_rng():
+                a = encoder(**views[0])
+            b = encoder(**views[1])
+            embeddings = torch.cat([a, b])
+        else:
+            embeddings = encoder(**batch)
+        return mirror_infonce(embeddings, temperature)
+
+
+def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResult:
+    """Run Mirror-BERT tuning as configured and write the model to `cfg.output`."""
+    validate(cfg)
+    if not cfg.output:
+        raise UserError("--output is required: the folder to write the trained model to")
+    check_output_dir(cfg.output, cfg.overwrite)
+    device = resolve_device(cfg.device)
+    check_precision(cfg.precision, device)
+    strings = strings or _load_strings(cfg)
+    seed_everything(cfg.seed)
+    started = time.time()
+
+    resume = load_checkpoint(cfg.resume) if cfg.resume else None
+    base_config = load_model_config(cfg.model)
+    pooling = resolve_pooling(cfg.pooling, base_config.model_type)
+    overrides = dropout_overrides(base_config, cfg.dropout)
+    encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
+                           config_overrides=overrides)
+    encoder.train()
+    drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
+    tokenizer = encoder.tokenizer
+    mask_id = require_mask_token(tokenizer) if cfg.mask_span > 0 else None
+    special = special_token_ids(tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    token_ids = tokenize_once(tokenizer, strings.strings, cfg.max_length)
+
+    batch_size = cfg.batch_size
+    if batch_size > len(token_ids):
+        logger.warning("--batch-size %d is larger than the data (%d strings): using %d", batch_size,
+                       len(token_ids), len(token_ids))
+        batch_size = len(token_ids)
+    plan = _Plan(len(token_ids), batch_size, 0, cfg.seed)
+    plan.total_steps = cfg.steps or cfg.epochs * plan.batches_per_epoch
+
+    optimizer = build_optimizer(encoder, cfg.lr, cfg.weight_decay)
+    scheduler = build_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, plan.total_steps)
+    scaler = make_grad_scaler(device, cfg.precision)
+    checkpoints = CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints)
+    checkpointing = cfg.save_every > 0 or cfg.checkpoint_dir is not None or resume is not None
+
+    step, epoch, next_batch, last_checkpoint = 0, 0, 0, None
+    if resume is not None:
+        if resume.meta.get("data_sha256") not in (None, strings.fingerprint):
+            raise UserError(f"--resume {resume.path}: the training data differ from the run that wrote this checkpoint")
+        extra = restore_training_state(resume, optimizer, scheduler, scaler)
+        step, epoch, next_batch = extra["step"], extra["epoch"], extra["next_batch"]
+        last_checkpoint = resume.path
+        logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, step, epoch, next_batch)
+
+    def save_checkpoint() -> Path:
+        return checkpoints.save(
+            step, lambda folder: encoder.write(folder), optimizer, scheduler, scaler,
+            meta={"data_sha256": strings.fingerprint, "config": cfg.to_dict()},
+            extra_state={"step": step, "epoch": epoch, "next_batch": next_batch},
+        )
+
+    metrics = MetricLogger(cfg.log_dir)
+    from tqdm.auto import tqdm
+
+    progress = tqdm(total=plan.total_steps, initial=step, disable=not cfg.show_progress, desc="mirror", unit="step")
+    loss_value, seen_strings, seen_tokens, loop_start = None, 0, 0, time.time()
+    interrupted = False
+    try:
+        with InterruptFlag() as interrupt:
+            while step < plan.total_steps and not interrupted:
+                batches = plan.epoch_batches(epoch)
+                second_views = masked_views(token_ids, cfg.mask_span, mask_id, special,
+                                            derived_generator(cfg.seed, STREAM_MASK, epoch))
+                while next_batch < len(batches) and step < plan.total_steps:
+                    index = batches[next_batch]
+                    first = [token_ids[i] for i in index]
+                    second = [second_views[i] for i in index]
+                    loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
+                                            cfg.controlled_dropout, device, cfg.precision)
+                    if not torch.isfinite(loss):
+                        where = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else \
+                            "no checkpoint was written (use --save-every N)"
+                        raise UserError(f"loss is {loss.item()} at step {step + 1}: training stopped; {where}")
+                    optimizer.zero_grad(set_to_none=True)
+                    if scaler is not None:
+                        scaler.scale(loss).backward()
+                        scaler.unscale_(optimizer)
+                    else:
+                        loss.backward()
+                    if cfg.max_grad_norm:
+                        torch.nn.utils.clip_grad_norm_(encoder.parameters(), cfg.max_grad_norm)
+                    if scaler is not None:
+                        scaler.step(optimizer)
+                        scaler.update()
+                    else:
+                        optimizer.step()
+                    scheduler.step()
+                    step += 1
+                    next_batch += 1
+                    loss_value = loss.item()
+                    seen_strings += len(index)
+                    seen_tokens += sum(len(s) for s in first) + sum(len(s) for s in second)
+                    elapsed = max(time.time() - loop_start, 1e-9)
+                    progress.update(1)
+                    progress.set_postfix(loss=f"{loss_value:.4f}", strings_s=f"{seen_strings / elapsed:.1f}")
+                    if step % cfg.log_every == 0 or step == plan.total_steps:
+                        metrics.log(step, loss=loss_value, lr=scheduler.get_last_lr()[0],
+                                    strings_per_s=seen_strings / elapsed)
+                        logger.debug("step %d loss %.4f", step, loss_value)
+                    if next_batch >= len(batches):
+                        epoch, next_batch = epoch + 1, 0
+                    if cfg.save_every and step % cfg.save_every == 0:
+                        last_checkpoint = save_checkpoint()
+                    if interrupt.raised:
+                        interrupted = True
+                        break
+    finally:
+        progress.close()
+        metrics.close()
+        if drophead is not None:
+            drophead.remove()
+
+    wall = time.time() - started
+    if interrupted:
+        last_checkpoint = save_checkpoint()
+        logger.warning("interrupted at step %d; checkpoint written to %s", step, last_checkpoint)
+        return TrainResult(None, step, loss_value, wall, interrupted=True, checkpoint=last_checkpoint)
+    if checkpointing and last_checkpoint != checkpoints.root / f"step-{step}":
+        last_checkpoint = save_checkpoint()
+
+    elapsed = max(time.time() - loop_start, 1e-9)
+    info = {
+        "method": "mirror-bert",
+        "config": {**cfg.to_dict(), "pooling": pooling, "batch_size": batch_size},
+        "data": strings.summary(),
+        "seed": cfg.seed,
+        "steps": step,
+        "epochs": round(step / max(1, plan.batches_per_epoch), 3),
+        "final_loss": loss_value,
+        "wall_time_s": round(wall, 2),
+        "strings_per_s": round(seen_strings / elapsed, 2),
+        "real_tokens_per_s": round(seen_tokens / elapsed, 2),
+        "device": str(device),
+        "precision": cfg.precision,
+        "versions": library_versions(),
+    }
+    encoder.eval()
+    output = encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite)
+    logger.info("model written to %s (%d steps, final loss %s)", output, step, loss_value)
+    return TrainResult(output, step, loss_value, wall, checkpoint=last_checkpoint, info=info)
+
+
+def steps_per_epoch(n_strings: int, batch_size: int) -> int:
+    """Public for users planning budgets: batches per epoch after dropping a trailing single string."""
+    batch_size = min(batch_size, n_strings)
+    return _Plan(n_strings, batch_size, 0, 0).batches_per_epoch
+
+
+__all__ = ["train", "TrainResult", "mirror_step_loss", "steps_per_epoch"]

@@ -1,0 +1,161 @@
+"""The two views (x, x-bar) of each string: tokenisation, random span masking and dropout control.
+
+Views differ through (a) a masked span of K tokens in the second view and (b) dropout, which is set via
+the model config for any HF encoder, optionally extended with per-example attention-head dropout
+(drophead). Controlled dropout (identical masks for both views) is handled by the trainer by replaying
+the RNG state, which works for any architecture without touching its modules.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+# Config attributes that carry dropout probabilities in Hugging Face encoders (BERT/RoBERTa/XLM-R use
+# the first two; embeddings dropout is hidden_dropout_prob there). Other families name them differently.
+DROPOUT_CONFIG_KEYS = (
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "hidden_dropout",
+    "attention_dropout",
+    "dropout",
+    "activation_dropout",
+    "embd_pdrop",
+    "resid_pdrop",
+    "attn_pdrop",
+    "embedding_dropout",
+    "mlp_dropout",
+)
+
+
+def dropout_overrides(config, p: float) -> dict[str, float]:
+    """The config fields to set so that every dropout layer of this architecture uses probability p."""
+    found = {key: p for key in DROPOUT_CONFIG_KEYS if isinstance(getattr(config, key, None), (int, float))}
+    if not found:
+        raise UserError(
+            f"--dropout: cannot find the dropout settings of model type {getattr(config, 'model_type', '?')!r} "
+            f"(looked for {', '.join(DROPOUT_CONFIG_KEYS)})"
+        )
+    return found
+
+
+# ----------------------------------------------------------------------------- tokenisation
+def tokenize_once(tokenizer, strings: Sequence[str], max_length: int) -> list[list[int]]:
+    """Token ids with special tokens, truncated; done once per run, padding happens per batch."""
+    encoded = tokenizer(list(strings), add_special_tokens=True, truncation=True, max_length=max_length)
+    return [list(ids) for ids in encoded["input_ids"]]
+
+
+def special_token_ids(tokenizer) -> set[int]:
+    return {int(i) for i in tokenizer.all_special_ids}
+
+
+def require_mask_token(tokenizer) -> int:
+    if tokenizer.mask_token_id is None:
+        raise UserError("--mask-span: this tokenizer has no mask token; use --mask-span 0")
+    return int(tokenizer.mask_token_id)
+
+
+# ----------------------------------------------------------------------------- span masking
+def valid_span_starts(ids: Sequence[int], k: int, special: set[int]) -> list[int]:
+    """Starts s such that ids[s:s+k] holds no special token; none if the string has <= k real tokens."""
+    n_real = sum(1 for t in ids if t not in special)
+    if k <= 0 or n_real <= k:
+        return []
+    starts, run = [], 0
+    for pos, tok in enumerate(ids):
+        run = 0 if tok in special else run + 1
+        if run >= k:
+            starts.append(pos - k + 1)
+    return starts
+
+
+def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], generator: torch.Generator) -> list[int]:
+    """Replace k consecutive non-special tokens by the mask token; start uniform over valid starts."""
+    starts = valid_span_starts(ids, k, special)
+    out = list(ids)
+    if not starts:
+        return out
+    start = starts[int(torch.randint(len(starts), (1,), generator=generator))]
+    out[start:start + k] = [mask_id] * k
+    return out
+
+
+def masked_views(token_ids: Sequence[Sequence[int]], k: int, mask_id: int | None, special: set[int],
+                 generator: torch.Generator) -> list[list[int]]:
+    """Second views for one epoch (a fresh draw each epoch from the given generator)."""
+    if k <= 0:
+        return [list(ids) for ids in token_ids]
+    assert mask_id is not None
+    return [mask_span(ids, k, mask_id, special, generator) for ids in token_ids]
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad only to the longest sequence of this batch."""
+    longest = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[row, : len(seq)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def pair_batch(first: Sequence[Sequence[int]], second: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Both views in one tensor: rows [x_1..x_B, xbar_1..xbar_B], so one forward pass encodes all 2B."""
+    return pad_batch(list(first) + list(second), pad_id)
+
+
+# ----------------------------------------------------------------------------- drophead
+def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Self-attention blocks whose output is the concatenation of per-head contexts (BERT-like layout)."""
+    found = []
+    for module in model.modules():
+        heads = getattr(module, "num_attention_heads", None)
+        size = getattr(module, "attention_head_size", None)
+        if isinstance(heads, int) and isinstance(size, int) and type(module).__name__.endswith("SelfAttention"):
+            found.append(module)
+    return found
+
+
+class DropHead:
+    """Drop whole attention heads per example (Zhou et al. 2020), rescaling the kept ones by 1/(1-p).
+
+    Implemented as forward hooks on the self-attention blocks, acting on the per-head context vectors
+    before the output projection; active only in training mode.
+    """
+
+    def __init__(self, model: torch.nn.Module, p: float):
+        self.p = p
+        self.handles = []
+        modules = _attention_modules(model)
+        if not modules:
+            model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+            raise UserError(
+                f"--drophead is not supported for model type {model_type!r} "
+                "(supported: BERT-style self-attention, e.g. BERT, RoBERTa, XLM-R, ELECTRA)"
+            )
+        for module in modules:
+            self.handles.append(module.register_forward_hook(self._hook))
+
+    def _hook(self, module, inputs, output):
+        if not module.training or self.p <= 0:
+            return output
+        context = output[0] if isinstance(output, tuple) else output
+        batch, length, width = context.shape
+        heads = module.num_attention_heads
+        keep = torch.full((batch, 1, heads, 1), 1.0 - self.p, device=context.device, dtype=context.dtype)
+        mask = torch.bernoulli(keep) / (1.0 - self.p)
+        dropped = (context.view(batch, length, heads, width // heads) * mask).view(batch, length, width)
+        return (dropped, *output[1:]) if isinstance(output, tuple) else dropped
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []

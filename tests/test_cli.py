@@ -1,0 +1,102 @@
+"""The `mirrorbert` command end to end, and every bad input giving one line and a non-zero exit."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mirrorbert.cli import main
+
+
+@pytest.fixture()
+def strings_file(tmp_path, corpus):
+    p = tmp_path / "s.txt"
+    p.write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    return p
+
+
+def test_train_then_encode_console_script(tiny_bert, strings_file, tmp_path):
+    """The real console script in a subprocess: exit codes, output files, vectors readable."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    exe = os.path.join(os.path.dirname(sys.executable), "mirrorbert")
+    out = tmp_path / "out"
+    run = subprocess.run([exe, "train", "--model", str(tiny_bert), "--data", str(strings_file), "--preset",
+                          "sentence", "--batch-size", "4", "--steps", "3", "--output", str(out), "--no-progress"],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["steps"] == 3
+    assert '"mask_span": 5' in run.stderr  # the resolved configuration is printed
+    meta = json.loads((out / "mirrorbert.json").read_text())
+    assert meta["pooling"] == "mean"  # sentence preset, BERT-family model
+    vec = tmp_path / "v.npy"
+    run = subprocess.run([exe, "encode", "--model", str(out), "--input", str(strings_file), "--output", str(vec),
+                          "--normalize"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    arr = np.load(vec)
+    assert arr.shape == (12, 32) and np.allclose(np.linalg.norm(arr, axis=1), 1, atol=1e-5)
+
+
+def _error(capsys, argv):
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err[-1] if err else ""
+
+
+def test_bad_inputs_give_one_line_errors(tiny_bert, strings_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    base = ["train", "--model", str(tiny_bert), "--no-progress", "--steps", "1"]
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\nfine\n\xff\n")
+    few = tmp_path / "few.txt"
+    few.write_text("a\na\n")
+    exists = tmp_path / "exists"
+    exists.mkdir()
+    cases = [
+        (["--data", str(tmp_path / "missing.txt"), "--output", str(tmp_path / "o")], "missing.txt: no such file"),
+        (["--data", str(empty), "--output", str(tmp_path / "o")], "empty.txt: the file is empty"),
+        (["--data", str(bad), "--output", str(tmp_path / "o")], "bad.txt:3: not valid UTF-8"),
+        (["--data", str(few), "--output", str(tmp_path / "o")], "at least 2 distinct"),
+        (["--data", str(strings_file), "--preset", "giant", "--output", str(tmp_path / "o")], "--preset: unknown preset"),
+        (["--data", str(strings_file), "--pooling", "max", "--output", str(tmp_path / "o")], "--pooling: unknown pooling"),
+        (["--data", str(strings_file), "--precision", "fp8", "--output", str(tmp_path / "o")], "--precision: unknown precision"),
+        (["--data", str(strings_file), "--output", str(exists)], "already exists; pass --overwrite"),
+        (["--data", str(strings_file)], "--output is required"),
+        (["--data", str(strings_file), "--output", str(tmp_path / "o"), "--config", str(tmp_path / "no.yaml")], "--config"),
+    ]
+    for extra, message in cases:
+        code, last = _error(capsys, base + extra)
+        assert code == 2, (extra, last)
+        assert last.startswith("mirrorbert: error:") and message in last, (message, last)
+    code, last = _error(capsys, ["train", "--model", "no-such-model-anywhere", "--data", str(strings_file),
+                                 "--output", str(tmp_path / "o")])
+    assert code == 2 and "hub is unreachable" in last and "local folder" in last
+    code, last = _error(capsys, ["train", "--model", str(tiny_bert), "--data", str(strings_file),
+                                 "--output", str(tmp_path / "o"), "--drophead", "0.1", "--mask-span", "1",
+                                 "--steps", "1", "--no-progress", "--batch-size", "999"])
+    assert code == 0
+    assert not list(tmp_path.glob("o/.tmp*"))
+
+
+def test_encode_errors(tiny_bert, strings_file, tmp_path, capsys):
+    out = tmp_path / "v.npy"
+    out.write_bytes(b"precious")
+    code, last = _error(capsys, ["encode", "--model", str(tiny_bert), "--input", str(strings_file), "--output", str(out)])
+    assert code == 2 and "already exists" in last and out.read_bytes() == b"precious"
+    code, last = _error(capsys, ["encode", "--model", str(tiny_bert), "--input", str(tmp_path / "x.txt"),
+                                 "--output", str(tmp_path / "w.npy")])
+    assert code == 2 and "--input" in last and "no such file" in last
+    code, last = _error(capsys, ["encode", "--model", str(tiny_bert), "--input", str(strings_file),
+                                 "--output", str(tmp_path / "w.txt")])
+    assert code == 2 and ".npy" in last
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "train" in out and "encode" in out

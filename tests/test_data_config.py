@@ -1,0 +1,115 @@
+"""Training-string readers and configuration resolution."""
+
+import json
+
+import pytest
+
+from mirrorbert.config import PRESETS, TrainConfig, resolve_config, resolve_pooling
+from mirrorbert.data import load_training_strings, random_strings
+from mirrorbert.errors import UserError
+
+
+def test_txt_blanks_and_duplicates(tmp_path):
+    p = tmp_path / "a.txt"
+    p.write_text("one\n\n  two \none\nthree\r\n", encoding="utf-8")
+    got = load_training_strings(data=str(p))
+    assert got.strings == ["one", "two", "three"]
+    assert (got.n_read, got.n_blank, got.n_duplicates) == (5, 1, 1)
+
+
+def test_csv_tsv_jsonl(tmp_path):
+    (tmp_path / "a.csv").write_text('id,text\n1,"hello, world"\n2,bye\n', encoding="utf-8")
+    (tmp_path / "a.tsv").write_text("text\tid\nfoo\t1\nbar\t2\n", encoding="utf-8")
+    (tmp_path / "a.jsonl").write_text('{"t": "x y"}\n\n{"t": "z"}\n', encoding="utf-8")
+    assert load_training_strings(data=str(tmp_path / "a.csv"), column="text").strings == ["hello, world", "bye"]
+    assert load_training_strings(data=str(tmp_path / "a.tsv"), column="text").strings == ["foo", "bar"]
+    assert load_training_strings(data=str(tmp_path / "a.jsonl"), field="t").strings == ["x y", "z"]
+    with pytest.raises(UserError, match="--column"):
+        load_training_strings(data=str(tmp_path / "a.csv"))
+    with pytest.raises(UserError, match=r"'nope' not in the header \(columns: id, text\)"):
+        load_training_strings(data=str(tmp_path / "a.csv"), column="nope")
+    (tmp_path / "b.jsonl").write_text('{"t": "ok"}\n{broken\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"b.jsonl:2: invalid JSON"):
+        load_training_strings(data=str(tmp_path / "b.jsonl"), field="t")
+
+
+def test_bad_utf8_names_file_and_line_or_is_skipped(tmp_path):
+    p = tmp_path / "bad.txt"
+    p.write_bytes(b"good line\nalso good\nbad \xff\xfe line\nlast\n")
+    with pytest.raises(UserError, match=r"bad.txt:3: not valid UTF-8.*--skip-bad-lines"):
+        load_training_strings(data=str(p))
+    got = load_training_strings(data=str(p), skip_bad_lines=True)
+    assert got.strings == ["good line", "also good", "last"] and got.n_bad_lines == 1
+
+
+def test_missing_empty_and_too_few(tmp_path):
+    with pytest.raises(UserError, match="no such file"):
+        load_training_strings(data=str(tmp_path / "nope.txt"))
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(UserError, match="empty"):
+        load_training_strings(data=str(tmp_path / "empty.txt"))
+    (tmp_path / "one.txt").write_text("same\nsame\n\n")
+    with pytest.raises(UserError, match="at least 2 distinct"):
+        load_training_strings(data=str(tmp_path / "one.txt"))
+
+
+def test_limit_is_seeded_and_keeps_order(tmp_path):
+    p = tmp_path / "n.txt"
+    p.write_text("\n".join(f"s{i}" for i in range(100)))
+    a = load_training_strings(data=str(p), limit=10, seed=1).strings
+    b = load_training_strings(data=str(p), limit=10, seed=1).strings
+    c = load_training_strings(data=str(p), limit=10, seed=2).strings
+    assert a == b and a != c and len(a) == 10
+    assert a == sorted(a, key=lambda s: int(s[1:]))
+
+
+def test_builtin_sources():
+    words = load_training_strings(words_top=50, lang="en").strings
+    assert len(words) == 50 and "the" in words
+    with pytest.raises(UserError, match="--lang"):
+        load_training_strings(words_top=5, lang="xx-nope")
+    rand = random_strings(20, seed=3)
+    assert rand == random_strings(20, seed=3) and all(s.isalnum() and s.islower() or s.isdigit() for s in rand)
+
+
+def test_presets_match_the_paper():
+    word = resolve_config({"preset": "word"})
+    assert (word.temperature, word.mask_span, word.epochs, word.max_length, word.pooling) == (0.2, 0, 2, 25, "cls")
+    phrase = resolve_config({"preset": "phrase"})
+    assert (phrase.temperature, phrase.mask_span, phrase.epochs, phrase.max_length) == (0.04, 2, 2, 25)
+    sent = resolve_config({"preset": "sentence"})
+    assert (sent.temperature, sent.mask_span, sent.epochs, sent.max_length) == (0.04, 5, 1, 50)
+    assert resolve_pooling(sent.pooling, "bert") == "mean" and resolve_pooling(sent.pooling, "roberta") == "cls"
+    assert (sent.lr, sent.batch_size, sent.dropout, sent.weight_decay) == (2e-5, 200, 0.1, 0.01)
+    assert set(PRESETS) == {"word", "phrase", "sentence"}
+
+
+def test_config_file_and_overrides_precedence(tmp_path):
+    yml = tmp_path / "c.yaml"
+    yml.write_text("preset: word\ntemperature: 0.5\nbatch-size: 64\n")
+    cfg = resolve_config({"batch_size": 32}, config_file=yml)
+    assert (cfg.temperature, cfg.batch_size, cfg.epochs) == (0.5, 32, 2)
+    js = tmp_path / "c.json"
+    js.write_text(json.dumps({"preset": "phrase", "mask_span": 3}))
+    assert resolve_config({}, config_file=js).mask_span == 3
+    (tmp_path / "bad.yaml").write_text("nonsense_option: 1\n")
+    with pytest.raises(UserError, match="unknown option 'nonsense_option'"):
+        resolve_config({}, config_file=tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"preset": "huge"}, "--preset: unknown preset"),
+    ({"pooling": "max"}, "--pooling: unknown pooling"),
+    ({"precision": "fp8"}, "--precision: unknown precision"),
+    ({"temperature": 0}, "--temperature"),
+    ({"dropout": 1.5}, "--dropout"),
+    ({"batch_size": 1}, "--batch-size"),
+    ({"data": "a.txt", "words_top": 3}, "only one of"),
+])
+def test_invalid_values_name_the_option(overrides, message):
+    with pytest.raises(UserError, match=message):
+        resolve_config(overrides)
+
+
+def test_checkpoint_dir_defaults_beside_output():
+    assert str(TrainConfig(output="runs/m/").resolved_checkpoint_dir()) == "runs/m.checkpoints"

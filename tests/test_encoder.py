@@ -1,0 +1,112 @@
+"""Encoder: pooling formulas, sentence-transformers equivalence, save/load, encode contract."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from mirrorbert.encoder import Encoder
+from mirrorbert.errors import UserError
+
+TEXTS = ["the cat sat on the mat", "a dog", "heart attack and myocardial infarction in the park today", ""]
+
+
+def reference_pooling(folder, texts, mode):
+    """Pooling computed independently from the raw AutoModel outputs, one text at a time (no padding)."""
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModel.from_pretrained(folder).eval()
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            enc = tok(text, return_tensors="pt")
+            hs = model(**enc, output_hidden_states=True).hidden_states
+            if mode == "cls":
+                out.append(hs[-1][0, 0])
+            elif mode == "mean":
+                out.append(hs[-1][0].mean(0))
+            else:
+                out.append(((hs[1][0] + hs[-1][0]) / 2).mean(0))
+    return torch.stack(out).numpy()
+
+
+@pytest.mark.parametrize("which", ["tiny_bert", "tiny_roberta"])
+@pytest.mark.parametrize("mode", ["cls", "mean", "first-last"])
+def test_pooling_matches_formula_and_sentence_transformers(request, tmp_path, which, mode):
+    from sentence_transformers import SentenceTransformer
+
+    folder = request.getfixturevalue(which)
+    enc = Encoder.load(folder, pooling=mode, device="cpu")
+    ours = enc.encode(TEXTS, batch_size=3)
+    np.testing.assert_allclose(ours, reference_pooling(folder, TEXTS, mode), atol=1e-5)
+    saved = enc.save(tmp_path / "saved")
+    st = SentenceTransformer(str(saved), device="cpu").encode(TEXTS, batch_size=3)
+    np.testing.assert_allclose(ours, st, atol=1e-5)
+    again = Encoder.load(saved)
+    assert again.pooling == mode
+    np.testing.assert_allclose(again.encode(TEXTS), ours, atol=1e-6)
+
+
+def test_saved_folder_loads_in_automodel_and_has_metadata(tiny_bert, tmp_path):
+    enc = Encoder.load(tiny_bert, pooling="cls")
+    out = enc.save(tmp_path / "m", training_info={"config": {"model": "tiny"}, "steps": 3})
+    model = AutoModel.from_pretrained(out)
+    assert model.config.hidden_size == 32
+    meta = json.loads((out / "mirrorbert.json").read_text())
+    assert meta["pooling"] == "cls" and meta["training"]["steps"] == 3 and "torch" in meta["versions"]
+    modules = json.loads((out / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling"]
+    with pytest.raises(UserError, match="already exists"):
+        enc.save(out)
+    enc.save(out, overwrite=True)
+    assert (out / "model.safetensors").exists()
+
+
+def test_plain_mlm_defaults_to_mean_pooling(tiny_bert):
+    assert Encoder.load(tiny_bert).pooling == "mean"
+
+
+def test_encode_returns_input_order_regardless_of_batching(tiny_bert):
+    enc = Encoder.load(tiny_bert)
+    full = enc.encode(TEXTS, batch_size=len(TEXTS))
+    one_by_one = np.stack([enc.encode(t) for t in TEXTS])
+    np.testing.assert_allclose(full, one_by_one, atol=1e-5)
+    assert enc.encode(TEXTS[0]).shape == (32,)
+    t = enc.encode(TEXTS, convert_to="torch", normalize=True)
+    assert isinstance(t, torch.Tensor) and torch.allclose(t.norm(dim=-1), torch.ones(len(TEXTS)), atol=1e-5)
+    assert enc.encode([]).shape == (0, 32)
+
+
+def test_encode_bf16_close_to_fp32(tiny_bert):
+    enc = Encoder.load(tiny_bert)
+    a = enc.encode(TEXTS, normalize=True)
+    b = enc.encode(TEXTS, normalize=True, precision="bf16")
+    assert np.abs(a - b).max() < 0.05
+
+
+def test_similarity_is_cosine(tiny_bert):
+    enc = Encoder.load(tiny_bert)
+    sims = enc.similarity(TEXTS[:2], TEXTS)
+    v = enc.encode(TEXTS)
+    v = v / np.linalg.norm(v, axis=1, keepdims=True)
+    np.testing.assert_allclose(sims, v[:2] @ v.T, atol=1e-5)
+    assert sims.shape == (2, len(TEXTS))
+
+
+def test_encode_does_not_leave_training_mode_changed(tiny_bert):
+    enc = Encoder.load(tiny_bert)
+    enc.train()
+    enc.encode(["a"])
+    assert enc.training
+
+
+def test_bad_loads_are_user_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="hub is unreachable"):
+        Encoder.load("surely-not-a-model-name-xyz")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no config.json"):
+        Encoder.load(tmp_path / "empty")
+    with pytest.raises(UserError, match="--pooling"):
+        Encoder.load(tmp_path / "empty", pooling="max")

@@ -1,0 +1,175 @@
+"""Trainer: dropout views, controlled dropout, determinism, exact resume, interruption, NaN handling."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mirrorbert.config import TrainConfig
+from mirrorbert.encoder import Encoder
+from mirrorbert.errors import UserError
+from mirrorbert.runtime import InterruptFlag
+from mirrorbert.trainer import mirror_step_loss, train
+from mirrorbert.views import pad_batch, tokenize_once
+
+
+def cfg_for(model, data, out, **kw) -> TrainConfig:
+    base = dict(model=str(model), data=str(data), output=str(out), batch_size=4, max_length=16,
+                show_progress=False, lr=1e-3, temperature=0.05, mask_span=1, pooling="cls")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory, corpus):
+    path = tmp_path_factory.mktemp("data") / "strings.txt"
+    path.write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    return path
+
+
+def weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def assert_same_weights(a, b):
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+def _views(encoder, texts, controlled):
+    ids = tokenize_once(encoder.tokenizer, texts, 16)
+    batch = pad_batch(ids + ids, encoder.tokenizer.pad_token_id)
+    encoder.train()
+    if controlled:
+        from mirrorbert.runtime import replay_rng
+
+        half = len(texts)
+        with replay_rng():
+            a = encoder(**{k: v[:half] for k, v in batch.items()})
+        b = encoder(**{k: v[half:] for k, v in batch.items()})
+        return a, b
+    out = encoder(**batch)
+    return out[: len(texts)], out[len(texts):]
+
+
+@pytest.mark.parametrize("which", ["tiny_bert", "tiny_roberta"])
+def test_views_differ_with_dropout_and_match_under_controlled_dropout(request, which, corpus):
+    enc = Encoder.load(request.getfixturevalue(which), pooling="cls",
+                       config_overrides={"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1})
+    with torch.no_grad():
+        a, b = _views(enc, corpus[:4], controlled=False)
+        assert (a - b).abs().max() > 1e-4
+        a, b = _views(enc, corpus[:4], controlled=True)
+        assert torch.equal(a, b)
+
+
+def test_controlled_dropout_loss_equals_one_with_identical_inputs(tiny_bert, corpus):
+    """With identical inputs and identical masks, every positive pair has cosine 1."""
+    enc = Encoder.load(tiny_bert, pooling="cls")
+    enc.train()
+    ids = tokenize_once(enc.tokenizer, corpus[:4], 16)
+    with torch.no_grad():
+        loss_ctrl = mirror_step_loss(enc, ids, ids, 0, 0.05, True, torch.device("cpu"), "fp32")
+        loss_free = mirror_step_loss(enc, ids, ids, 0, 0.05, False, torch.device("cpu"), "fp32")
+    assert loss_ctrl < loss_free
+
+
+def test_training_reduces_loss_and_saves_metadata(tiny_bert, data_file, tmp_path):
+    before = train(cfg_for(tiny_bert, data_file, tmp_path / "a", steps=1, lr=1e-6))
+    after = train(cfg_for(tiny_bert, data_file, tmp_path / "b", steps=30))
+    assert after.final_loss < before.final_loss
+    meta = json.loads((tmp_path / "b" / "mirrorbert.json").read_text())
+    assert meta["training"]["steps"] == 30
+    assert meta["training"]["data"]["strings"] == 12
+    assert meta["training"]["config"]["temperature"] == 0.05
+    assert len(meta["training"]["data"]["sha256"]) == 64
+    assert not list(tmp_path.glob(".b.tmp-*"))
+
+
+def test_same_seed_same_weights(tiny_bert, data_file, tmp_path):
+    kw = dict(steps=4, drophead=0.2)
+    train(cfg_for(tiny_bert, data_file, tmp_path / "r1", **kw))
+    train(cfg_for(tiny_bert, data_file, tmp_path / "r2", **kw))
+    assert_same_weights(tmp_path / "r1", tmp_path / "r2")
+    train(cfg_for(tiny_bert, data_file, tmp_path / "r3", seed=7, **kw))
+    with pytest.raises(AssertionError):
+        assert_same_weights(tmp_path / "r1", tmp_path / "r3")
+
+
+@pytest.mark.parametrize("which", ["tiny_bert", "tiny_roberta"])
+def test_resume_is_exact(request, which, data_file, tmp_path):
+    """N steps, checkpoint, resume for N more == 2N steps straight (3 batches/epoch: crosses an epoch)."""
+    model = request.getfixturevalue(which)
+    train(cfg_for(model, data_file, tmp_path / "straight", steps=4, schedule="linear", warmup_steps=1,
+                  save_every=2, max_grad_norm=1.0))
+    ckpt = tmp_path / "straight.checkpoints" / "step-2"
+    assert (ckpt / "training_state.pt").exists()
+    train(cfg_for(model, data_file, tmp_path / "resumed", steps=4, schedule="linear", warmup_steps=1,
+                  max_grad_norm=1.0, resume=str(ckpt)))
+    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+
+
+def test_interrupt_writes_checkpoint_then_resume_finishes(tiny_bert, data_file, tmp_path, monkeypatch):
+    class InterruptAtOnce(InterruptFlag):
+        def __enter__(self):
+            super().__enter__()
+            self.raised = True
+            return self
+
+    import mirrorbert.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "InterruptFlag", InterruptAtOnce)
+    result = train(cfg_for(tiny_bert, data_file, tmp_path / "int", steps=3))
+    assert result.interrupted and result.steps == 1 and not (tmp_path / "int").exists()
+    assert result.checkpoint.name == "step-1"
+    monkeypatch.setattr(trainer_module, "InterruptFlag", InterruptFlag)
+    done = train(cfg_for(tiny_bert, data_file, tmp_path / "int", steps=3, resume=str(result.checkpoint.parent)))
+    assert done.steps == 3 and (tmp_path / "int" / "model.safetensors").exists()
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tiny_bert, data_file, tmp_path, monkeypatch):
+    import mirrorbert.trainer as trainer_module
+
+    real = trainer_module.mirror_infonce
+    calls = {"n": 0}
+
+    def poisoned(emb, tau):
+        calls["n"] += 1
+        loss = real(emb, tau)
+        return loss * float("nan") if calls["n"] >= 3 else loss
+
+    monkeypatch.setattr(trainer_module, "mirror_infonce", poisoned)
+    with pytest.raises(UserError, match=r"loss is nan at step 3.*step-2"):
+        train(cfg_for(tiny_bert, data_file, tmp_path / "nan", steps=5, save_every=1))
+    assert not (tmp_path / "nan").exists()
+    assert (tmp_path / "nan.checkpoints" / "step-2").exists()
+
+
+def test_batch_larger_than_data_is_clamped(tiny_bert, data_file, tmp_path, caplog):
+    with caplog.at_level("WARNING"):
+        result = train(cfg_for(tiny_bert, data_file, tmp_path / "clamp", batch_size=500, epochs=1))
+    assert "larger than the data" in caplog.text
+    assert result.steps == 1 and result.info["config"]["batch_size"] == 12
+
+
+def test_bf16_training_runs_on_cpu(tiny_bert, data_file, tmp_path):
+    result = train(cfg_for(tiny_bert, data_file, tmp_path / "bf16", steps=2, precision="bf16"))
+    assert result.final_loss == result.final_loss  # finite, not NaN
+
+
+def test_fp16_on_cpu_is_refused(tiny_bert, data_file, tmp_path):
+    with pytest.raises(UserError, match="fp16 needs a CUDA GPU"):
+        train(cfg_for(tiny_bert, data_file, tmp_path / "fp16", steps=1, precision="fp16", device="cpu"))
+
+
+def test_output_folder_is_protected(tiny_bert, data_file, tmp_path):
+    (tmp_path / "exists").mkdir()
+    (tmp_path / "exists" / "keep.txt").write_text("mine")
+    with pytest.raises(UserError, match="already exists"):
+        train(cfg_for(tiny_bert, data_file, tmp_path / "exists", steps=1))
+    assert (tmp_path / "exists" / "keep.txt").read_text() == "mine"
+    train(cfg_for(tiny_bert, data_file, tmp_path / "exists", steps=1, overwrite=True))
+    assert not (tmp_path / "exists" / "keep.txt").exists()

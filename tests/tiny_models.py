@@ -1,0 +1,118 @@
+"""Tiny, locally built MLMs and tokenizers for tests: no network, a few hundred KB each."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+CORPUS = [
+    "the cat sat on the mat",
+    "a dog ran in the park",
+    "the quick brown fox jumps over the lazy dog",
+    "a man is playing a guitar",
+    "a woman is slicing an onion",
+    "two children are playing football in the garden",
+    "the stock market fell sharply today",
+    "scientists discovered a new species of frog",
+    "heart attack and myocardial infarction",
+    "the bank raised interest rates again",
+    "she read a book about ancient history",
+    "rain is expected tomorrow in the north",
+]
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def bert_vocab() -> list[str]:
+    words = sorted({w for line in CORPUS for w in line.split()})
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    tokens = SPECIALS + chars + ["##" + c for c in string.ascii_lowercase + string.digits] + words
+    return list(dict.fromkeys(tokens))  # single-letter words are already characters
+
+
+def make_tiny_bert(out: Path, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
+    """A BertForMaskedLM with random weights and a WordPiece vocab written here."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    vocab = {t: i for i, t in enumerate(bert_vocab())}
+    backend = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    backend.decoder = decoders.WordPiece()
+    tok = BertTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]",
+    )
+    tok.model_max_length = 64
+    config = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=hidden * 2,
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = BertForMaskedLM(config)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def make_tiny_roberta(out: Path, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
+    """A RobertaForMaskedLM with a byte-level BPE tokenizer trained here on CORPUS."""
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import RobertaConfig, RobertaForMaskedLM, RobertaTokenizerFast
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        CORPUS * 4, vocab_size=400, min_frequency=1, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    )
+    from tokenizers import processors
+
+    bpe._tokenizer.post_processor = processors.RobertaProcessing(
+        ("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>"))
+    )
+    tok = RobertaTokenizerFast(
+        tokenizer_object=bpe._tokenizer,
+        bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+        unk_token="<unk>", pad_token="<pad>", mask_token="<mask>",
+    )
+    tok.model_max_length = 60
+    config = RobertaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=hidden * 2,
+        max_position_embeddings=64,
+        type_vocab_size=1,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = RobertaForMaskedLM(config)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def write_json(path: Path, obj) -> None:
+    Path(path).write_text(json.dumps(obj, indent=2), encoding="utf-8")
