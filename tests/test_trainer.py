@@ -173,3 +173,12 @@ def test_output_folder_is_protected(tiny_bert, data_file, tmp_path):
     assert (tmp_path / "exists" / "keep.txt").read_text() == "mine"
     train(cfg_for(tiny_bert, data_file, tmp_path / "exists", steps=1, overwrite=True))
     assert not (tmp_path / "exists" / "keep.txt").exists()
+
+
+def test_tensorboard_scalars_are_written(tiny_bert, data_file, tmp_path):
+    train(cfg_for(tiny_bert, data_file, tmp_path / "tb", steps=2, log_dir=str(tmp_path / "logs"), log_every=1))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "logs"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2]

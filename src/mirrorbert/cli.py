@@ -15,6 +15,9 @@ from pathlib import Path
 
 from mirrorbert import __version__
 from mirrorbert.errors import UserError
+from mirrorbert.evaluation.command import add_eval_parser
+from mirrorbert.gloss.command import add_gloss_parser, add_lexsub_parser
+from mirrorbert.mlm.command import add_pretrain_parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -168,6 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_train_parser(sub)
     add_encode_parser(sub)
+    add_eval_parser(sub)
+    add_pretrain_parser(sub)
+    add_gloss_parser(sub)
+    add_lexsub_parser(sub)
     return parser
 
 

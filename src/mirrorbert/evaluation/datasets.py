@@ -1,0 +1,303 @@
+"""Registry of evaluation sets: where each lives in the data directory and where it officially comes from.
+
+The project never ships or downloads evaluation data itself; a user points ``--data-dir`` (or the
+environment variable ``MIRRORBERT_DATA``) at a folder holding the sets in their usual published
+layouts. When a set is absent, :func:`require` raises :class:`~mirrorbert.errors.DatasetMissing`
+with the missing files and the official source, so the runner can report the task as *skipped*
+(never as a zero score).
+
+To add a set, add one ``DatasetInfo`` to ``REGISTRY`` (see :func:`register`). ``folder`` is relative to
+the data directory and ``files`` relative to ``folder``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirrorbert.errors import DatasetMissing, UserError
+
+ENV_VAR = "MIRRORBERT_DATA"
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """One evaluation set: its folder under the data directory, required files, provenance."""
+
+    name: str
+    folder: str
+    files: tuple[str, ...]
+    official_source: str
+    licence: str
+    note: str = ""
+
+
+REGISTRY: dict[str, DatasetInfo] = {}
+
+
+def register(info: DatasetInfo) -> DatasetInfo:
+    """Add (or replace) a registry entry; returns it so modules can keep a handle."""
+    REGISTRY[info.name] = info
+    return info
+
+
+# --------------------------------------------------------------------------------------------- STS
+_SENTEVAL = "SentEval (facebookresearch/SentEval, data/downstream/get_transfer_data.bash)"
+
+#: Subsets of STS12-16 as distributed by SentEval (STS13 "SMT" is not redistributable and absent).
+STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
+    "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
+    "STS13": ("FNWN", "headlines", "OnWN"),
+    "STS14": ("deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"),
+    "STS15": ("answers-forums", "answers-students", "belief", "headlines", "images"),
+    "STS16": ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
+}
+_STS_YEAR_URLS = {
+    "STS12": "https://www.cs.york.ac.uk/semeval-2012/task6/ (SemEval-2012 Task 6)",
+    "STS13": "https://www.cs.york.ac.uk/semeval-2013/task6/ (*SEM 2013 shared task)",
+    "STS14": "https://alt.qcri.org/semeval2014/task10/ (SemEval-2014 Task 10)",
+    "STS15": "https://alt.qcri.org/semeval2015/task2/ (SemEval-2015 Task 2)",
+    "STS16": "https://alt.qcri.org/semeval2016/task1/ (SemEval-2016 Task 1)",
+}
+for _year, _subsets in STS_YEAR_SUBSETS.items():
+    register(
+        DatasetInfo(
+            name=_year.lower(),
+            folder=f"sts/{_year}-en-test",
+            files=tuple(f for s in _subsets for f in (f"STS.input.{s}.txt", f"STS.gs.{s}.txt")),
+            official_source=f"{_STS_YEAR_URLS[_year]}; SentEval layout via {_SENTEVAL}",
+            licence="per-subset terms of the SemEval STS task (research use)",
+            note="STS.input.<subset>.txt = s1 TAB s2; STS.gs.<subset>.txt = gold score (empty line = unscored pair). "
+            "A subset whose files are missing is skipped; the set is missing only if no subset is present.",
+        )
+    )
+
+register(
+    DatasetInfo(
+        name="stsb",
+        folder="sts/STSBenchmark",
+        files=("sts-train.csv", "sts-dev.csv", "sts-test.csv"),
+        official_source="https://ixa2.si.ehu.eus/stswiki/index.php/STSbenchmark (Cer et al. 2017), "
+        "Stsbenchmark.tar.gz; also in SentEval data/downstream/STS/STSBenchmark",
+        licence="see LICENSE.txt in the archive (per-source terms)",
+        note="TAB-separated: genre, file, year, id, score (0-5), s1, s2 (some lines carry extra trailing fields).",
+    )
+)
+register(
+    DatasetInfo(
+        name="sickr",
+        folder="sts/SICK",
+        files=("SICK_test_annotated.txt",),
+        official_source="https://zenodo.org/records/2787612 (SICK, Marelli et al. 2014); SentEval files "
+        "SICK_train.txt, SICK_trial.txt, SICK_test_annotated.txt",
+        licence="CC BY-NC-SA 3.0",
+        note="header row; pair_ID, sentence_A, sentence_B, relatedness_score, entailment_judgment; test = 4927 pairs.",
+    )
+)
+
+# Other-language STS: the SentEval pair/score layout (STS.input.<name>.txt + STS.gs.<name>.txt).
+_STS17 = "https://alt.qcri.org/semeval2017/task1/ (SemEval-2017 Task 1: STS2017.eval.v1.1 + STS2017.gs)"
+register(
+    DatasetInfo(
+        name="sts-es",
+        folder="sts/STS17",
+        files=("STS.input.track3.es-es.txt", "STS.gs.track3.es-es.txt"),
+        official_source=_STS17,
+        licence="SemEval-2017 Task 1 terms (research use)",
+        note="Spanish-Spanish, track 3 (250 pairs).",
+    )
+)
+register(
+    DatasetInfo(
+        name="sts-ar",
+        folder="sts/STS17",
+        files=("STS.input.track1.ar-ar.txt", "STS.gs.track1.ar-ar.txt"),
+        official_source=_STS17,
+        licence="SemEval-2017 Task 1 terms (research use)",
+        note="Arabic-Arabic, track 1 (250 pairs).",
+    )
+)
+register(
+    DatasetInfo(
+        name="sts-ru",
+        folder="sts/STS-ru",
+        files=("STS.input.ru.txt", "STS.gs.ru.txt"),
+        official_source="Russian translation of the STS Benchmark test set "
+        "(https://github.com/deepmipt/deepPavlovEval, data/stsb_ru); convert to the pair/score layout",
+        licence="as published",
+        note="Give the test pairs as STS.input.ru.txt (s1 TAB s2) and scores as STS.gs.ru.txt.",
+    )
+)
+
+# --------------------------------------------------------------------------------- word similarity
+_EVW = "https://github.com/mfaruqui/eval-word-vectors (data/word-sim)"
+register(
+    DatasetInfo(
+        name="simlex999",
+        folder="wordsim",
+        files=("SimLex-999.txt",),
+        official_source="https://fh295.github.io/simlex.html (Hill et al. 2015), SimLex-999.zip",
+        licence="see the README shipped in SimLex-999.zip",
+        note="header row: word1, word2, POS, SimLex999, ...",
+    )
+)
+for _name, _file, _src, _cite in (
+    ("ws353", "EN-WS-353-ALL.txt", "https://gabrilovich.com/resources/data/wordsim353/", "Finkelstein et al. 2002"),
+    ("men", "EN-MEN-TR-3k.txt", "https://staff.fnwi.uva.nl/e.bruni/MEN", "Bruni et al. 2014"),
+    ("rw", "EN-RW-STANFORD.txt", "https://nlp.stanford.edu/~lmthang/morphoNLM/", "Luong et al. 2013"),
+    ("simverb", "EN-SimVerb-3500.txt", "https://people.ds.cam.ac.uk/dsg40/simverb.html", "Gerz et al. 2016"),
+):
+    register(
+        DatasetInfo(
+            name=_name,
+            folder="wordsim",
+            files=(_file,),
+            official_source=f"{_src} ({_cite}); eval-word-vectors copy: {_EVW}",
+            licence="eval-word-vectors: MIT; original data as published",
+            note="TAB-separated: w1 w2 score",
+        )
+    )
+register(
+    DatasetInfo(
+        name="multisimlex",
+        folder="wordsim",
+        files=("multisimlex.tsv",),
+        official_source="https://multisimlex.com (Vulić et al. 2020); rebuilt from concepticon/concepticon-data "
+        "concepticondata/conceptlists/Vulic-2020-2244.tsv",
+        licence="CC BY 4.0",
+        note="one row per pair ID; columns <LANG>_1, <LANG>_2, <LANG>_score per language (ENGLISH, FRENCH, ...).",
+    )
+)
+
+# -------------------------------------------------------------------------------------------- QNLI
+register(
+    DatasetInfo(
+        name="qnli",
+        folder="qnli",
+        files=("dev.tsv",),
+        official_source="GLUE (https://gluebenchmark.com/tasks), QNLI.zip: dev.tsv (Wang et al. 2018, from SQuAD)",
+        licence="CC BY-SA 4.0 (SQuAD)",
+        note="header row; index, question, sentence, label (entailment / not_entailment); 5463 pairs.",
+    )
+)
+
+# ------------------------------------------------------------------------ BEL / BLI (other modules)
+# Entries for "ncbi", "bc5cdr" and the BLI pairs are registered here by the BEL/BLI authors.
+register(
+    DatasetInfo(
+        name="ncbi",
+        folder="bel/ncbi",
+        files=("test_dictionary.txt", "test_queries.txt"),
+        official_source="NCBI-disease corpus (Dogan et al. 2014, https://www.ncbi.nlm.nih.gov/CBBresearch/Dogan/DISEASE/) "
+        "as preprocessed by BioSyn (https://github.com/dmis-lab/BioSyn, datasets/ncbi-disease: test_dictionary.txt "
+        "and processed_test, one line per query); the copy used here: lzxlin/kNN-BioEL data/benchmarks/ncbi/formatted",
+        licence="NCBI-disease: public domain (US government work); BioSyn/kNN-BioEL preprocessing: MIT",
+        note="test_dictionary.txt: CUI[|CUI...]||name (MEDIC names + train/dev mentions, lowercased); "
+        "test_queries.txt: mention||CUI[|CUI][+CUI...]||... (only the first two fields are used); 960 queries.",
+    )
+)
+register(
+    DatasetInfo(
+        name="bc5cdr",
+        folder="bel/bc5cdr",
+        files=(
+            "CDR_TestSet.PubTator.txt",
+            "CDR_TrainingSet.PubTator.txt",
+            "CDR_DevelopmentSet.PubTator.txt",
+            "medic_06Jul2012.txt",
+        ),
+        official_source="BioCreative V CDR corpus (Li et al. 2016, "
+        "https://biocreative.bioinformatics.udel.edu/tasks/biocreative-v/track-3-cdr/, CDR_Data.zip: "
+        "CDR_{Training,Development,Test}Set.PubTator.txt) and the CTD MEDIC disease vocabulary of 6 July 2012 "
+        "(http://ctdbase.org/downloads/#alldiseases; BioSyn ships it as preprocess/resources/medic_06Jul2012.txt)",
+        licence="BioCreative corpus terms (research use); MEDIC: CTD terms of use",
+        note="Disease mentions of the test set are the queries (ids -1 dropped, '|' = composite); the dictionary is "
+        "MEDIC (CTD TSV or BioSyn's 'IDs||name|synonym|...' form) plus the train and development Disease mentions, "
+        "as in BioSyn's test_dictionary.",
+    )
+)
+
+#: The six BLI pairs of the Mirror-BERT paper (Glavaš et al. 2019 dictionaries).
+BLI_PAIRS: tuple[str, ...] = ("en-fr", "en-it", "en-ru", "en-tr", "it-fr", "ru-fr")
+for _pair in BLI_PAIRS:
+    register(
+        DatasetInfo(
+            name=f"bli-{_pair}",
+            folder=f"bli/{_pair}",
+            files=(f"yacle.train.freq.5k.{_pair}.tsv", f"yacle.test.freq.2k.{_pair}.tsv"),
+            official_source="Glavaš et al. 2019, 'How to (properly) evaluate cross-lingual word embeddings' "
+            "(https://github.com/codogogo/xling-eval, bli_datasets/<pair>/)",
+            licence="as published by the authors (xling-eval repository)",
+            note="source TAB target per line; 5k training pairs (Procrustes) and 2k test pairs.",
+        )
+    )
+
+
+# ------------------------------------------------------------------------------------------ lookup
+def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The data directory: the argument if given, else ``$MIRRORBERT_DATA``; a clear error otherwise."""
+    if data_dir is None or str(data_dir) == "":
+        env = os.environ.get(ENV_VAR)
+        if not env:
+            raise UserError(f"no data directory: pass --data-dir or set the environment variable {ENV_VAR}")
+        data_dir = env
+    path = Path(data_dir).expanduser()
+    if not path.is_dir():
+        raise UserError(f"data directory not found: {path}")
+    return path
+
+
+def info(name: str) -> DatasetInfo:
+    """Registry entry by name; unknown names are a user error listing the known ones."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UserError(f"unknown evaluation set {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
+
+
+def missing_files(data_dir: str | os.PathLike[str] | None, name: str) -> list[Path]:
+    """Required files of ``name`` that are absent (empty list when the set is complete)."""
+    entry = info(name)
+    folder = resolve_data_dir(data_dir) / entry.folder
+    return [folder / f for f in entry.files if not (folder / f).is_file()]
+
+
+def missing_message(entry: DatasetInfo, folder: Path, missing: list[Path]) -> str:
+    """One-line explanation of what is missing and where to get it."""
+    shown = ", ".join(p.name if p.parent == folder else str(p) for p in missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")
+    return (
+        f"evaluation set '{entry.name}' not found: missing {shown} in {folder}; "
+        f"official source: {entry.official_source}; licence: {entry.licence}"
+    )
+
+
+def require(
+    data_dir: str | os.PathLike[str] | None, name: str, files: tuple[str, ...] | list[str] | None = None
+) -> Path:
+    """Folder of set ``name`` after checking its files (or only ``files``) exist; raises DatasetMissing."""
+    entry = info(name)
+    folder = resolve_data_dir(data_dir) / entry.folder
+    wanted = entry.files if files is None else tuple(files)
+    missing = [folder / f for f in wanted if not (folder / f).is_file()]
+    if missing:
+        raise DatasetMissing(missing_message(entry, folder, missing))
+    return folder
+
+
+def is_available(data_dir: str | os.PathLike[str] | None, name: str) -> bool:
+    """True when every required file of ``name`` is present."""
+    try:
+        require(data_dir, name)
+    except DatasetMissing:
+        return False
+    return True
+
+
+def registry_markdown() -> str:
+    """Markdown table of the registry (for the README and ``mirrorbert eval --list-data``)."""
+    lines = ["| set | folder | files | official source | licence |", "|---|---|---|---|---|"]
+    for e in REGISTRY.values():
+        files = ", ".join(f"`{f}`" for f in e.files[:4]) + (", ..." if len(e.files) > 4 else "")
+        lines.append(f"| {e.name} | `{e.folder}` | {files} | {e.official_source} | {e.licence} |")
+    return "\n".join(lines)

@@ -1,0 +1,283 @@
+"""Run evaluation tasks on one encoder; print a table (x100, two decimals), write JSON and a Markdown report.
+
+A task is a callable ``task(encoder, data_dir, **options) -> dict`` returning a flat dict of floats
+(fractions, i.e. 0.8203 for a Spearman of 82.03) with a ``primary`` key. A task whose data is absent
+raises DatasetMissing and is reported as *skipped* with the message (never as a zero); any other
+failure is reported as an *error* and the remaining tasks still run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mirrorbert.errors import DatasetMissing, UserError
+from mirrorbert.evaluation import datasets
+
+logger = logging.getLogger(__name__)
+
+#: Task name -> "module:function" (imported lazily so unused tasks cost nothing).
+TASKS: dict[str, str] = {
+    "sts": "mirrorbert.evaluation.sts:evaluate_sts",
+    "wordsim": "mirrorbert.evaluation.wordsim:evaluate_wordsim",
+    "bel": "mirrorbert.evaluation.bel:evaluate_bel",
+    "qnli": "mirrorbert.evaluation.qnli:evaluate_qnli",
+    "bli": "mirrorbert.evaluation.bli:evaluate_bli",
+    "isotropy": "mirrorbert.evaluation.isotropy:evaluate_isotropy",
+}
+DEFAULT_TASKS: tuple[str, ...] = tuple(TASKS)
+#: Tasks that write plots and accept ``plot_dir``.
+PLOTTING_TASKS = frozenset({"qnli", "isotropy"})
+
+
+def get_task(name: str) -> Callable[..., Mapping[str, float]]:
+    """The callable of a task name."""
+    if name not in TASKS:
+        raise UserError(f"unknown task {name!r}; known: {', '.join(TASKS)}")
+    module_name, func_name = TASKS[name].split(":")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
+def parse_tasks(tasks: str | Iterable[str] | None) -> list[str]:
+    """Comma string or list -> validated task names (order kept, duplicates dropped)."""
+    if tasks is None:
+        return list(DEFAULT_TASKS)
+    items = tasks.split(",") if isinstance(tasks, str) else list(tasks)
+    names = list(dict.fromkeys(t.strip().lower() for t in items if t.strip()))
+    if not names:
+        raise UserError("--tasks: no task given")
+    unknown = [t for t in names if t not in TASKS]
+    if unknown:
+        raise UserError(f"--tasks: unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
+    return names
+
+
+@dataclass
+class TaskOutcome:
+    """What happened to one task."""
+
+    task: str
+    status: str  # "ok" | "skipped" | "error"
+    metrics: dict[str, float] = field(default_factory=dict)
+    message: str = ""
+    skipped_parts: dict[str, str] = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class EvaluationResult:
+    """All task outcomes of one run, with renderers."""
+
+    model: str
+    data_dir: str
+    outcomes: dict[str, TaskOutcome]
+    created: str = field(default_factory=lambda: _dt.datetime.now().isoformat(timespec="seconds"))
+
+    def __getitem__(self, task: str) -> TaskOutcome:
+        return self.outcomes[task]
+
+    def primary(self) -> dict[str, float]:
+        """Primary metric of every task that ran."""
+        return {t: o.metrics["primary"] for t, o in self.outcomes.items() if o.status == "ok" and "primary" in o.metrics}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "data_dir": self.data_dir,
+            "created": self.created,
+            "scale": "fractions (multiply by 100 for the paper's tables); *_n and n_* are counts",
+            "tasks": {t: asdict(o) for t, o in self.outcomes.items()},
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=_json_default)
+
+    def table(self) -> str:
+        """Plain-text table: task, metric, value x100 with two decimals."""
+        rows = [("task", "metric", "value")]
+        for t, o in self.outcomes.items():
+            if o.status != "ok":
+                rows.append((t, o.status, _one_line(o.message, 100)))
+                continue
+            for k, v in _ordered_metrics(o.metrics):
+                rows.append((t, k, format_value(k, v)))
+            for part, msg in o.skipped_parts.items():
+                rows.append((t, part, "skipped"))
+        widths = [max(len(r[i]) for r in rows) for i in range(2)]
+        lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows]
+        lines.insert(1, "-" * (widths[0] + widths[1] + 12))
+        return "\n".join(lines)
+
+    def markdown(self, base_dir: str | Path | None = None) -> str:
+        """Markdown report; plot links are made relative to ``base_dir`` (the report's folder)."""
+        out = [f"# Evaluation of `{self.model}`", ""]
+        out += [f"- data directory: `{self.data_dir}`", f"- date: {self.created}", "- values x100, two decimals", ""]
+        out += ["## Summary", "", "| task | status | primary |", "|---|---|---|"]
+        for t, o in self.outcomes.items():
+            prim = format_value("primary", o.metrics["primary"]) if o.status == "ok" and "primary" in o.metrics else "-"
+            out.append(f"| {t} | {o.status} | {prim} |")
+        out.append("")
+        for t, o in self.outcomes.items():
+            out += [f"## {t}", ""]
+            if o.status != "ok":
+                out += [f"**{o.status}**: {o.message}", ""]
+                continue
+            out += ["| metric | value |", "|---|---|"]
+            out += [f"| {k} | {format_value(k, v)} |" for k, v in _ordered_metrics(o.metrics)]
+            out.append("")
+            if o.skipped_parts:
+                out += ["Skipped parts:", ""]
+                out += [f"- {part}: {msg}" for part, msg in o.skipped_parts.items()]
+                out.append("")
+            for label, path in o.artifacts.items():
+                link = Path(path)
+                if base_dir is not None:
+                    link = Path(os.path.relpath(Path(path).resolve(), Path(base_dir).resolve()))
+                out += [f"![{label}]({link.as_posix()})", ""]
+            out.append(f"_{o.seconds:.1f} s_")
+            out.append("")
+        return "\n".join(out)
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    return str(obj)
+
+
+def _one_line(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_count(key: str) -> bool:
+    """Counts are printed as integers, not scaled."""
+    return key == "n" or key.endswith("_n") or key.startswith("n_")
+
+
+def format_value(key: str, value: float) -> str:
+    """x100 with two decimals (counts as integers, NaN as 'nan')."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "nan"
+    if is_count(key):
+        return str(int(round(value)))
+    return f"{value * 100:.2f}"
+
+
+def _ordered_metrics(metrics: Mapping[str, float]) -> list[tuple[str, float]]:
+    items = [(k, v) for k, v in metrics.items() if k != "primary"]
+    return [("primary", metrics["primary"])] + items if "primary" in metrics else items
+
+
+def _as_float_dict(task: str, result: Mapping[str, Any]) -> dict[str, float]:
+    if not isinstance(result, Mapping) or "primary" not in result:
+        raise TypeError(f"task {task} returned {type(result).__name__} without a 'primary' key")
+    out: dict[str, float] = {}
+    for k, v in result.items():
+        try:
+            out[str(k)] = float(v)
+        except (TypeError, ValueError):
+            raise TypeError(f"task {task}: metric {k!r} is not a number ({v!r})") from None
+    return out
+
+
+def evaluate(
+    encoder: Any,
+    tasks: str | Iterable[str] | None = None,
+    data_dir: str | Path | None = None,
+    *,
+    output: str | Path | None = None,
+    report: str | Path | None = None,
+    plot_dir: str | Path | None = None,
+    batch_size: int = 64,
+    task_options: Mapping[str, Mapping[str, Any]] | None = None,
+    reference_encoder: Any = None,
+    model_name: str | None = None,
+    show_progress: bool = False,
+    raise_errors: bool = False,
+) -> EvaluationResult:
+    """Run ``tasks`` on ``encoder`` with the sets in ``data_dir`` (or ``$MIRRORBERT_DATA``).
+
+    ``encoder`` is any object with the encoder protocol, or a model folder / hub id / ``"glove"``
+    (loaded with ``Encoder.load`` or the GloVe baseline).
+    ``task_options`` maps a task name to extra keyword arguments of its callable;
+    ``reference_encoder`` is the "before" model for the isotropy plot. Plots go to ``plot_dir``
+    (default: ``<report stem>_files`` beside the report; none without a report or plot_dir).
+    ``raise_errors`` re-raises unexpected task failures instead of recording them (for debugging).
+    """
+    names = parse_tasks(tasks)
+    root = datasets.resolve_data_dir(data_dir)
+    if isinstance(encoder, (str, os.PathLike)):  # a model folder, hub id or "glove"
+        from mirrorbert.evaluation.command import load_model
+
+        model_name = model_name or str(encoder)
+        encoder = load_model(str(encoder))
+    options = {k: dict(v) for k, v in (task_options or {}).items()}
+    unknown = [k for k in options if k not in TASKS]
+    if unknown:
+        raise UserError(f"options given for unknown task(s): {', '.join(unknown)}")
+    if plot_dir is None and report is not None:
+        plot_dir = Path(report).with_name(Path(report).stem + "_files")
+    outcomes: dict[str, TaskOutcome] = {}
+    for name in names:
+        kwargs: dict[str, Any] = {"batch_size": batch_size, "show_progress": show_progress}
+        if name in PLOTTING_TASKS and plot_dir is not None:
+            kwargs["plot_dir"] = Path(plot_dir)
+        if name == "isotropy":
+            if reference_encoder is not None:
+                kwargs["reference_encoder"] = reference_encoder
+            if model_name:
+                kwargs["model_label"] = Path(model_name).name or model_name
+        kwargs.update(options.get(name, {}))
+        start = time.perf_counter()
+        logger.info("evaluating %s", name)
+        try:
+            func = get_task(name)
+            result = func(encoder, root, **kwargs)
+            outcome = TaskOutcome(
+                name,
+                "ok",
+                metrics=_as_float_dict(name, result),
+                skipped_parts=dict(getattr(result, "skipped", {}) or {}),
+                artifacts=dict(getattr(result, "artifacts", {}) or {}),
+            )
+        except DatasetMissing as exc:
+            logger.warning("%s skipped: %s", name, exc)
+            outcome = TaskOutcome(name, "skipped", message=str(exc))
+        except ModuleNotFoundError as exc:
+            if raise_errors:
+                raise
+            logger.error("%s not available: %s", name, exc)
+            outcome = TaskOutcome(name, "error", message=f"task module not available: {exc}")
+        except Exception as exc:  # one broken task must not lose the others' results
+            if raise_errors:
+                raise
+            if isinstance(exc, UserError):
+                logger.error("%s failed: %s", name, exc)
+            else:
+                logger.exception("%s failed", name)
+            outcome = TaskOutcome(name, "error", message=f"{type(exc).__name__}: {exc}")
+        outcome.seconds = time.perf_counter() - start
+        outcomes[name] = outcome
+    result = EvaluationResult(model=model_name or type(encoder).__name__, data_dir=str(root), outcomes=outcomes)
+    if output is not None:
+        out_path = Path(output)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(result.to_json() + "\n", encoding="utf-8")
+        logger.info("results written to %s", out_path)
+    if report is not None:
+        rep_path = Path(report)
+        rep_path.parent.mkdir(parents=True, exist_ok=True)
+        rep_path.write_text(result.markdown(base_dir=rep_path.parent) + "\n", encoding="utf-8")
+        logger.info("report written to %s", rep_path)
+    return result

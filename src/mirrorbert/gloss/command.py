@@ -1,0 +1,224 @@
+"""CLI subcommands ``gloss-pretrain`` (GR-BERT) and ``lexsub`` (lexical substitution evaluation).
+
+Register with ``add_gloss_parser(subparsers)`` and ``add_lexsub_parser(subparsers)``; each sets
+``func`` to its ``run_*`` function, which returns an exit code and lets ``UserError`` propagate
+to the CLI's one-line error handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from mirrorbert.errors import UserError
+
+
+# --------------------------------------------------------------------------- gloss-pretrain
+def add_gloss_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from mirrorbert.gloss.pretrain import GlossPretrainConfig
+
+    d = GlossPretrainConfig()
+    p = subparsers.add_parser(
+        "gloss-pretrain",
+        help="GR-BERT: MLM pre-training regularised by matching words in context to their glosses",
+        description="Continue MLM training of a BERT/RoBERTa-family model on (word, sentence, gloss) triplets, "
+        "adding an InfoNCE loss that aligns the word's contextual representation with the embedding of its "
+        "gloss (GR-BERT). The result is a Hugging Face *ForMaskedLM folder usable anywhere an MLM is.",
+    )
+    g = p.add_argument_group("model, data and output")
+    g.add_argument("--model", required=True, help="hub id or local folder of the starting masked LM")
+    g.add_argument("--triplets", default="wordnet",
+                   help="'wordnet' (build from <data-dir>/wordnet) or a TSV file 'word TAB sentence TAB gloss'")
+    g.add_argument("--data-dir", help="folder holding wordnet/ (default: $MIRRORBERT_DATA)")
+    g.add_argument("--output", required=True, help="folder for the trained MLM (must not exist unless --overwrite)")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")
+    g.add_argument("--holdout", type=float, default=d.holdout, help=f"held-out fraction of triplets (default {d.holdout})")
+    g.add_argument("--limit", type=int, help="use a random sample of N triplets (seeded; for quick runs)")
+    g.add_argument("--export-triplets", help="also write the (training) triplets to this TSV file")
+    m = p.add_argument_group("method")
+    m.add_argument("--arch", choices=("mt", "sc"), default=d.arch,
+                   help="mt: one encoder, L = MLM + lambda*GR(h_s); sc: separate context encoders, "
+                        "GR on h_s(enc2) - h_c(enc1), only enc2 saved (default mt)")
+    m.add_argument("--lambda", dest="lam", type=float, default=d.lam, help=f"weight of the gloss loss (default {d.lam})")
+    m.add_argument("--tau", type=float, default=d.tau, help=f"InfoNCE temperature (default {d.tau})")
+    m.add_argument("--mlm-prob", type=float, default=d.mlm_prob,
+                   help="also mask this fraction of the other tokens, BERT-style 80/10/10 (default 0: target only)")
+    m.add_argument("--no-hard-negatives", dest="hard_negatives", action="store_false", default=True,
+                   help="do not add another gloss of the same word as a negative")
+    m.add_argument("--max-length", type=int, default=d.max_length, help=f"sentence tokens (default {d.max_length})")
+    m.add_argument("--max-gloss-length", type=int, default=d.max_gloss_length,
+                   help=f"gloss tokens (default {d.max_gloss_length})")
+    o = p.add_argument_group("optimisation")
+    o.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate (default {d.lr})")
+    o.add_argument("--weight-decay", type=float, default=d.weight_decay, help=f"(default {d.weight_decay})")
+    o.add_argument("--warmup", type=float, default=d.warmup, help=f"warmup fraction of all steps (default {d.warmup})")
+    o.add_argument("--batch-size", type=int, default=d.batch_size, help=f"triplets per step (paper: 48; default {d.batch_size})")
+    o.add_argument("--epochs", type=int, default=d.epochs, help=f"passes over the triplets (default {d.epochs})")
+    o.add_argument("--steps", type=int, help="stop after N optimiser steps (overrides --epochs)")
+    o.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm, help=f"gradient clipping (default {d.max_grad_norm})")
+    o.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
+    h = p.add_argument_group("hardware and bookkeeping")
+    h.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:1 | mps")
+    h.add_argument("--precision", default=d.precision, help="fp32 | bf16 | fp16 (GPU only) (default bf16)")
+    h.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size)
+    h.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint every N steps (0: epoch ends/interrupt only)")
+    h.add_argument("--checkpoint-dir", help="where checkpoints go (default: <output>.checkpoints)")
+    h.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints)
+    h.add_argument("--resume", help="continue from a checkpoint folder (step-N) or a checkpoint root")
+    h.add_argument("--log-dir", help="write TensorBoard scalars here")
+    h.add_argument("--no-progress", dest="show_progress", action="store_false", default=True)
+    p.set_defaults(func=run_gloss_pretrain)
+    return p
+
+
+def run_gloss_pretrain(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
+    from mirrorbert.gloss.pretrain import GlossPretrainConfig, pretrain
+
+    names = {f.name for f in fields(GlossPretrainConfig)}
+    cfg = GlossPretrainConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+    result = pretrain(cfg)
+    if result.interrupted:
+        print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"
+              f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
+        return 130
+    print(json.dumps(result.summary(), indent=2))
+    return 0
+
+
+# --------------------------------------------------------------------------- lexsub
+def add_lexsub_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from mirrorbert.evaluation import lexsub as ls
+
+    p = subparsers.add_parser(
+        "lexsub",
+        help="lexical substitution (SemEval-2007 LS07, CoInCo LS14) with a masked LM",
+        description="Generate substitutes from p(x|s) at the target position of the full sentence, filter them "
+        "with WordNet (same lemma, wrong POS, duplicates) and score with the official SemEval-2007 metrics "
+        "(best, best-mode, oot, oot-mode; precision and recall) and P@1, P@3. Scores are percentages.",
+    )
+    p.add_argument("--model", required=True, help="masked LM folder or hub id (e.g. a gloss-pretrain output)")
+    p.add_argument("--dataset", default="LS07", help="LS07, LS14 (alias CoInCo), or a comma-separated list (default LS07)")
+    p.add_argument("--data-dir", help="folder holding lexsub/ and wordnet/ (default: $MIRRORBERT_DATA)")
+    p.add_argument("--post", action="append", default=None,
+                   help="post-processing, repeatable or comma-separated: emb (mix in input-embedding similarity), "
+                        "valid (re-rank the top candidates by sentence similarity after substitution); default none")
+    p.add_argument("--emb-weight", type=float, default=ls.DEFAULT_EMB_WEIGHT,
+                   help=f"weight of the embedding-similarity log-probability (default {ls.DEFAULT_EMB_WEIGHT})")
+    p.add_argument("--emb-temperature", type=float, default=ls.DEFAULT_EMB_TEMPERATURE,
+                   help="temperature of the embedding-similarity softmax (default 1/15)")
+    p.add_argument("--valid-weight", type=float, default=ls.DEFAULT_VALID_WEIGHT,
+                   help=f"weight of the proposal score added to the validation score (default {ls.DEFAULT_VALID_WEIGHT})")
+    p.add_argument("--valid-top", type=int, default=ls.DEFAULT_VALID_TOP,
+                   help=f"how many top candidates 'valid' re-ranks (default {ls.DEFAULT_VALID_TOP})")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, default=256, help="truncate sentences to N tokens")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda | mps (default auto)")
+    p.add_argument("--limit", type=int, help="score only the first N items (smoke tests)")
+    p.add_argument("--output", help="folder for system files in the official format (<set>.best, <set>.oot) and scores")
+    p.add_argument("--json", action="store_true", help="print the scores as JSON")
+    p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True)
+    p.set_defaults(func=run_lexsub)
+    return p
+
+
+def _parse_post(values: list[str] | None) -> tuple[str, ...]:
+    out: list[str] = []
+    for v in values or []:
+        for part in v.replace("+", ",").split(","):
+            part = part.strip().lower()
+            if not part or part == "none":
+                continue
+            if part not in ("emb", "valid"):
+                raise UserError(f"--post: unknown post-processing {part!r}; choose from emb, valid, none")
+            if part not in out:
+                out.append(part)
+    return tuple(out)
+
+
+def run_lexsub(args: argparse.Namespace) -> int:
+    from mirrorbert.evaluation.lexsub import GenerationConfig, evaluate_lexsub, resolve_dataset
+
+    if args.limit is not None and args.limit <= 0:
+        raise UserError(f"--limit must be positive, got {args.limit}")
+    if args.emb_temperature <= 0:
+        raise UserError(f"--emb-temperature must be > 0, got {args.emb_temperature}")
+    cfg = GenerationConfig(
+        post=_parse_post(args.post), emb_weight=args.emb_weight, emb_temperature=args.emb_temperature,
+        valid_weight=args.valid_weight, valid_top=args.valid_top, batch_size=args.batch_size,
+        max_length=args.max_length,
+    )
+    names = [resolve_dataset(n.strip()) for n in args.dataset.split(",") if n.strip()]
+    results = {}
+    for name in names:
+        scores = evaluate_lexsub(args.model, name, data_dir=args.data_dir, device=args.device, config=cfg,
+                                 limit=args.limit, output_dir=args.output, show_progress=args.show_progress)
+        results[name] = scores.as_dict()
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    cols = ("best", "best-m", "oot", "oot-m")
+    print(f"model: {args.model}   post: {'+'.join(cfg.post) or 'none'}   (scores in %; P / R)")
+    print(f"{'set':6} " + " ".join(f"{c:>13}" for c in cols) + f" {'P@1':>7} {'P@3':>7}  items")
+    for name, r in results.items():
+        pr = [(r["best_p"], r["best_r"]), (r["best_mode_p"], r["best_mode_r"]), (r["oot_p"], r["oot_r"]),
+              (r["oot_mode_p"], r["oot_mode_r"])]
+        print(f"{name:6} " + " ".join(f"{p:6.2f}/{q:6.2f}" for p, q in pr)
+              + f" {r['p_at_1']:7.2f} {r['p_at_3']:7.2f}  {r['n_attempted']}/{r['n_items']}")
+    return 0
+
+
+# --------------------------------------------------------------------------- finetune-sts
+def add_finetune_sts_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from mirrorbert.gloss.finetune_sts import FinetuneStsConfig
+
+    d = FinetuneStsConfig()
+    p = subparsers.add_parser(
+        "finetune-sts",
+        help="supervised STS-B fine-tuning (Siamese cosine regression), mean and std over seeds",
+        description="Fine-tune a model as a Siamese encoder on STS-B train (all or seeded subsets) with a "
+        "cosine-similarity regression loss, then report the STS-B test Spearman (x100), mean and sample standard "
+        "deviation over seeds.",
+    )
+    p.add_argument("--model", required=True, help="model folder or hub id (an MLM, a gloss-pretrain or train output)")
+    p.add_argument("--data-dir", help="folder holding sts/STSBenchmark (default: $MIRRORBERT_DATA)")
+    p.add_argument("--pooling", choices=("cls", "mean", "first-last"), help="default: the model's saved pooling, else mean")
+    p.add_argument("--fractions", default="1,0.5,0.2", help="training fractions (default 1,0.5,0.2)")
+    p.add_argument("--seeds", default="0,1,2,3", help="seeds (default 0,1,2,3)")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--warmup", type=float, default=d.warmup, help="warmup fraction (default 0.1)")
+    p.add_argument("--max-length", type=int, default=d.max_length)
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--precision", default=d.precision, help="fp32 | bf16 | fp16 (GPU only)")
+    p.add_argument("--output", help="write the results as JSON to this file")
+    p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True)
+    p.set_defaults(func=run_finetune_sts)
+    return p
+
+
+def run_finetune_sts(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from mirrorbert.gloss.finetune_sts import FinetuneStsConfig, finetune_sts, parse_floats, parse_ints
+
+    cfg = FinetuneStsConfig(
+        model=args.model, data_dir=args.data_dir, pooling=args.pooling,
+        fractions=parse_floats(args.fractions, "--fractions"), seeds=parse_ints(args.seeds, "--seeds"),
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, max_length=args.max_length,
+        device=args.device, precision=args.precision, show_progress=args.show_progress,
+    )
+    result = finetune_sts(cfg)
+    summary = result.summary()
+    if args.output:
+        Path(args.output).write_text(json.dumps({"model": args.model, "results": summary,
+                                                 "runs": [r.__dict__ for r in result.runs]}, indent=2) + "\n",
+                                     encoding="utf-8")
+    print(f"STS-B test Spearman x100 ({len(cfg.seeds)} seeds), model {args.model}")
+    for frac, r in summary.items():
+        print(f"  train {float(frac) * 100:5.1f}% ({r['train_pairs']} pairs): {r['mean']:.2f} +- {r['std']:.2f}")
+    return 0

@@ -1,0 +1,438 @@
+"""GR-BERT training loop: MLM + gloss regulariser on (word, sentence, gloss) triplets.
+
+Optimisation follows the paper: AdamW (lr 2e-5), 10% linear warmup then linear decay,
+batches of triplets (paper: 48), several epochs; after every epoch the gloss-matching
+accuracy on the held-out triplets is measured and the best epoch's model is kept. Device,
+precision, seeding, checkpoints (optimiser, scheduler and RNG state; exact resume) and the
+atomic output folder come from :mod:`mirrorbert.runtime`, shared with ``mirrorbert train``.
+
+The output is the inference MLM only (``mt``: the single encoder; ``sc``: enc2) as a
+Hugging Face ``*ForMaskedLM`` folder with its tokenizer, plus ``gr_training.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+STREAM_ORDER, STREAM_MASK, STREAM_HARD, STREAM_LIMIT = 11, 12, 13, 14
+TRAINING_INFO = "gr_training.json"
+
+
+@dataclass
+class GlossPretrainConfig:
+    """Options of ``mirrorbert gloss-pretrain`` (see its --help for each)."""
+
+    model: str = ""
+    output: str = ""
+    triplets: str = "wordnet"
+    data_dir: str | None = None
+    overwrite: bool = False
+    holdout: float = 0.05
+    limit: int | None = None
+    export_triplets: str | None = None
+    arch: str = "mt"
+    lam: float = 2.0
+    tau: float = 0.05
+    mlm_prob: float = 0.0
+    hard_negatives: bool = True
+    max_length: int = 128
+    max_gloss_length: int = 64
+    lr: float = 2e-5
+    weight_decay: float = 0.01
+    warmup: float = 0.1
+    batch_size: int = 48
+    epochs: int = 10
+    steps: int | None = None
+    max_grad_norm: float = 1.0
+    seed: int = 42
+    device: str = "auto"
+    precision: str = "bf16"
+    eval_batch_size: int = 64
+    save_every: int = 0
+    checkpoint_dir: str | None = None
+    keep_checkpoints: int = 2
+    resume: str | None = None
+    log_dir: str | None = None
+    show_progress: bool = True
+
+    def validate(self) -> None:
+        if not self.model:
+            raise UserError("--model is required: the masked LM to start from")
+        if not self.output:
+            raise UserError("--output is required: the folder to write the trained model to")
+        if self.arch not in ("mt", "sc"):
+            raise UserError(f"--arch must be mt or sc, got {self.arch!r}")
+        for name in ("batch_size", "epochs", "max_length", "max_gloss_length", "eval_batch_size", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.batch_size < 2:
+            raise UserError("--batch-size must be >= 2: the other triplets' glosses are the negatives")
+        if self.steps is not None and self.steps < 1:
+            raise UserError(f"--steps must be >= 1, got {self.steps}")
+        if self.limit is not None and self.limit < 2:
+            raise UserError(f"--limit must be >= 2, got {self.limit}")
+        if not 0.0 <= self.mlm_prob < 1.0:
+            raise UserError(f"--mlm-prob must be in [0, 1), got {self.mlm_prob}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise UserError(f"--warmup must be a fraction in [0, 1), got {self.warmup}")
+        if self.tau <= 0 or self.lr <= 0 or self.lam < 0:
+            raise UserError("--tau and --lr must be > 0 and --lambda >= 0")
+        if self.save_every < 0:
+            raise UserError(f"--save-every must be >= 0, got {self.save_every}")
+
+    def resolved_checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(f"{str(self.output).rstrip('/')}.checkpoints")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GlossPretrainResult:
+    output: Path | None
+    steps: int
+    history: list[dict[str, Any]]
+    best: dict[str, Any] | None
+    stats: dict[str, Any]
+    wall_time_s: float
+    interrupted: bool = False
+    checkpoint: Path | None = None
+
+    def summary(self) -> dict[str, Any]:
+        return {"output": str(self.output) if self.output else None, "steps": self.steps, "triplets": self.stats,
+                "heldout_accuracy": [{k: h[k] for k in ("epoch", "step", "accuracy", "accuracy_word") if k in h}
+                                     for h in self.history],
+                "best": self.best, "wall_time_s": round(self.wall_time_s, 2)}
+
+
+# --------------------------------------------------------------------------- data
+def _fingerprint(triplets) -> str:
+    h = hashlib.sha256()
+    for t in triplets:
+        h.update(f"{t.word}\t{t.sentence}\t{t.gloss}\t{t.start}\t{t.end}\n".encode("utf-8"))
+    return h.hexdigest()
+
+
+def prepare_triplets(cfg: GlossPretrainConfig):
+    """Load triplets, optionally subsample (seeded), split off the held-out set."""
+    from mirrorbert.gloss.triplets import load_triplets, split_holdout, triplet_stats, write_triplets_tsv
+
+    triplets, inventory = load_triplets(cfg.triplets, cfg.data_dir, show_progress=cfg.show_progress)
+    stats: dict[str, Any] = {"source": cfg.triplets, **triplet_stats(triplets)}
+    if cfg.limit and cfg.limit < len(triplets):
+        rng = random.Random(cfg.seed * 1_000_003 + STREAM_LIMIT)
+        triplets = [triplets[i] for i in sorted(rng.sample(range(len(triplets)), cfg.limit))]
+        stats["limit"] = cfg.limit
+    train, heldout = split_holdout(triplets, cfg.holdout, seed=cfg.seed)
+    stats.update({"train": len(train), "heldout": len(heldout)})
+    logger.info("triplets: %d words, %d glosses, %d triplets (%d train, %d held out)",
+                stats["words"], stats["glosses"], stats["triplets"], len(train), len(heldout))
+    if cfg.export_triplets:
+        write_triplets_tsv(train, cfg.export_triplets)
+    return train, heldout, inventory, stats
+
+
+# --------------------------------------------------------------------------- model I/O
+def load_start_model(name: str):
+    """Tokenizer and masked LM to start from, with a clear error when they cannot be loaded."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+        mlm = AutoModelForMaskedLM.from_pretrained(name)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"--model {name}: cannot load a masked LM and its tokenizer ({first})") from None
+    return tok, mlm
+
+
+def save_parts(model, tokenizer, folder: Path) -> None:
+    """Everything a resumed run needs: every encoder, not just the inference one."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model.context.save_pretrained(folder / "context")
+    tokenizer.save_pretrained(folder / "context")
+    if model.context2 is not None:
+        model.context2.save_pretrained(folder / "context2")
+    torch.save(model.gloss_encoder.state_dict(), folder / "gloss_encoder.pt")
+
+
+def load_parts(folder: Path, cfg: GlossPretrainConfig):
+    import torch
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    from mirrorbert.gloss.model import GlossRegularizedMLM
+
+    tok = AutoTokenizer.from_pretrained(folder / "context")
+    model = GlossRegularizedMLM.from_mlm(AutoModelForMaskedLM.from_pretrained(folder / "context"),
+                                         arch=cfg.arch, lam=cfg.lam, tau=cfg.tau)
+    if cfg.arch == "sc":
+        if not (folder / "context2").is_dir():
+            raise UserError(f"--resume {folder.parent}: checkpoint has no enc2 (was it written with --arch mt?)")
+        model.context2 = AutoModelForMaskedLM.from_pretrained(folder / "context2")
+    model.gloss_encoder.load_state_dict(torch.load(folder / "gloss_encoder.pt", map_location="cpu"))
+    return tok, model
+
+
+def _cpu_state(module) -> dict[str, Any]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+
+
+# --------------------------------------------------------------------------- training
+def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
+    """Run GR-BERT pre-training as configured and write the best model to ``cfg.output``."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from mirrorbert.gloss.model import (
+        GlossRegularizedMLM,
+        collate,
+        encode_triplets,
+        gloss_matching_accuracy,
+        model_max_length,
+    )
+    from mirrorbert.runtime import (
+        CheckpointManager,
+        InterruptFlag,
+        MetricLogger,
+        atomic_output_dir,
+        autocast,
+        build_optimizer,
+        build_scheduler,
+        check_output_dir,
+        check_precision,
+        derived_generator,
+        library_versions,
+        load_checkpoint,
+        make_grad_scaler,
+        resolve_device,
+        restore_training_state,
+        seed_everything,
+    )
+
+    cfg.validate()
+    check_output_dir(cfg.output, cfg.overwrite)
+    device = resolve_device(cfg.device)
+    check_precision(cfg.precision, device)
+    started = time.time()
+    train_t, held_t, inventory, stats = prepare_triplets(cfg)
+    fingerprint = _fingerprint(train_t)
+    seed_everything(cfg.seed)
+
+    resume = load_checkpoint(cfg.resume) if cfg.resume else None
+    if resume is not None:
+        if resume.meta.get("data_sha256") not in (None, fingerprint):
+            raise UserError(f"--resume {resume.path}: the triplets differ from the run that wrote this checkpoint")
+        if resume.meta.get("arch") not in (None, cfg.arch):
+            raise UserError(f"--resume {resume.path}: checkpoint was written with --arch {resume.meta.get('arch')}")
+        tokenizer, model = load_parts(resume.model_dir, cfg)
+    else:
+        tokenizer, mlm = load_start_model(cfg.model)
+        model = GlossRegularizedMLM.from_mlm(mlm, arch=cfg.arch, lam=cfg.lam, tau=cfg.tau)
+    model.to(device).train()
+
+    max_length = min(cfg.max_length, model_max_length(model.context, tokenizer))
+    gloss_length = min(cfg.max_gloss_length, model_max_length(model.context, tokenizer))
+    train_enc = encode_triplets(tokenizer, train_t, max_length)
+    held_enc = encode_triplets(tokenizer, held_t, max_length)
+    if len(train_enc) < 2:
+        raise UserError(f"only {len(train_enc)} usable training triplets: need at least 2")
+    masker = None
+    if cfg.mlm_prob > 0:
+        from mirrorbert.mlm.masking import MaskingConfig, MlmMasker
+
+        vocab = model.context.get_input_embeddings().weight.shape[0]
+        masker = MlmMasker.from_tokenizer(tokenizer, MaskingConfig(mlm_probability=cfg.mlm_prob), vocab_size=vocab)
+
+    batch_size = min(cfg.batch_size, len(train_enc))
+    n = len(train_enc)
+    per_epoch = n // batch_size + (1 if n % batch_size >= 2 else 0)  # a trailing single triplet has no negatives
+    total_steps = cfg.steps or cfg.epochs * per_epoch
+    warmup_steps = int(round(cfg.warmup * total_steps))
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
+    scheduler = build_scheduler(optimizer, "linear", warmup_steps, total_steps)
+    scaler = make_grad_scaler(device, cfg.precision)
+    ckpt_root = cfg.resolved_checkpoint_dir()
+    checkpoints = CheckpointManager(ckpt_root, keep=cfg.keep_checkpoints)
+    checkpointing = cfg.save_every > 0 or cfg.checkpoint_dir is not None or resume is not None
+
+    def epoch_batches(epoch: int) -> list[list[int]]:
+        order = torch.randperm(n, generator=derived_generator(cfg.seed, STREAM_ORDER, epoch)).tolist()
+        return [order[i:i + batch_size] for i in range(0, n, batch_size)][:per_epoch]
+
+    def evaluate() -> dict[str, float]:
+        if not held_enc:
+            return {}
+        return gloss_matching_accuracy(model, tokenizer, held_t, held_enc, device=device,
+                                       batch_size=cfg.eval_batch_size, max_gloss_length=gloss_length,
+                                       autocast_ctx=lambda: autocast(device, cfg.precision))
+
+    step, epoch, next_batch = 0, 0, 0
+    history: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    best_state: dict[str, Any] | None = None
+    last_checkpoint = None
+    if resume is not None:
+        extra = restore_training_state(resume, optimizer, scheduler, scaler)
+        step, epoch, next_batch = extra["step"], extra["epoch"], extra["next_batch"]
+        history, best = extra.get("history", []), extra.get("best")
+        best_dir = ckpt_root / "best-model"
+        if best is not None and best_dir.is_dir():
+            from transformers import AutoModelForMaskedLM
+
+            best_state = _cpu_state(AutoModelForMaskedLM.from_pretrained(best_dir))
+        last_checkpoint = resume.path
+        logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, step, epoch, next_batch)
+
+    def save_checkpoint() -> Path:
+        return checkpoints.save(
+            step, lambda folder: save_parts(model, tokenizer, folder), optimizer, scheduler, scaler,
+            meta={"data_sha256": fingerprint, "arch": cfg.arch, "config": cfg.to_dict()},
+            extra_state={"step": step, "epoch": epoch, "next_batch": next_batch, "history": history, "best": best},
+        )
+
+    def save_best_dir() -> None:
+        """Keep the best model on disk too, so that a resumed run still knows it."""
+        import shutil
+        import tempfile
+
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".best-model.tmp-", dir=ckpt_root))
+        model.save_inference(tmp, tokenizer)
+        final = ckpt_root / "best-model"
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+
+    def record_eval(tag_epoch: int) -> None:
+        nonlocal best, best_state
+        res = evaluate()
+        if not res:
+            return
+        entry = {"epoch": tag_epoch, "step": step, **{k: round(float(v), 6) for k, v in res.items()}}
+        history.append(entry)
+        metrics.log(step, heldout_accuracy=res["accuracy"], heldout_accuracy_word=res["accuracy_word"])
+        logger.info("epoch %d (step %d): held-out gloss-matching accuracy %.4f (within word %.4f, %d triplets)",
+                    tag_epoch, step, res["accuracy"], res["accuracy_word"], int(res["n"]))
+        if step > 0 and (best is None or res["accuracy"] > best["accuracy"]):
+            best = {"epoch": tag_epoch, "step": step, "accuracy": entry["accuracy"],
+                    "accuracy_word": entry["accuracy_word"]}
+            best_state = _cpu_state(model.inference_model)
+            if checkpointing:
+                save_best_dir()
+
+    metrics = MetricLogger(cfg.log_dir)
+    progress = tqdm(total=total_steps, initial=step, disable=not cfg.show_progress, desc="gloss-pretrain", unit="step")
+    interrupted = False
+    loss_value = None
+    try:
+        if step == 0 and not history:
+            record_eval(0)  # the starting point, for comparison
+        with InterruptFlag() as interrupt:
+            while step < total_steps and not interrupted:
+                batches = epoch_batches(epoch)
+                while next_batch < len(batches) and step < total_steps:
+                    chunk = [train_enc[i] for i in batches[next_batch]]
+                    batch = collate(
+                        chunk, train_t, tokenizer,
+                        inventory=inventory if cfg.hard_negatives else None,
+                        rng=random.Random(cfg.seed * 1_000_003 + STREAM_HARD * 7919 + step),
+                        masker=masker, generator=derived_generator(cfg.seed, STREAM_MASK, step),
+                        max_gloss_length=gloss_length,
+                    ).to(device)
+                    with autocast(device, cfg.precision):
+                        out = model(batch)
+                    loss = out.loss
+                    if not torch.isfinite(loss):
+                        where = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else \
+                            "no checkpoint was written (use --save-every N)"
+                        raise UserError(f"loss is {loss.item()} at step {step + 1}: training stopped; {where}")
+                    optimizer.zero_grad(set_to_none=True)
+                    if scaler is not None:
+                        scaler.scale(loss).backward()
+                        scaler.unscale_(optimizer)
+                    else:
+                        loss.backward()
+                    if cfg.max_grad_norm:
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                    if scaler is not None:
+                        scaler.step(optimizer)
+                        scaler.update()
+                    else:
+                        optimizer.step()
+                    scheduler.step()
+                    step += 1
+                    next_batch += 1
+                    loss_value = float(loss.item())
+                    progress.update(1)
+                    progress.set_postfix(loss=f"{loss_value:.3f}", gr=f"{out.gr.item():.3f}",
+                                         mlm=f"{out.mlm.item():.3f}", acc=f"{out.accuracy:.2f}")
+                    metrics.log(step, loss=loss_value, gr_loss=float(out.gr.item()), mlm_loss=float(out.mlm.item()),
+                                batch_accuracy=out.accuracy, lr=scheduler.get_last_lr()[0])
+                    if next_batch >= len(batches):
+                        epoch, next_batch = epoch + 1, 0
+                        record_eval(epoch)
+                        if checkpointing:
+                            last_checkpoint = save_checkpoint()
+                    elif cfg.save_every and step % cfg.save_every == 0:
+                        last_checkpoint = save_checkpoint()
+                    if interrupt.raised:
+                        interrupted = True
+                        break
+                    if next_batch == 0:
+                        break  # new epoch: the outer loop draws its batch order
+            if not interrupted and next_batch != 0:  # --steps ended mid-epoch: evaluate the final model too
+                record_eval(epoch + 1)
+    finally:
+        progress.close()
+        metrics.close()
+
+    wall = time.time() - started
+    if interrupted:
+        last_checkpoint = save_checkpoint()
+        logger.warning("interrupted at step %d; checkpoint written to %s", step, last_checkpoint)
+        return GlossPretrainResult(None, step, history, best, stats, wall, interrupted=True, checkpoint=last_checkpoint)
+    if checkpointing and last_checkpoint != ckpt_root / f"step-{step}":
+        last_checkpoint = save_checkpoint()
+
+    final = model.inference_model
+    if best_state is not None:
+        final.load_state_dict(best_state)
+        logger.info("keeping the best epoch: %s", best)
+    info = {
+        "method": "gr-bert",
+        "arch": cfg.arch,
+        "config": {**cfg.to_dict(), "batch_size": batch_size, "warmup_steps": warmup_steps, "total_steps": total_steps},
+        "triplets": stats,
+        "heldout_history": history,
+        "best": best,
+        "steps": step,
+        "final_loss": loss_value,
+        "wall_time_s": round(wall, 2),
+        "device": str(device),
+        "precision": cfg.precision,
+        "versions": library_versions(),
+    }
+    final.eval()
+    with atomic_output_dir(cfg.output, overwrite=cfg.overwrite) as tmp:
+        final.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / TRAINING_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
+    logger.info("GR-BERT model written to %s (%d steps)", cfg.output, step)
+    return GlossPretrainResult(Path(cfg.output), step, history, best, stats, wall, checkpoint=last_checkpoint)
+
+
+__all__ = ["GlossPretrainConfig", "GlossPretrainResult", "pretrain"]

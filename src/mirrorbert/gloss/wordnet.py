@@ -1,0 +1,274 @@
+"""A small reader for the WordNet 3.0 database files, plus a morphy-style lemmatiser.
+
+Why our own reader: GR-BERT needs only synsets, lemmas, glosses and example sentences, and
+lexical substitution needs POS checks and lemmatisation. Parsing the plain database files
+(``data.*``, ``index.*``, ``*.exc``) directly keeps us independent of nltk's data-path
+machinery and of files we do not need (``lexnames``, ``index.sense``), and it is fast
+(about two seconds for the whole database).
+
+File formats (wndb(5WN)): a data line is
+``offset lex_filenum ss_type w_cnt word lex_id [word lex_id ...] p_cnt [ptr ...] [frames] | gloss``
+with ``w_cnt`` and ``lex_id`` in hexadecimal; an index line is
+``lemma pos synset_cnt p_cnt [ptr_symbol ...] sense_cnt tagsense_cnt offset [offset ...]``;
+an exception line is ``inflected base [base ...]``. Licence header lines start with spaces.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+#: WordNet POS letters and the file suffixes that hold them. Adjective satellites ("s")
+#: live in the adjective files.
+POS_FILES: dict[str, str] = {"n": "noun", "v": "verb", "a": "adj", "r": "adv"}
+
+#: Morphy's detachment rules (suffix, replacement), from the morphy(7WN) manual.
+DETACHMENT_RULES: dict[str, tuple[tuple[str, str], ...]] = {
+    "n": (("s", ""), ("ses", "s"), ("xes", "x"), ("zes", "z"), ("ches", "ch"), ("shes", "sh"),
+          ("men", "man"), ("ies", "y")),
+    "v": (("s", ""), ("ies", "y"), ("es", "e"), ("es", ""), ("ed", "e"), ("ed", ""), ("ing", "e"),
+          ("ing", "")),
+    "a": (("er", ""), ("est", ""), ("er", "e"), ("est", "e")),
+    "r": (),
+}
+
+# Syntactic markers on adjective lemmas in data.adj: "galore(ip)", "ready_to_hand(p)".
+_ADJ_MARKER = re.compile(r"\((?:a|p|ip)\)$")
+_QUOTED = re.compile(r'"([^"]*)"')
+_QUOTED_ATTRIBUTED = re.compile(r'"[^"]*"(?:\s*-{1,2}\s*[^;"]*)?')
+
+
+def normalize_pos(pos: str) -> str:
+    """Map the POS spellings used by WordNet and the lexsub data sets to n/v/a/r."""
+    p = pos.strip().lower()
+    table = {"n": "n", "noun": "n", "v": "v", "verb": "v", "a": "a", "s": "a", "j": "a", "adj": "a",
+             "adjective": "a", "r": "r", "adv": "r", "adverb": "r"}
+    if p not in table:
+        raise ValueError(f"unknown part of speech {pos!r} (expected one of n, v, a, s, r, j)")
+    return table[p]
+
+
+@dataclass(frozen=True)
+class Synset:
+    """One synset: its lemmas (WordNet spelling, ``_`` for spaces), definition and examples."""
+
+    offset: int
+    pos: str  # n, v, a, s or r, as in the data file
+    lemmas: tuple[str, ...]
+    definition: str
+    examples: tuple[str, ...]
+
+    @property
+    def id(self) -> str:
+        """A stable identifier, e.g. ``02084071-n``."""
+        return f"{self.offset:08d}-{self.pos}"
+
+    @property
+    def base_pos(self) -> str:
+        """POS with satellites folded into adjectives (what morphy and the index use)."""
+        return "a" if self.pos == "s" else self.pos
+
+
+def split_gloss(gloss: str) -> tuple[str, tuple[str, ...]]:
+    """Split a WordNet gloss into its definition and its quoted example sentences.
+
+    Examples are the double-quoted segments; the definition is what remains once they are
+    removed, trimmed of the ``;`` separators.
+    """
+    examples = tuple(e.strip() for e in _QUOTED.findall(gloss) if e.strip())
+    # An attribution like '"..." - Shakespeare' belongs to the example, not the definition.
+    definition = _QUOTED_ATTRIBUTED.sub("", gloss)
+    definition = re.sub(r"(\s*;\s*)+$", "", definition.strip())
+    definition = re.sub(r"(\s*;\s*){2,}", "; ", definition).strip(" ;")
+    return definition, examples
+
+
+def _parse_data_line(line: str, path: Path, lineno: int) -> Synset:
+    try:
+        head, _, gloss = line.partition("|")
+        fields = head.split()
+        offset = int(fields[0])
+        pos = fields[2]
+        w_cnt = int(fields[3], 16)
+        lemmas = []
+        for i in range(w_cnt):
+            word = fields[4 + 2 * i]
+            lemmas.append(_ADJ_MARKER.sub("", word))
+    except (IndexError, ValueError) as exc:
+        raise UserError(f"{path}:{lineno}: malformed WordNet data line ({exc})") from None
+    definition, examples = split_gloss(gloss.strip())
+    return Synset(offset, pos, tuple(lemmas), definition, examples)
+
+
+def _content_lines(path: Path):
+    """Yield (line number, line) for non-header lines of a WordNet database file."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip() or line.startswith(" "):
+                continue
+            yield lineno, line.rstrip("\n")
+
+
+def resolve_wordnet_dir(data_dir: str | os.PathLike | None) -> Path:
+    """Find the WordNet folder: ``<data_dir>/wordnet`` or ``data_dir`` itself.
+
+    ``data_dir`` defaults to the ``MIRRORBERT_DATA`` environment variable. Raises a
+    :class:`UserError` naming the missing file when the database is incomplete.
+    """
+    if data_dir is None:
+        env = os.environ.get("MIRRORBERT_DATA")
+        if not env:
+            raise UserError("no data directory given: pass --data-dir or set MIRRORBERT_DATA")
+        data_dir = env
+    base = Path(data_dir)
+    for cand in (base / "wordnet", base):
+        if (cand / "data.noun").is_file():
+            root = cand
+            break
+    else:
+        raise UserError(
+            f"WordNet 3.0 not found: expected {base / 'wordnet' / 'data.noun'} "
+            "(the standard WordNet database files data.*, index.*, *.exc)"
+        )
+    for name in POS_FILES.values():
+        for prefix in ("data", "index"):
+            f = root / f"{prefix}.{name}"
+            if not f.is_file():
+                raise UserError(f"WordNet database incomplete: missing {f}")
+    return root
+
+
+class WordNet:
+    """In-memory WordNet: synsets, lemma index and morphological exception lists."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+        self.synsets: dict[tuple[str, int], Synset] = {}
+        self.index: dict[str, dict[str, tuple[int, ...]]] = {p: {} for p in POS_FILES}
+        self.exceptions: dict[str, dict[str, tuple[str, ...]]] = {p: {} for p in POS_FILES}
+        self._load()
+
+    @classmethod
+    def load(cls, data_dir: str | os.PathLike | None = None) -> "WordNet":
+        """Load from ``<data_dir>/wordnet`` (or ``data_dir`` if it holds the files itself)."""
+        return cls(resolve_wordnet_dir(data_dir))
+
+    def _load(self) -> None:
+        for pos, name in POS_FILES.items():
+            data_path = self.root / f"data.{name}"
+            if not data_path.is_file():
+                raise UserError(f"WordNet database incomplete: missing {data_path}")
+            for lineno, line in _content_lines(data_path):
+                syn = _parse_data_line(line, data_path, lineno)
+                # Key by the file's POS so satellites (s) are found from adjective offsets.
+                self.synsets[(pos, syn.offset)] = syn
+            index_path = self.root / f"index.{name}"
+            if not index_path.is_file():
+                raise UserError(f"WordNet database incomplete: missing {index_path}")
+            table = self.index[pos]
+            for lineno, line in _content_lines(index_path):
+                fields = line.split()
+                try:
+                    n_syn = int(fields[2])
+                    offsets = tuple(int(x) for x in fields[len(fields) - n_syn:])
+                except (IndexError, ValueError):
+                    raise UserError(f"{index_path}:{lineno}: malformed WordNet index line") from None
+                table[fields[0].lower()] = offsets
+            exc_path = self.root / f"{name}.exc"
+            if exc_path.is_file():
+                exc = self.exceptions[pos]
+                for _, line in _content_lines(exc_path):
+                    fields = line.split()
+                    if len(fields) >= 2:
+                        exc[fields[0].lower()] = tuple(f.lower() for f in fields[1:])
+            else:
+                logger.warning("WordNet exception list %s missing; irregular forms will not be lemmatised", exc_path)
+        logger.info("WordNet loaded from %s: %d synsets", self.root, len(self.synsets))
+
+    # ------------------------------------------------------------------ queries
+    def all_synsets(self, pos: str | None = None):
+        """Iterate over synsets, optionally of one POS (n, v, a, r; ``a`` includes satellites)."""
+        want = normalize_pos(pos) if pos else None
+        for (file_pos, _), syn in self.synsets.items():
+            if want is None or file_pos == want:
+                yield syn
+
+    @staticmethod
+    def _key(word: str) -> str:
+        return word.strip().lower().replace(" ", "_")
+
+    def has_lemma(self, word: str, pos: str) -> bool:
+        """Whether ``word`` (already a base form) is a lemma of the given POS."""
+        return self._key(word) in self.index[normalize_pos(pos)]
+
+    def synsets_of(self, word: str, pos: str | None = None) -> list[Synset]:
+        """Synsets listing ``word`` as a lemma (base form, any case; spaces or ``_``)."""
+        key = self._key(word)
+        out: list[Synset] = []
+        for p in ([normalize_pos(pos)] if pos else list(POS_FILES)):
+            for off in self.index[p].get(key, ()):
+                syn = self.synsets.get((p, off))
+                if syn is not None:
+                    out.append(syn)
+        return out
+
+    def morphy(self, word: str, pos: str) -> list[str]:
+        """Base forms of ``word`` for ``pos`` that exist in WordNet, most likely first.
+
+        Follows morphy(7WN): the word itself if it is a lemma, then the exception list,
+        then the detachment rules; only forms present in the index are kept.
+        """
+        p = normalize_pos(pos)
+        key = self._key(word)
+        out: list[str] = []
+        for cand in candidate_base_forms(key, p, self.exceptions[p]):
+            if cand in self.index[p] and cand not in out:
+                out.append(cand)
+        return out
+
+    def lemmatize(self, word: str, pos: str) -> str:
+        """The shortest morphy base form ("eggs" -> "egg" although "eggs" is a lemma too),
+        or the lower-cased word when WordNet has none."""
+        return shortest_base_form(self.morphy(word, pos), self._key(word))
+
+    def pos_of(self, word: str) -> set[str]:
+        """The POS (n/v/a/r) under which ``word`` or one of its base forms is a lemma."""
+        return {p for p in POS_FILES if self.morphy(word, p)}
+
+
+def shortest_base_form(forms: list[str], word: str) -> str:
+    """Pick the lemma of a word among its morphy forms: the shortest ("eggs" -> "egg"), but
+    never a one-letter form of a longer word ("as" is not "a"); ``word`` when there is none."""
+    usable = [f for f in forms if len(f) > 1 or len(word) <= 1]
+    return min(usable, key=len) if usable else word
+
+
+def candidate_base_forms(word: str, pos: str, exceptions: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    """All morphy base-form hypotheses for ``word`` (lower case), without an index check.
+
+    Used to match inflected forms in example sentences against a known lemma, where no
+    dictionary look-up is needed, and by :meth:`WordNet.morphy`.
+    """
+    p = normalize_pos(pos)
+    w = word.lower()
+    out = [w]
+    if exceptions:
+        out.extend(exceptions.get(w, ()))
+    for suffix, repl in DETACHMENT_RULES[p]:
+        if w.endswith(suffix) and len(w) > len(suffix):
+            out.append(w[: len(w) - len(suffix)] + repl)
+    # Multiword expressions: morphy the first word (verbs: "looked_after") or the last (nouns).
+    if "_" in w:
+        parts = w.split("_")
+        for i in (0, len(parts) - 1):
+            for base in candidate_base_forms(parts[i], p, exceptions)[1:]:
+                out.append("_".join(parts[:i] + [base] + parts[i + 1:]))
+    seen: set[str] = set()
+    return [x for x in out if not (x in seen or seen.add(x))]

@@ -1,0 +1,589 @@
+"""Masked-language-model pre-training, from scratch or continued from any HF masked LM.
+
+The corpus is tokenised once into memory-mapped token streams (`corpus.py`); batches are packed
+windows of `seq_length` tokens, corrupted by `masking.py` in a background thread. The training
+machinery (device, precision, optimiser, schedule, checkpoints, RNG state, TensorBoard, atomic output)
+is the shared one of `mirrorbert.runtime`, so `pretrain-mlm` behaves like `mirrorbert train`.
+
+Exact resume: the data position and every mask are pure functions of (seed, step), the optimiser,
+scheduler and RNG state live in the checkpoint, so N steps + resume N steps equals 2N steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from mirrorbert.errors import UserError
+from mirrorbert.mlm.corpus import PackedSequences, epoch_order, prefetch, prepare_corpus
+from mirrorbert.mlm.masking import IGNORE_INDEX, MaskingConfig, MlmMasker
+from mirrorbert.runtime import (
+    CheckpointManager,
+    InterruptFlag,
+    MetricLogger,
+    atomic_output_dir,
+    autocast,
+    backward_and_step,
+    build_optimizer,
+    build_scheduler,
+    check_output_dir,
+    check_precision,
+    derived_generator,
+    library_versions,
+    load_checkpoint,
+    make_grad_scaler,
+    resolve_device,
+    restore_training_state,
+    seed_everything,
+    write_json_atomic,
+)
+
+logger = logging.getLogger(__name__)
+
+# Named sizes of Turc et al. (2019), "Well-Read Students Learn Better"; heads = hidden / 64.
+ARCHITECTURES: dict[str, dict[str, int]] = {
+    "bert-tiny": {"num_hidden_layers": 2, "hidden_size": 128},
+    "bert-mini": {"num_hidden_layers": 4, "hidden_size": 256},
+    "bert-small": {"num_hidden_layers": 4, "hidden_size": 512},
+    "bert-medium": {"num_hidden_layers": 8, "hidden_size": 512},
+}
+INFO_FILE = "mlm_pretraining.json"
+# Random streams derived from the seed (see runtime.derived_generator), one per purpose.
+STREAM_MASK, STREAM_EVAL = 11, 12
+# Data-order settings: a checkpoint can only be resumed when all of these are unchanged.
+RESUME_KEYS = ("seq_length", "batch_size", "grad_accum", "seed", "mlm_probability", "whole_word_mask", "eval_fraction")
+OFFSET_POSITION_MODEL_TYPES = ("roberta", "xlm-roberta", "camembert", "longformer")
+
+
+@dataclass
+class PretrainConfig:
+    """Every knob of an MLM pre-training run; field names match the long CLI options (`_` -> `-`)."""
+
+    corpus: list[str] = field(default_factory=list)
+    output: str | None = None
+    overwrite: bool = False
+    # model: one of model (continued pre-training) or architecture (from scratch, needs tokenizer)
+    model: str | None = None
+    architecture: str | None = None
+    tokenizer: str | None = None
+    # data and objective
+    seq_length: int = 128
+    mlm_probability: float = 0.15
+    whole_word_mask: bool = False
+    eval_fraction: float = 0.01
+    cache_dir: str | None = None
+    # optimisation
+    lr: float | None = None  # None: 5e-4 from scratch, 5e-5 continued
+    weight_decay: float = 0.01
+    warmup_steps: int | None = None  # None: 6% of the steps (at most 10,000)
+    max_grad_norm: float | None = 1.0
+    batch_size: int = 128
+    grad_accum: int = 1
+    max_tokens: int | None = None
+    epochs: float | None = None  # neither budget given: 1 epoch
+    seed: int = 42
+    # hardware
+    device: str = "auto"
+    precision: str = "fp32"
+    threads: int | None = None  # CPU threads for torch during the run (None: torch's default)
+    # bookkeeping
+    eval_every: int = 500
+    eval_sequences: int = 256
+    save_every: int = 0
+    checkpoint_dir: str | None = None
+    keep_checkpoints: int = 2
+    resume: str | None = None
+    stop_after_steps: int | None = None
+    log_dir: str | None = None
+    log_every: int = 50
+    show_progress: bool = True
+    prefetch_batches: int = 4
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def resolved_checkpoint_dir(self) -> Path:
+        """Checkpoints live beside the output so the final model folder can be written atomically."""
+        if self.checkpoint_dir:
+            return Path(self.checkpoint_dir)
+        return Path(f"{Path(self.output).as_posix().rstrip('/')}.checkpoints")
+
+    def resolved_cache_dir(self) -> Path:
+        if self.cache_dir:
+            return Path(self.cache_dir)
+        base = os.environ.get("MIRRORBERT_CACHE") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mirrorbert"
+        )
+        return Path(base) / "mlm-corpus"
+
+
+def validate(cfg: PretrainConfig) -> None:
+    def check(ok: bool, option: str, message: str) -> None:
+        if not ok:
+            raise UserError(f"--{option}: {message}")
+
+    check(bool(cfg.corpus), "corpus", "give at least one corpus file (UTF-8 text, one sentence per line)")
+    check(bool(cfg.output), "output", "required: the folder to write the pre-trained model to")
+    check((cfg.model is None) != (cfg.architecture is None), "model",
+          "give exactly one of --model (continue pre-training an MLM) or --architecture (from scratch)")
+    check(cfg.architecture is None or cfg.tokenizer is not None, "tokenizer",
+          "pre-training from scratch (--architecture) needs --tokenizer DIR")
+    check(cfg.max_tokens is None or cfg.epochs is None, "max-tokens", "give --max-tokens or --epochs, not both")
+    check(cfg.max_tokens is None or cfg.max_tokens >= 1, "max-tokens", "must be >= 1")
+    check(cfg.epochs is None or cfg.epochs > 0, "epochs", "must be > 0")
+    check(cfg.seq_length >= 8, "seq-length", "must be at least 8")
+    check(cfg.lr is None or cfg.lr > 0, "lr", "must be a positive number")
+    check(cfg.weight_decay >= 0, "weight-decay", "must be >= 0")
+    check(cfg.warmup_steps is None or cfg.warmup_steps >= 0, "warmup-steps", "must be >= 0")
+    check(cfg.max_grad_norm is None or cfg.max_grad_norm > 0, "max-grad-norm", "must be positive")
+    for key in ("batch_size", "grad_accum", "eval_every", "eval_sequences", "keep_checkpoints", "log_every"):
+        check(getattr(cfg, key) >= 1, key.replace("_", "-"), "must be an integer >= 1")
+    check(cfg.save_every >= 0, "save-every", "must be >= 0")
+    check(cfg.stop_after_steps is None or cfg.stop_after_steps >= 1, "stop-after-steps", "must be >= 1")
+    check(0 <= cfg.eval_fraction < 1, "eval-fraction", "must be in [0, 1)")
+    check(cfg.threads is None or cfg.threads >= 1, "threads", "must be >= 1")
+    MaskingConfig(mlm_probability=cfg.mlm_probability)  # raises UserError on a bad value
+
+
+@dataclass
+class PretrainResult:
+    output: Path | None
+    steps: int
+    tokens: int
+    train_loss: float | None
+    train_accuracy: float | None
+    eval_loss: float | None
+    eval_accuracy: float | None
+    tokens_per_s: float
+    wall_time_s: float
+    interrupted: bool = False
+    checkpoint: Path | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- model / tokenizer
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    if not Path(path).exists():
+        raise UserError(f"--tokenizer {path}: no such folder")
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"--tokenizer {path}: cannot load a tokenizer from this folder: {first}") from None
+
+
+def architecture_config(architecture: str, tokenizer, seq_length: int):
+    """A fresh config for a named size or a config JSON file, sized to the tokenizer's vocabulary."""
+    from transformers import AutoConfig, BertConfig
+
+    if architecture in ARCHITECTURES:
+        size = ARCHITECTURES[architecture]
+        hidden = size["hidden_size"]
+        config = BertConfig(
+            hidden_size=hidden, num_hidden_layers=size["num_hidden_layers"], num_attention_heads=hidden // 64,
+            intermediate_size=4 * hidden, max_position_embeddings=max(512, seq_length),
+        )
+    else:
+        path = Path(architecture)
+        if not path.is_file():
+            raise UserError(
+                f"--architecture {architecture}: not a named size ({', '.join(ARCHITECTURES)}) nor a config JSON file"
+            )
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise UserError(f"--architecture {path}: not valid JSON ({exc})") from None
+        if not isinstance(values, dict):
+            raise UserError(f"--architecture {path}: expected a JSON object of config fields")
+        values = {k: v for k, v in values.items() if k not in ("architectures", "transformers_version")}
+        model_type = values.pop("model_type", "bert")
+        try:
+            config = AutoConfig.for_model(model_type, **values)
+        except (ValueError, TypeError) as exc:
+            raise UserError(f"--architecture {path}: {exc}") from None
+    config.vocab_size = len(tokenizer)
+    config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if tokenizer.bos_token_id is not None:
+        config.bos_token_id = tokenizer.bos_token_id
+    if tokenizer.eos_token_id is not None:
+        config.eos_token_id = tokenizer.eos_token_id
+    return config
+
+
+def build_model(cfg: PretrainConfig):
+    """(model, tokenizer, description) for a fresh architecture or a pretrained MLM."""
+    from transformers import AutoModelForMaskedLM
+
+    if cfg.architecture is not None:
+        tokenizer = load_tokenizer(cfg.tokenizer)
+        config = architecture_config(cfg.architecture, tokenizer, cfg.seq_length)
+        try:
+            model = AutoModelForMaskedLM.from_config(config)
+        except ValueError as exc:
+            raise UserError(f"--architecture {cfg.architecture}: no masked-LM head for this config ({exc})") from None
+        return model, tokenizer, f"{cfg.architecture} (from scratch)"
+    from mirrorbert.encoder import model_load_error, check_model_reachable
+
+    name = cfg.model
+    if Path(name).is_dir() and not (Path(name) / "config.json").exists():
+        raise UserError(f"--model {name}: folder has no config.json (not a Hugging Face model folder)")
+    check_model_reachable(name)
+    try:
+        model = AutoModelForMaskedLM.from_pretrained(name)
+        tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else _auto_tokenizer(name)
+    except (OSError, ValueError) as exc:
+        raise model_load_error(name, exc) from None
+    embeddings = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > embeddings:
+        raise UserError(
+            f"--tokenizer: {len(tokenizer)} tokens but the model {name} has only {embeddings} embeddings"
+        )
+    return model, tokenizer, name
+
+
+def _auto_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)
+
+
+def max_positions(config) -> int | None:
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int):
+        return None
+    if getattr(config, "model_type", "") in OFFSET_POSITION_MODEL_TYPES:
+        positions -= (config.pad_token_id or 0) + 1
+    return positions
+
+
+def _mlm_head(model) -> torch.nn.Module | None:
+    """The prediction head, if the model exposes it the usual way (BERT: `cls`, RoBERTa: `lm_head`)."""
+    for name in ("cls", "lm_head"):
+        head = getattr(model, name, None)
+        if isinstance(head, torch.nn.Module):
+            return head
+    return None
+
+
+def mlm_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+             head: torch.nn.Module | None) -> tuple[torch.Tensor, int, int]:
+    """(sum of token losses, number of targets, number predicted correctly).
+
+    The vocabulary projection is the costliest layer of a small model; applying the head to the 15% of
+    positions that are targets, instead of to all of them, gives the same loss at a fraction of the cost.
+    """
+    targets = labels != IGNORE_INDEX
+    if head is not None:
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)[0]
+        logits = head(hidden[targets])
+        gold = labels[targets]
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True).logits[targets]
+        gold = labels[targets]
+    loss = torch.nn.functional.cross_entropy(logits.float(), gold, reduction="sum")
+    correct = int((logits.argmax(-1) == gold).sum().item()) if gold.numel() else 0
+    return loss, int(gold.numel()), correct
+
+
+# --------------------------------------------------------------------------- batches
+@dataclass
+class _Plan:
+    """Where every micro-batch comes from; a pure function of the data, sizes and seed."""
+
+    n_sequences: int
+    batch_size: int
+    grad_accum: int
+    seed: int
+    total_steps: int = 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return -(-self.n_sequences // self.batch_size)
+
+    def micro_batch(self, m: int, orders: dict[int, np.ndarray]) -> tuple[int, int, np.ndarray]:
+        epoch, b = divmod(m, self.batches_per_epoch)
+        if epoch not in orders:
+            orders.clear()  # keep only the current epoch's order in memory
+            orders[epoch] = epoch_order(self.n_sequences, self.seed, epoch)
+        return epoch, b, orders[epoch][b * self.batch_size : (b + 1) * self.batch_size]
+
+
+def _training_batches(plan: _Plan, packed: PackedSequences, masker: MlmMasker, start_micro: int) -> Iterator[tuple]:
+    orders: dict[int, np.ndarray] = {}
+    m = start_micro
+    while True:
+        epoch, b, index = plan.micro_batch(m, orders)
+        ids, att = packed.batch(index)
+        corrupted, labels = masker(ids, att, derived_generator(plan.seed, STREAM_MASK, epoch, b))
+        yield corrupted, att, labels
+        m += 1
+
+
+def evaluate(model, head, packed: PackedSequences | None, masker: MlmMasker, cfg: PretrainConfig,
+             device: torch.device) -> dict[str, float] | None:
+    """Loss and masked-token accuracy on a fixed, evenly spaced subset of held-out sequences, fixed masks."""
+    if packed is None or len(packed) == 0:
+        return None
+    n = min(len(packed), cfg.eval_sequences)
+    index = np.unique(np.linspace(0, len(packed) - 1, n).round().astype(np.int64))
+    was_training = model.training
+    model.eval()
+    total_loss, total_n, total_correct = 0.0, 0, 0
+    try:
+        with torch.no_grad():
+            for b, start in enumerate(range(0, len(index), cfg.batch_size)):
+                ids, att = packed.batch(index[start : start + cfg.batch_size])
+                corrupted, labels = masker(ids, att, derived_generator(cfg.seed, STREAM_EVAL, b))
+                with autocast(device, cfg.precision):
+                    loss, count, correct = mlm_loss(model, corrupted.to(device), att.to(device), labels.to(device), head)
+                total_loss += float(loss)
+                total_n += count
+                total_correct += correct
+    finally:
+        model.train(was_training)
+    if total_n == 0:
+        return None
+    return {"eval_loss": total_loss / total_n, "eval_accuracy": total_correct / total_n, "eval_targets": total_n}
+
+
+# --------------------------------------------------------------------------- the loop
+def pretrain(cfg: PretrainConfig) -> PretrainResult:
+    """Run MLM pre-training as configured and write an HF `*ForMaskedLM` folder to `cfg.output`."""
+    validate(cfg)
+    previous_threads = torch.get_num_threads()
+    if cfg.threads is not None:
+        # On a CPU shared with other jobs, fewer threads than cores avoids OpenMP spin-wait contention.
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _pretrain(cfg)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _pretrain(cfg: PretrainConfig) -> PretrainResult:
+    check_output_dir(cfg.output, cfg.overwrite)
+    device = resolve_device(cfg.device)
+    check_precision(cfg.precision, device)
+    started = time.time()
+    seed_everything(cfg.seed)
+
+    resume = load_checkpoint(cfg.resume) if cfg.resume else None
+    model, tokenizer, source = build_model(cfg)
+    if tokenizer.mask_token_id is None:
+        raise UserError(f"tokenizer of {source} has no mask token; MLM pre-training needs one ([MASK] or <mask>)")
+    limit = max_positions(model.config)
+    if limit is not None and cfg.seq_length > limit:
+        raise UserError(f"--seq-length {cfg.seq_length}: the model takes at most {limit} positions")
+    masker = MlmMasker.from_tokenizer(
+        tokenizer, MaskingConfig(mlm_probability=cfg.mlm_probability, whole_word=cfg.whole_word_mask),
+        vocab_size=model.get_input_embeddings().weight.shape[0],
+    )
+    corpus = prepare_corpus(cfg.corpus, tokenizer, cfg.resolved_cache_dir(), cfg.eval_fraction,
+                            show_progress=cfg.show_progress)
+    packed = corpus.packed("train", cfg.seq_length)
+    if len(packed) == 0:
+        raise UserError("--corpus: every document went to the held-out slice; lower --eval-fraction")
+    eval_packed = corpus.packed("eval", cfg.seq_length) if corpus.n_tokens("eval") else None
+    if eval_packed is None:
+        logger.warning("the held-out slice is empty (corpus too small for --eval-fraction %s): no evaluation",
+                       cfg.eval_fraction)
+
+    plan = _Plan(len(packed), cfg.batch_size, cfg.grad_accum, cfg.seed)
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_length
+    if cfg.max_tokens is not None:
+        plan.total_steps = max(1, math.ceil(cfg.max_tokens / tokens_per_step))
+    else:
+        epochs = cfg.epochs if cfg.epochs is not None else 1.0
+        plan.total_steps = max(1, math.ceil(math.ceil(epochs * plan.batches_per_epoch) / cfg.grad_accum))
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(10_000, round(0.06 * plan.total_steps))
+    lr = cfg.lr if cfg.lr is not None else (5e-4 if cfg.architecture else 5e-5)
+
+    if resume is not None:  # weights come from the checkpoint; everything else was built identically
+        from transformers import AutoModelForMaskedLM
+
+        model = AutoModelForMaskedLM.from_pretrained(resume.model_dir)
+    model.to(device)
+    model.train()
+    head = _mlm_head(model)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(model, lr, cfg.weight_decay)
+    scheduler = build_scheduler(optimizer, "linear", warmup, plan.total_steps)
+    scaler = make_grad_scaler(device, cfg.precision)
+    checkpoints = CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints)
+
+    step, tokens_seen, history, last_checkpoint, resumed_window = 0, 0, [], None, None
+    if resume is not None:
+        saved = resume.meta.get("pretrain", {})
+        if saved.get("corpus_key") != corpus.meta["key"]:
+            raise UserError(f"--resume {resume.path}: the corpus or tokenizer differ from the run that wrote it")
+        changed = [k for k in RESUME_KEYS if saved.get("config", {}).get(k) != getattr(cfg, k)]
+        if changed:
+            raise UserError(f"--resume {resume.path}: cannot resume with different "
+                            + ", ".join("--" + k.replace("_", "-") for k in changed))
+        if saved.get("total_steps") != plan.total_steps:
+            logger.warning("the budget changed since the checkpoint (%s -> %d steps): the learning-rate schedule "
+                           "is stretched from here on", saved.get("total_steps"), plan.total_steps)
+        extra = restore_training_state(resume, optimizer, scheduler, scaler)
+        step, tokens_seen, history = extra["step"], extra["tokens"], list(extra.get("history", []))
+        resumed_window = extra.get("window")
+        last_checkpoint = resume.path
+        logger.info("resumed from %s at step %d (%d tokens)", resume.path, step, tokens_seen)
+
+    def save_model(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    def save_checkpoint() -> Path:
+        return checkpoints.save(
+            step, save_model, optimizer, scheduler, scaler,
+            meta={"pretrain": {"corpus_key": corpus.meta["key"], "config": cfg.to_dict(),
+                               "total_steps": plan.total_steps}},
+            extra_state={"step": step, "tokens": tokens_seen, "history": history,
+                         "window": {k: v for k, v in window.items() if k != "t"}},
+        )
+
+    metrics = MetricLogger(cfg.log_dir)
+    stop_at = plan.total_steps if cfg.stop_after_steps is None else min(plan.total_steps, step + cfg.stop_after_steps)
+    logger.info(
+        "MLM pre-training %s: %d train sequences of %d tokens, %d steps of %d sequences (%d tokens), lr %g, "
+        "warmup %d, device %s, %s", source, len(packed), cfg.seq_length, plan.total_steps,
+        cfg.batch_size * cfg.grad_accum, tokens_per_step, lr, warmup, device, cfg.precision,
+    )
+    from tqdm.auto import tqdm
+
+    progress = tqdm(total=plan.total_steps, initial=step, disable=not cfg.show_progress, desc="pretrain-mlm",
+                    unit="step")
+    # the running window of the training metrics; carried through checkpoints so a resumed run logs the same
+    window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, **(resumed_window or {}), "t": time.time()}
+    run_tokens, loop_start = 0, time.time()
+    last_train: dict[str, float] = {}
+    last_eval: dict[str, float] | None = None
+    interrupted = False
+    batches = prefetch(_training_batches(plan, packed, masker, step * cfg.grad_accum), cfg.prefetch_batches)
+    try:
+        with InterruptFlag() as interrupt:
+            while step < stop_at:
+                micro = [next(batches) for _ in range(cfg.grad_accum)]
+                n_targets = sum(int((labels != IGNORE_INDEX).sum()) for _, _, labels in micro)
+                optimizer.zero_grad(set_to_none=True)
+                step_loss, step_correct, step_tokens = 0.0, 0, 0
+                for i, (ids, att, labels) in enumerate(micro):
+                    with autocast(device, cfg.precision):
+                        loss_sum, count, correct = mlm_loss(model, ids.to(device), att.to(device), labels.to(device), head)
+                    step_loss += float(loss_sum.detach())
+                    step_correct += correct
+                    step_tokens += int(att.sum())
+                    if not math.isfinite(step_loss):
+                        where = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else \
+                            "no checkpoint was written (use --save-every N)"
+                        raise UserError(f"loss is {step_loss} at step {step + 1}: training stopped; {where}")
+                    # Normalised by the targets of the whole step, so accumulation equals one big batch.
+                    backward_and_step(loss_sum / max(1, n_targets), optimizer, scheduler, scaler, parameters,
+                                      cfg.max_grad_norm, update=i == len(micro) - 1)
+                step += 1
+                tokens_seen += step_tokens
+                run_tokens += step_tokens
+                for key, value in (("loss", step_loss), ("n", n_targets), ("correct", step_correct),
+                                   ("tokens", step_tokens)):
+                    window[key] += value
+                rate = run_tokens / max(time.time() - loop_start, 1e-9)
+                progress.update(1)
+                progress.set_postfix(loss=f"{step_loss / max(1, n_targets):.3f}",
+                                     acc=f"{step_correct / max(1, n_targets):.3f}", tok_s=f"{rate:.0f}")
+                if step % cfg.log_every == 0 or step == plan.total_steps:
+                    now = time.time()
+                    last_train = {
+                        "step": step, "tokens": tokens_seen,
+                        "loss": window["loss"] / max(1, window["n"]),
+                        "accuracy": window["correct"] / max(1, window["n"]),
+                        "lr": scheduler.get_last_lr()[0],
+                        "tokens_per_s": window["tokens"] / max(now - window["t"], 1e-9),
+                    }
+                    history.append(last_train)
+                    metrics.log(step, **{f"train/{k}": v for k, v in last_train.items() if k != "step"})
+                    logger.debug("step %d: %s", step, last_train)
+                    window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, "t": now}
+                if step % cfg.eval_every == 0 or step == plan.total_steps:
+                    last_eval = evaluate(model, head, eval_packed, masker, cfg, device)
+                    if last_eval is not None:
+                        history.append({"step": step, "tokens": tokens_seen, **last_eval})
+                        metrics.log(step, **{k.replace("eval_", "eval/"): v for k, v in last_eval.items()})
+                        logger.info("step %d (%d tokens): held-out loss %.4f, masked-token accuracy %.4f",
+                                    step, tokens_seen, last_eval["eval_loss"], last_eval["eval_accuracy"])
+                if cfg.save_every and step % cfg.save_every == 0:
+                    last_checkpoint = save_checkpoint()
+                if interrupt.raised:
+                    interrupted = True
+                    break
+    finally:
+        batches.close()
+        progress.close()
+        metrics.close()
+
+    wall = time.time() - started
+    rate = run_tokens / max(time.time() - loop_start, 1e-9)
+    if not last_train and history:
+        last_train = next((h for h in reversed(history) if "loss" in h), {})
+    result = PretrainResult(
+        output=None, steps=step, tokens=tokens_seen, train_loss=last_train.get("loss"),
+        train_accuracy=last_train.get("accuracy"),
+        eval_loss=(last_eval or {}).get("eval_loss"), eval_accuracy=(last_eval or {}).get("eval_accuracy"),
+        tokens_per_s=rate, wall_time_s=wall, history=history,
+    )
+    if step < plan.total_steps:  # interrupted or --stop-after-steps: leave a checkpoint to resume from
+        if last_checkpoint is None or last_checkpoint.name != f"step-{step}":
+            last_checkpoint = save_checkpoint()
+        result.interrupted, result.checkpoint = interrupted, last_checkpoint
+        logger.warning("stopped at step %d of %d; resume with --resume %s", step, plan.total_steps, last_checkpoint)
+        return result
+    if cfg.save_every or resume is not None:
+        if last_checkpoint is None or last_checkpoint.name != f"step-{step}":
+            last_checkpoint = save_checkpoint()
+    result.checkpoint = last_checkpoint
+
+    info = {
+        "method": "mlm-pretraining",
+        "source": source,
+        "config": {**cfg.to_dict(), "lr": lr, "warmup_steps": warmup},
+        "corpus": {"files": corpus.meta["sources"], "train_tokens": corpus.n_tokens("train"),
+                   "eval_tokens": corpus.n_tokens("eval"), "train_sequences": len(packed),
+                   "eval_sequences": len(eval_packed) if eval_packed is not None else 0},
+        "steps": step,
+        "total_steps": plan.total_steps,
+        "tokens_seen": tokens_seen,
+        "epochs": round(step * cfg.grad_accum / plan.batches_per_epoch, 4),
+        "train_loss": result.train_loss,
+        "train_accuracy": result.train_accuracy,
+        "eval_loss": result.eval_loss,
+        "eval_accuracy": result.eval_accuracy,
+        "tokens_per_s_last_session": round(rate, 1),
+        "wall_time_s_last_session": round(wall, 1),
+        "device": str(device),
+        "precision": cfg.precision,
+        "versions": library_versions(),
+        "history": history,
+    }
+    result.info = info
+    model.eval()
+    with atomic_output_dir(cfg.output, overwrite=cfg.overwrite) as tmp:
+        save_model(tmp)
+        write_json_atomic(tmp / INFO_FILE, info)
+    result.output = Path(cfg.output)
+    logger.info("model written to %s (%d steps, %d tokens)", cfg.output, step, tokens_seen)
+    return result
+
+
+__all__ = ["ARCHITECTURES", "PretrainConfig", "PretrainResult", "pretrain", "mlm_loss", "validate"]
