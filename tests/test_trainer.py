@@ -101,15 +101,36 @@ def test_same_seed_same_weights(tiny_bert, data_file, tmp_path):
 
 @pytest.mark.parametrize("which", ["tiny_bert", "tiny_roberta"])
 def test_resume_is_exact(request, which, data_file, tmp_path):
-    """N steps, checkpoint, resume for N more == 2N steps straight (3 batches/epoch: crosses an epoch)."""
+    """N steps, checkpoint, resume for N more == 2N steps straight.
+
+    12 strings in batches of 4 make 3 batches per epoch: the checkpoint at step 4 lies inside epoch 1,
+    so the resumed run rebuilds epoch 1's order and masks, which the straight run must also have used.
+    """
     model = request.getfixturevalue(which)
-    train(cfg_for(model, data_file, tmp_path / "straight", steps=4, schedule="linear", warmup_steps=1,
-                  save_every=2, max_grad_norm=1.0))
-    ckpt = tmp_path / "straight.checkpoints" / "step-2"
+    kw = dict(steps=8, schedule="linear", warmup_steps=1, max_grad_norm=1.0, mask_span=2)
+    train(cfg_for(model, data_file, tmp_path / "straight", save_every=4, keep_checkpoints=3, **kw))
+    ckpt = tmp_path / "straight.checkpoints" / "step-4"
     assert (ckpt / "training_state.pt").exists()
-    train(cfg_for(model, data_file, tmp_path / "resumed", steps=4, schedule="linear", warmup_steps=1,
-                  max_grad_norm=1.0, resume=str(ckpt)))
+    train(cfg_for(model, data_file, tmp_path / "resumed", resume=str(ckpt), **kw))
     assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+
+
+def test_each_epoch_uses_its_own_order(tiny_bert, data_file, tmp_path, monkeypatch):
+    import mirrorbert.trainer as trainer_module
+
+    seen = []
+    real = trainer_module.mirror_step_loss
+
+    def spy(encoder, first, second, *args):
+        seen.append(sorted(map(tuple, first)))
+        return real(encoder, first, second, *args)
+
+    monkeypatch.setattr(trainer_module, "mirror_step_loss", spy)
+    train(cfg_for(tiny_bert, data_file, tmp_path / "ep", epochs=2))
+    assert len(seen) == 6
+    assert seen[:3] != seen[3:]  # epoch 1 is reshuffled, not a replay of epoch 0
+    flat = lambda batches: sorted(x for b in batches for x in b)  # noqa: E731
+    assert flat(seen[:3]) == flat(seen[3:])  # and each epoch covers every string once
 
 
 def test_interrupt_writes_checkpoint_then_resume_finishes(tiny_bert, data_file, tmp_path, monkeypatch):

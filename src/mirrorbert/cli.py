@@ -16,7 +16,7 @@ from pathlib import Path
 from mirrorbert import __version__
 from mirrorbert.errors import UserError
 from mirrorbert.evaluation.command import add_eval_parser
-from mirrorbert.gloss.command import add_gloss_parser, add_lexsub_parser
+from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
 
 EXIT_USER_ERROR = 2
@@ -175,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_pretrain_parser(sub)
     add_gloss_parser(sub)
     add_lexsub_parser(sub)
+    add_finetune_sts_parser(sub)
     return parser
 
 

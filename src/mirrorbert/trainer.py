@@ -215,12 +215,15 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
                         metrics.log(step, loss=loss_value, lr=scheduler.get_last_lr()[0],
                                     strings_per_s=seen_strings / elapsed)
                         logger.debug("step %d loss %.4f", step, loss_value)
-                    if next_batch >= len(batches):
+                    epoch_done = next_batch >= len(batches)
+                    if epoch_done:
                         epoch, next_batch = epoch + 1, 0
                     if cfg.save_every and step % cfg.save_every == 0:
                         last_checkpoint = save_checkpoint()
                     if interrupt.raised:
                         interrupted = True
+                        break
+                    if epoch_done:  # the next epoch needs its own order and masks
                         break
     finally:
         progress.close()
