@@ -83,9 +83,9 @@ class TrainConfig:
 
     def resolved_checkpoint_dir(self) -> Path:
         """Checkpoints live beside the output so the final model folder can be written atomically."""
-        if self.checkpoint_dir:
-            return Path(self.checkpoint_dir)
-        return Path(f"{Path(self.output).as_posix().rstrip('/')}.checkpoints")
+        from mirrorbert.runtime import default_checkpoint_dir
+
+        return default_checkpoint_dir(self.output, self.checkpoint_dir)
 
 
 FIELD_NAMES = {f.name for f in dataclasses.fields(TrainConfig)}

@@ -23,6 +23,7 @@ from mirrorbert.runtime import (
     backward_and_step,
     build_optimizer,
     build_scheduler,
+    check_finite_loss,
     check_output_dir,
     check_precision,
     derived_generator,
@@ -196,10 +197,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
                     second = [second_views[i] for i in index]
                     loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
                                             cfg.controlled_dropout, device, cfg.precision)
-                    if not torch.isfinite(loss):
-                        where = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else \
-                            "no checkpoint was written (use --save-every N)"
-                        raise UserError(f"loss is {loss.item()} at step {step + 1}: training stopped; {where}")
+                    check_finite_loss(loss, step + 1, last_checkpoint)
                     backward_and_step(loss, optimizer, scheduler, scaler, max_grad_norm=cfg.max_grad_norm)
                     step += 1
                     next_batch += 1

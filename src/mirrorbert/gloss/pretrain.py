@@ -93,7 +93,9 @@ class GlossPretrainConfig:
             raise UserError(f"--save-every must be >= 0, got {self.save_every}")
 
     def resolved_checkpoint_dir(self) -> Path:
-        return Path(self.checkpoint_dir) if self.checkpoint_dir else Path(f"{str(self.output).rstrip('/')}.checkpoints")
+        from mirrorbert.runtime import default_checkpoint_dir
+
+        return default_checkpoint_dir(self.output, self.checkpoint_dir)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -210,8 +212,10 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
         MetricLogger,
         atomic_output_dir,
         autocast,
+        backward_and_step,
         build_optimizer,
         build_scheduler,
+        check_finite_loss,
         check_output_dir,
         check_precision,
         derived_generator,
@@ -356,24 +360,8 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
                     with autocast(device, cfg.precision):
                         out = model(batch)
                     loss = out.loss
-                    if not torch.isfinite(loss):
-                        where = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else \
-                            "no checkpoint was written (use --save-every N)"
-                        raise UserError(f"loss is {loss.item()} at step {step + 1}: training stopped; {where}")
-                    optimizer.zero_grad(set_to_none=True)
-                    if scaler is not None:
-                        scaler.scale(loss).backward()
-                        scaler.unscale_(optimizer)
-                    else:
-                        loss.backward()
-                    if cfg.max_grad_norm:
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
-                    if scaler is not None:
-                        scaler.step(optimizer)
-                        scaler.update()
-                    else:
-                        optimizer.step()
-                    scheduler.step()
+                    check_finite_loss(loss, step + 1, last_checkpoint)
+                    backward_and_step(loss, optimizer, scheduler, scaler, model.parameters(), cfg.max_grad_norm)
                     step += 1
                     next_batch += 1
                     loss_value = float(loss.item())

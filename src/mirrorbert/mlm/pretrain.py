@@ -38,6 +38,7 @@ from mirrorbert.runtime import (
     build_scheduler,
     check_output_dir,
     check_precision,
+    default_checkpoint_dir,
     derived_generator,
     library_versions,
     load_checkpoint,
@@ -114,9 +115,7 @@ class PretrainConfig:
 
     def resolved_checkpoint_dir(self) -> Path:
         """Checkpoints live beside the output so the final model folder can be written atomically."""
-        if self.checkpoint_dir:
-            return Path(self.checkpoint_dir)
-        return Path(f"{Path(self.output).as_posix().rstrip('/')}.checkpoints")
+        return default_checkpoint_dir(self.output, self.checkpoint_dir)
 
     def resolved_cache_dir(self) -> Path:
         if self.cache_dir:
