@@ -4,7 +4,8 @@ Both sides Mirror-tune the same BERT-base-sized model (random weights: only spee
 paper's 10k STS-B training sentences, batch 200 strings, max length 50, on the same device and precision,
 in the same process. The peer is what users would otherwise write: sentence-transformers'
 MultipleNegativesRankingLoss over (s, s) pairs, i.e. the unsupervised SimCSE recipe, driven by a plain
-optimisation loop (no Trainer overhead, so the comparison is of the training step itself).
+optimisation loop (no Trainer overhead, so the comparison is of the training step itself), fed exactly the
+batches our trainer draws.
 
 Reported per precision: strings/s and real (non-padding) tokens/s of each side, and our/peer ratios.
 The first step of each side is a warm-up and is not timed.
@@ -15,6 +16,7 @@ The first step of each side is a warm-up and is not timed.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -56,7 +58,18 @@ def ours(model: Path, data: Path, out: Path, steps: int, precision: str, batch: 
     return summarise([t for t, _, _ in timed], [s for _, s, _ in timed], [k for _, _, k in timed])
 
 
-def peer(model: Path, strings: list[str], steps: int, precision: str, batch: int, max_length: int) -> dict:
+def same_batches(data: Path, steps: int, batch: int, seed: int = 42) -> list[list[str]]:
+    """The exact batches `mirrorbert.train` draws first (same dedup, same seeded order), so both sides
+    pad and process identical inputs: step time depends strongly on each batch's longest string."""
+    from mirrorbert.data import load_training_strings
+    from mirrorbert.trainer import _Plan
+
+    strings = load_training_strings(data=str(data), seed=seed).strings
+    order = _Plan(len(strings), batch, 0, seed).epoch_batches(0)
+    return [[strings[i] for i in index] for index in order[: steps + 1]]
+
+
+def peer(model: Path, batches: list[list[str]], steps: int, precision: str, batch: int, max_length: int) -> dict:
     import torch
     from sentence_transformers import SentenceTransformer, models
     from sentence_transformers.sentence_transformer import losses
@@ -64,7 +77,8 @@ def peer(model: Path, strings: list[str], steps: int, precision: str, batch: int
     from mirrorbert.runtime import autocast
 
     word = models.Transformer(str(model), max_seq_length=max_length)
-    pooling = models.Pooling(word.get_word_embedding_dimension(), pooling_mode="cls")
+    dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
+    pooling = models.Pooling(dim(), pooling_mode="cls")
     st = SentenceTransformer(modules=[word, pooling], device="cpu")
     st.train()
     loss_fn = losses.MultipleNegativesRankingLoss(st, scale=1 / 0.04)
@@ -72,9 +86,10 @@ def peer(model: Path, strings: list[str], steps: int, precision: str, batch: int
     device = torch.device("cpu")
     times, counts, tokens = [], [], []
     for step in range(steps + 1):
-        chunk = strings[step * batch:(step + 1) * batch]
+        chunk = batches[step]
         start = time.perf_counter()
-        features = [st.tokenize(chunk), st.tokenize(chunk)]
+        tokenize = getattr(st, "preprocess", None) or st.tokenize
+        features = [tokenize(chunk), tokenize(chunk)]
         with autocast(device, precision):
             loss = loss_fn(features, torch.empty(0))
         optimizer.zero_grad(set_to_none=True)
@@ -119,14 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     if not data.exists() or not (data_dir / TOKENIZER).exists():
         print(f"error: needs {data} and {data_dir / TOKENIZER} (--data-dir)", file=sys.stderr)
         return 2
-    strings = [line.strip() for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         model = build_model(data_dir, Path(tmp) / "model", args.layers, args.hidden)
         for precision in args.precisions.split(","):
             ours_r = ours(model, data, Path(tmp) / f"out-{precision}", args.steps, precision,
                           args.batch_size, args.max_length)
-            peer_r = peer(model, strings, args.steps, precision, args.batch_size, args.max_length)
+            gc.collect()  # free our run's activations before the peer's (both peak near 20 GB at BERT-base)
+            peer_r = peer(model, same_batches(data, args.steps, args.batch_size), args.steps, precision,
+                          args.batch_size, args.max_length)
+            gc.collect()
             results[precision] = {
                 "mirrorbert": ours_r,
                 "sentence_transformers_mnrl": peer_r,
