@@ -105,7 +105,9 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
 
     from mirrorbert.encoder import Encoder
     from mirrorbert.evaluation.sts import score_pairs
-    from mirrorbert.runtime import autocast, build_optimizer, build_scheduler, check_precision, resolve_device, seed_everything
+    from mirrorbert.runtime import (
+        autocast, backward_and_step, build_optimizer, build_scheduler, check_precision, resolve_device, seed_everything,
+    )
     from mirrorbert.views import pad_batch
 
     started = time.time()
@@ -135,10 +137,7 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
                 with autocast(device, cfg.precision):
                     u, v = encoder(**a), encoder(**c)
                 loss = cosine_regression_loss(u, v, gold[rows].to(device))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
+                backward_and_step(loss, optimizer, scheduler)
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.4f}")
