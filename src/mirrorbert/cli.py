@@ -89,20 +89,18 @@ def add_train_parser(sub) -> None:
     p.set_defaults(func=run_train)
 
 
-TRAIN_KEYS = (
-    "model", "output", "overwrite", "preset", "data", "column", "field", "words_top", "lang", "random_strings",
-    "limit", "skip_bad_lines", "temperature", "mask_span", "dropout", "drophead", "controlled_dropout", "pooling",
-    "max_length", "lr", "weight_decay", "schedule", "warmup_steps", "max_grad_norm", "batch_size", "epochs",
-    "steps", "seed", "device", "precision", "save_every", "checkpoint_dir", "keep_checkpoints", "resume",
-    "log_dir", "log_every", "show_progress",
-)
+def _train_keys() -> tuple[str, ...]:
+    """Every TrainConfig field is a `train` option of the same name, so the CLI never lists them twice."""
+    from mirrorbert.config import FIELD_NAMES
+
+    return tuple(sorted(FIELD_NAMES))
 
 
 def run_train(args) -> int:
     from mirrorbert.config import resolve_config
     from mirrorbert.trainer import train
 
-    cfg = resolve_config({k: getattr(args, k) for k in TRAIN_KEYS}, config_file=args.config_file)
+    cfg = resolve_config({k: getattr(args, k, None) for k in _train_keys()}, config_file=args.config_file)
     print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
     result = train(cfg)
     if result.interrupted:

@@ -172,6 +172,16 @@ class Encoder(torch.nn.Module):
         )
         return pool(outputs, attention_mask, self.pooling)
 
+    def embed(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Pooled vectors of already tokenised sequences, in order, on the model's device.
+
+        The one entry point that training (both views), cached-gradient chunks, distributed shards and
+        `encode` share, so a change of batching (padding or packing) happens in one place.
+        """
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        batch = {k: v.to(self.device) for k, v in pad_batch(sequences, pad_id).items()}
+        return self(**batch)
+
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         encoded = self.tokenizer(list(texts), add_special_tokens=True, truncation=True, max_length=self.max_length)
         return [list(ids) for ids in encoded["input_ids"]]
@@ -194,7 +204,6 @@ class Encoder(torch.nn.Module):
         if texts:
             ids = self.tokenize(texts)
             order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-            pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             was_training = self.training
             self.eval()
             try:
@@ -202,9 +211,8 @@ class Encoder(torch.nn.Module):
                     starts = range(0, len(order), batch_size)
                     for start in tqdm(starts, disable=not show_progress, desc="encode", unit="batch"):
                         index = order[start:start + batch_size]
-                        batch = {k: v.to(device) for k, v in pad_batch([ids[i] for i in index], pad_id).items()}
                         with autocast(device, precision):
-                            vectors = self(**batch)
+                            vectors = self.embed([ids[i] for i in index])
                         out[torch.tensor(index)] = vectors.float().cpu()
             finally:
                 self.train(was_training)

@@ -100,25 +100,27 @@ def _load_strings(cfg: TrainConfig) -> TrainingStrings:
     )
 
 
-def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
-                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str) -> torch.Tensor:
-    """Loss of one batch. Both views share one padded tensor; normally also one forward pass.
+def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]], controlled_dropout: bool,
+                device: torch.device, precision: str) -> torch.Tensor:
+    """Rows [f(x_1)..f(x_B), f(xbar_1)..f(xbar_B)]; normally one forward pass over both views.
 
     With controlled dropout the views run as two passes that replay the same random state, so every
     dropout (and drophead) mask is identical for x and x-bar: f(x) = f(x-bar) when the inputs are equal.
     """
-    batch = {k: v.to(device) for k, v in pad_batch(first + second, pad_id).items()}
     with autocast(device, precision):
         if controlled_dropout:
-            half = len(first)
-            views = [{k: v[:half] for k, v in batch.items()}, {k: v[half:] for k, v in batch.items()}]
             with replay_rng():
-                a = encoder(**views[0])
-            b = encoder(**views[1])
-            embeddings = torch.cat([a, b])
-        else:
-            embeddings = encoder(**batch)
-        return mirror_infonce(embeddings, temperature)
+                a = encoder.embed(first)
+            b = encoder.embed(second)
+            return torch.cat([a, b])
+        return encoder.embed(first + second)
+
+
+def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
+                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str) -> torch.Tensor:
+    """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own)."""
+    embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
+    return mirror_infonce(embeddings, temperature)
 
 
 def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResult:
