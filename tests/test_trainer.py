@@ -192,8 +192,13 @@ def test_output_folder_is_protected(tiny_bert, data_file, tmp_path):
     with pytest.raises(UserError, match="already exists"):
         train(cfg_for(tiny_bert, data_file, tmp_path / "exists", steps=1))
     assert (tmp_path / "exists" / "keep.txt").read_text() == "mine"
-    train(cfg_for(tiny_bert, data_file, tmp_path / "exists", steps=1, overwrite=True))
-    assert not (tmp_path / "exists" / "keep.txt").exists()
+    with pytest.raises(UserError, match="only replaces a folder mirrorbert wrote"):  # not ours: never replaced
+        train(cfg_for(tiny_bert, data_file, tmp_path / "exists", steps=1, overwrite=True))
+    assert (tmp_path / "exists" / "keep.txt").read_text() == "mine"
+    train(cfg_for(tiny_bert, data_file, tmp_path / "ours", steps=1))
+    (tmp_path / "ours" / "extra.txt").write_text("old")
+    train(cfg_for(tiny_bert, data_file, tmp_path / "ours", steps=1, overwrite=True))  # ours: replaced
+    assert not (tmp_path / "ours" / "extra.txt").exists()
 
 
 def test_tensorboard_scalars_are_written(tiny_bert, data_file, tmp_path):

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mirrorbert.errors import UserError
+from mirrorbert.typed_config import check_types, coerce_mapping
 
 POOLINGS = ("cls", "mean", "first-last")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -100,7 +102,12 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--config {path}: no such file")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--config {path}: not UTF-8 text (bad byte at offset {exc.start})") from None
+    except OSError as exc:
+        raise UserError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
     try:
         if path.suffix.lower() == ".json":
             data = json.loads(text)
@@ -121,7 +128,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         if norm not in FIELD_NAMES:
             raise UserError(f"--config {path}: unknown option {key!r}")
         out[norm] = value
-    return out
+    return coerce_mapping(TrainConfig, out, f"--config {path}")
 
 
 def resolve_config(
@@ -152,11 +159,13 @@ def _check(condition: bool, key: str, message: str) -> None:
 
 
 def validate(cfg: TrainConfig) -> None:
+    check_types(cfg)
     _check(cfg.preset is None or cfg.preset in PRESETS, "preset", f"unknown preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
     _check(cfg.pooling is None or cfg.pooling in POOLINGS, "pooling", f"unknown pooling {cfg.pooling!r}; choose one of {', '.join(POOLINGS)}")
     _check(cfg.precision in PRECISIONS, "precision", f"unknown precision {cfg.precision!r}; choose one of {', '.join(PRECISIONS)}")
     _check(cfg.schedule in SCHEDULES, "schedule", f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    _check(_is_number(cfg.temperature) and cfg.temperature > 0, "temperature", "must be a positive number")
+    _check(_is_number(cfg.temperature) and math.isfinite(cfg.temperature) and cfg.temperature > 0, "temperature",
+           "must be a positive finite number")
     _check(_is_int(cfg.mask_span) and cfg.mask_span >= 0, "mask_span", "must be an integer >= 0")
     for key in ("dropout", "drophead"):
         value = getattr(cfg, key)

@@ -22,13 +22,24 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from mirrorbert.checkpoints import (
+    CHECKPOINT_META,
+    TRAINING_STATE,
+    CheckpointDamaged,
+    fsync_path,
+    is_named_checkpoint,
+    newest_intact,
+    remove_stale_temps,
+    step_folders,
+    verify_checkpoint,
+    write_manifest,
+)
 from mirrorbert.errors import UserError
+from mirrorbert.safety import check_replaceable, fix_folder_mode, mark_folder
 
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-TRAINING_STATE = "training_state.pt"
-CHECKPOINT_META = "checkpoint.json"
 
 
 # --------------------------------------------------------------------------- device / precision
@@ -131,13 +142,8 @@ def replay_rng() -> Iterator[None]:
 
 # --------------------------------------------------------------------------- output folders
 def check_output_dir(path: str | Path, overwrite: bool, option: str = "--output") -> Path:
-    """Refuse early (before any training) to clobber a user's folder."""
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise UserError(f"{option} {path} already exists; pass --overwrite to replace it")
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{option} {path} exists and is not a folder")
-    return path
+    """Refuse early (before any training) to clobber a user's folder (or, with --overwrite, a foreign one)."""
+    return check_replaceable(path, overwrite, option)
 
 
 @contextlib.contextmanager
@@ -153,9 +159,12 @@ def atomic_output_dir(final: str | Path, overwrite: bool = False) -> Iterator[Pa
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp
+        mark_folder(tmp)
+        fix_folder_mode(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    check_output_dir(final, overwrite)  # it may have appeared while we trained
     backup = None
     if final.exists():
         backup = final.with_name(f".{final.name}.old-{os.getpid()}")
@@ -204,7 +213,10 @@ class CheckpointManager:
         extra_state: dict[str, Any] | None = None,
     ) -> Path:
         """`save_model(folder)` writes the weights (and tokenizer); the rest is pickled state."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.root.exists():
+            self.root.mkdir(parents=True)
+            mark_folder(self.root)
+        remove_stale_temps(self.root)
         final = self.root / f"step-{step}"
         tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}.tmp-", dir=self.root))
         try:
@@ -218,55 +230,62 @@ class CheckpointManager:
             }
             torch.save(state, tmp / TRAINING_STATE)
             write_json_atomic(tmp / CHECKPOINT_META, {"step": step, **(meta or {})})
+            write_manifest(tmp)  # sizes and SHA-256 of every file, fsynced, written last
+            fix_folder_mode(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        self._prune()
+        fsync_path(self.root)
+        self._prune(step)
         logger.info("checkpoint written: %s", final)
         return final
 
-    def _prune(self) -> None:
-        steps = sorted(self.all_steps())
+    def _prune(self, current: int) -> None:
+        """Keep the newest `keep` checkpoints up to `current`; newer ones (a damaged future) are left alone."""
+        steps = sorted(s for s in self.all_steps() if s <= current)
         for step in steps[: max(0, len(steps) - self.keep)]:
             shutil.rmtree(self.root / f"step-{step}", ignore_errors=True)
 
     def all_steps(self) -> list[int]:
-        if not self.root.is_dir():
-            return []
-        out = []
-        for child in self.root.iterdir():
-            if child.name.startswith("step-") and (child / CHECKPOINT_META).exists():
-                try:
-                    out.append(int(child.name.split("-", 1)[1]))
-                except ValueError:
-                    continue
-        return out
+        return [step for step, _ in step_folders(self.root)]
 
     def latest(self) -> Checkpoint | None:
-        steps = self.all_steps()
-        return load_checkpoint(self.root / f"step-{max(steps)}") if steps else None
+        """The newest intact checkpoint; damaged or incomplete newer ones are skipped with a warning each."""
+        remove_stale_temps(self.root)
+        found = newest_intact(self.root)
+        if found is None:
+            return None
+        folder, meta = found
+        return Checkpoint(path=folder, step=int(meta["step"]), meta=meta)
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Accept either one `step-N` folder or a checkpoint root (its newest step is taken)."""
+    """Accept either one `step-N` folder (verified, one line naming a bad file) or a checkpoint root."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"--resume {path}: no such checkpoint folder")
-    if not (path / CHECKPOINT_META).exists():
+    if not is_named_checkpoint(path):
         latest = CheckpointManager(path).latest()
         if latest is None:
-            raise UserError(f"--resume {path}: no checkpoint found (expected step-N folders with {CHECKPOINT_META})")
+            raise UserError(f"--resume {path}: no intact checkpoint found (expected step-N folders with "
+                            f"{CHECKPOINT_META})")
         return latest
-    meta = json.loads((path / CHECKPOINT_META).read_text(encoding="utf-8"))
+    try:
+        meta = verify_checkpoint(path)
+    except CheckpointDamaged as exc:
+        raise UserError(f"--resume {path}: {exc}") from None
     return Checkpoint(path=path, step=int(meta["step"]), meta=meta)
 
 
 def restore_training_state(ckpt: Checkpoint, optimizer, scheduler=None, scaler=None) -> dict[str, Any]:
     """Load optimiser/scheduler/scaler/RNG state; returns the trainer's extra state (epoch, batch...)."""
-    state = torch.load(ckpt.path / TRAINING_STATE, map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(ckpt.path / TRAINING_STATE, map_location="cpu", weights_only=False)
+    except Exception as exc:  # verified by the manifest, so only an unverifiable legacy file gets here
+        raise UserError(f"--resume {ckpt.path}: {ckpt.path / TRAINING_STATE} cannot be read ({exc})") from None
     optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and state.get("scheduler") is not None:
         scheduler.load_state_dict(state["scheduler"])
@@ -350,28 +369,35 @@ def backward_and_step(loss: torch.Tensor, optimizer, scheduler=None, scaler=None
 
 # --------------------------------------------------------------------------- interruption / logging
 class InterruptFlag:
-    """Turns Ctrl-C into a flag the training loop checks between steps, so it can checkpoint and exit."""
+    """Turns Ctrl-C and SIGTERM (how job schedulers preempt) into a flag the training loop checks
+    between steps, so it can checkpoint and exit."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.raised = False
-        self._previous = None
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self):
         def handler(signum, frame):
-            if self.raised:  # a second Ctrl-C aborts at once
+            if self.raised:  # a second signal aborts at once
                 raise KeyboardInterrupt
-            self.raised = True
-            logger.warning("interrupt received: finishing this step, writing a checkpoint, then stopping")
+            self.raised, self.signal = True, signum
+            logger.warning("%s received: finishing this step, writing a checkpoint, then stopping",
+                           signal.Signals(signum).name)
 
-        try:
-            self._previous = signal.signal(signal.SIGINT, handler)
-        except ValueError:  # not in the main thread: leave default behaviour
-            self._previous = None
+        for sig in self.SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, handler)
+            except ValueError:  # not in the main thread: leave default behaviour
+                pass
         return self
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
         return False
 
 

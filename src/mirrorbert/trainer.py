@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from mirrorbert.config import TrainConfig, resolve_pooling, validate
 from mirrorbert.data import TrainingStrings, load_training_strings
 from mirrorbert.encoder import Encoder, model_load_error, check_model_reachable
 from mirrorbert.errors import UserError
+from mirrorbert.checkpoints import check_resume_config
 from mirrorbert.loss import mirror_infonce
 from mirrorbert.runtime import (
     CheckpointManager,
@@ -24,7 +26,6 @@ from mirrorbert.runtime import (
     build_optimizer,
     build_scheduler,
     check_finite_loss,
-    check_output_dir,
     check_precision,
     derived_generator,
     library_versions,
@@ -35,6 +36,7 @@ from mirrorbert.runtime import (
     restore_training_state,
     seed_everything,
 )
+from mirrorbert.safety import guard_run, weights_size
 from mirrorbert.views import (
     DropHead,
     dropout_overrides,
@@ -49,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 # Random streams derived from the seed, one per purpose, so that resuming can regenerate them.
 STREAM_ORDER, STREAM_MASK = 1, 2
+# Options that may change on --resume: bookkeeping, budget, and where things are (the data fingerprint is checked).
+RESUME_HARMLESS = ("output", "overwrite", "resume", "checkpoint_dir", "keep_checkpoints", "save_every", "log_dir",
+                   "log_every", "show_progress", "steps", "epochs", "device", "model", "data", "column", "field",
+                   "words_top", "lang", "random_strings", "limit", "skip_bad_lines")
 
 
 @dataclass
@@ -128,7 +134,15 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     validate(cfg)
     if not cfg.output:
         raise UserError("--output is required: the folder to write the trained model to")
-    check_output_dir(cfg.output, cfg.overwrite)
+    with contextlib.ExitStack() as locks:  # path rules, writability and locks, before anything is loaded
+        guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
+                  inputs={"--model": cfg.model, "--data": cfg.data, "--resume": cfg.resume},
+                  checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,
+                  extra_outputs=[("--log-dir", cfg.log_dir)], model_bytes=weights_size(cfg.model))
+        return _train(cfg, strings)
+
+
+def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     device = resolve_device(cfg.device)
     check_precision(cfg.precision, device)
     strings = strings or _load_strings(cfg)
@@ -136,6 +150,8 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     started = time.time()
 
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
+    if resume is not None:
+        check_resume_config(resume.path, resume.meta.get("config"), cfg.to_dict(), RESUME_HARMLESS)
     base_config = load_model_config(cfg.model)
     pooling = resolve_pooling(cfg.pooling, base_config.model_type)
     overrides = dropout_overrides(base_config, cfg.dropout)

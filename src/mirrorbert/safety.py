@@ -1,0 +1,238 @@
+"""Never lose a user's files: path rules, ownership markers, run locks, writability and free space.
+
+Everything here runs before a model or any data is loaded, so that a mistake costs a second, not a
+finished training run. The rules (also in the README, "Safety: your files"):
+
+* An output or checkpoint folder may not be, contain or lie inside any input (`--model`, `--data`,
+  `--config`, `--resume`, ...), and may not be or contain the current or the home directory (a fresh
+  subfolder of either, such as `./out`, is fine).
+* `--overwrite` only replaces a folder that mirrorbert wrote (it carries `MARKER`, or one of the info
+  files every trainer writes) or an empty one; anything else is refused.
+* One run at a time per output/checkpoint folder: an `fcntl.flock` on a lock file beside the folder,
+  released by the kernel when the process ends (so a killed run never leaves a stale lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping
+
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+# Written into every folder this tool creates (trained models, MLM/GR outputs, checkpoint roots).
+MARKER = ".mirrorbert-output"
+# Folders written before the marker existed are still recognised by their info files.
+KNOWN_INFO_FILES = ("mirrorbert.json", "mlm_pretraining.json", "gr_training.json", "checkpoint.json")
+# Created folders get these permissions minus the umask (tempfile.mkdtemp makes 0700 folders).
+FOLDER_MODE = 0o777
+
+
+# --------------------------------------------------------------------------- path rules
+def _resolved(path: str | os.PathLike) -> Path:
+    return Path(os.path.expanduser(str(path))).resolve()
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    """`child` equals `parent` or lies somewhere below it (both already resolved)."""
+    return child == parent or parent in child.parents
+
+
+def check_not_overlapping(path: str | os.PathLike, option: str, inputs: Mapping[str, str | os.PathLike | None],
+                          protect_cwd: bool = True) -> Path:
+    """Refuse an output that is, contains or lies inside an input, or is/contains the cwd or home."""
+    target = _resolved(path)
+    protected: list[tuple[str, Path]] = []
+    if protect_cwd:
+        protected.append(("the current directory", Path.cwd().resolve()))
+        home = os.environ.get("HOME")
+        if home:
+            protected.append(("the home directory", _resolved(home)))
+    for where, folder in protected:
+        if _inside(folder, target):
+            relation = "is" if folder == target else "contains"
+            raise UserError(f"{option} {path}: refusing to write there, it {relation} {where} ({folder})")
+    for name, value in inputs.items():
+        if not value or not Path(os.path.expanduser(str(value))).exists():
+            continue  # a hub id or a missing file is not a folder we could damage
+        source = _resolved(value)
+        if _inside(source, target) or _inside(target, source):
+            if source == target:
+                relation = "is"
+            elif _inside(source, target):
+                relation = "contains"
+            else:
+                relation = "lies inside"
+            raise UserError(f"{option} {path}: refusing to write there, it {relation} the input {name} {value}")
+    return target
+
+
+def check_not_nested(a: str | os.PathLike, a_option: str, b: str | os.PathLike, b_option: str) -> None:
+    """Two output locations that overlap would overwrite each other (e.g. --checkpoint-dir X --output X)."""
+    ra, rb = _resolved(a), _resolved(b)
+    if _inside(ra, rb) or _inside(rb, ra):
+        raise UserError(f"{a_option} {a} and {b_option} {b} overlap; give them separate folders")
+
+
+def written_by_us(folder: Path) -> bool:
+    return any((folder / name).exists() for name in (MARKER, *KNOWN_INFO_FILES)) or any(
+        child.name.startswith("step-") and (child / "checkpoint.json").exists() for child in folder.iterdir()
+    )
+
+
+def check_replaceable(path: str | os.PathLike, overwrite: bool, option: str = "--output") -> Path:
+    """An existing folder is only replaced with --overwrite, and only when this tool wrote it (or it is empty)."""
+    path = Path(path)
+    if not path.exists():
+        return path
+    if not path.is_dir():
+        raise UserError(f"{option} {path} exists and is not a folder")
+    if not overwrite:
+        raise UserError(f"{option} {path} already exists; pass --overwrite to replace it")
+    if any(path.iterdir()) and not written_by_us(path):
+        raise UserError(f"{option} {path}: --overwrite only replaces a folder mirrorbert wrote "
+                        f"(it has no {MARKER} or mirrorbert.json); move it away or choose another folder")
+    return path
+
+
+def mark_folder(folder: str | os.PathLike) -> None:
+    """Claim a folder as ours, so a later --overwrite may replace it."""
+    (Path(folder) / MARKER).write_text("written by mirrorbert; --overwrite may replace this folder\n",
+                                       encoding="utf-8")
+
+
+def fix_folder_mode(folder: str | os.PathLike) -> None:
+    """tempfile.mkdtemp makes 0700 folders; a finished output gets the usual umask-based mode."""
+    umask = os.umask(0)
+    os.umask(umask)
+    with contextlib.suppress(OSError):
+        os.chmod(folder, FOLDER_MODE & ~umask)
+
+
+# --------------------------------------------------------------------------- writability / space
+def _existing_ancestor(path: Path, option: str) -> Path:
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise UserError(f"{option} {path}: {candidate} is a file, not a folder")
+            return candidate
+    return Path("/")  # pragma: no cover - the root always exists
+
+
+def check_writable(path: str | os.PathLike, option: str, needed_bytes: int = 0, is_file: bool = False,
+                   probe_parent: bool = False) -> None:
+    """Prove the location can be written by creating (and removing) a file in the nearest existing folder.
+
+    A probe instead of os.access: it also catches read-only mounts, /proc and full disks, and is right for root.
+    """
+    path = Path(os.path.expanduser(str(path)))
+    if is_file and path.is_dir():
+        raise UserError(f"{option} {path} is a folder; expected a file name")
+    start = path.parent if (is_file or probe_parent) else path  # outputs are built in a sibling temp folder
+    folder = _existing_ancestor(Path(os.path.abspath(start)), option)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".mirrorbert-write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise UserError(f"{option} {path}: cannot write in {folder} ({reason})") from None
+    if needed_bytes > 0:
+        free = shutil.disk_usage(folder).free
+        if free < needed_bytes:
+            raise UserError(f"{option} {path}: only {_human(free)} free in {folder}, about {_human(needed_bytes)} "
+                            f"needed")
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def weights_size(model: str | os.PathLike | None) -> int:
+    """Bytes of weight files in a local model folder (0 for a hub id: the estimate is then skipped)."""
+    if not model:
+        return 0
+    folder = Path(os.path.expanduser(str(model)))
+    if not folder.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in folder.iterdir()
+               if f.is_file() and f.suffix in (".safetensors", ".bin", ".pt", ".pth"))
+
+
+# --------------------------------------------------------------------------- locks
+def lock_path(folder: str | os.PathLike) -> Path:
+    folder = Path(os.path.abspath(os.path.expanduser(str(folder))))
+    return folder.with_name(f".{folder.name}.lock")
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, option: str) -> Iterator[Path]:
+    """Exclusive lock for one output/checkpoint folder; a second run on it is refused at once.
+
+    The lock file stays beside the folder (deleting it would race with a run that just opened it);
+    the kernel drops the lock when the process exits, however it exits.
+    """
+    path = lock_path(folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise UserError(f"{option} {folder}: another mirrorbert run is using it (lock {path}); "
+                                f"wait for it to finish or choose another folder") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield path
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+# --------------------------------------------------------------------------- one call per trainer
+def guard_run(stack: contextlib.ExitStack, *, output: str | os.PathLike, overwrite: bool,
+              inputs: Mapping[str, str | os.PathLike | None], checkpoint_dir: str | os.PathLike | None = None,
+              checkpoint_option: str = "--checkpoint-dir", resuming: bool = False,
+              extra_outputs: Iterable[tuple[str, str | os.PathLike | None]] = (), model_bytes: int = 0) -> None:
+    """All output checks of a training command, before anything is loaded; locks live on `stack`.
+
+    `model_bytes` (size of the starting weights) gives the rough free-space estimate: the output needs
+    about one copy, each checkpoint about three (weights plus AdamW's two moments).
+    """
+    from mirrorbert.checkpoints import check_checkpoint_root
+
+    check_not_overlapping(output, "--output", inputs)
+    check_replaceable(output, overwrite)
+    check_writable(output, "--output", needed_bytes=model_bytes, probe_parent=True)
+    if checkpoint_dir is not None:
+        check_not_nested(checkpoint_dir, checkpoint_option, output, "--output")
+        check_not_overlapping(checkpoint_dir, checkpoint_option,
+                              {k: v for k, v in inputs.items() if k != "--resume"})
+        check_writable(checkpoint_dir, checkpoint_option, needed_bytes=3 * model_bytes)
+    for option, location in extra_outputs:
+        if location:
+            check_not_overlapping(location, option, inputs, protect_cwd=False)
+            check_writable(location, option)
+    stack.enter_context(folder_lock(output, "--output"))
+    if checkpoint_dir is not None:
+        stack.enter_context(folder_lock(checkpoint_dir, checkpoint_option))
+        check_checkpoint_root(checkpoint_dir, resuming=resuming, overwrite=overwrite, option=checkpoint_option)
+
+
+__all__ = [
+    "MARKER", "check_not_overlapping", "check_not_nested", "check_replaceable", "check_writable",
+    "folder_lock", "guard_run", "mark_folder", "fix_folder_mode", "weights_size", "written_by_us",
+]

@@ -1,0 +1,96 @@
+"""Config values checked against the dataclass field types, so `overwrite: "false"` never means true.
+
+YAML and JSON give strings, lists and booleans where a user may not expect them (PyYAML reads `2e-5`
+as a string and `no` as False). Each value is checked against its field's annotation once, at the edge:
+booleans must be booleans, integers integers, numbers numbers (a numeric string such as `2e-5` is
+accepted for a float), text text; lists and mappings are refused wherever a single value is expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+from mirrorbert.errors import UserError
+
+_NONE = type(None)
+
+
+def _allowed_types(annotation: Any) -> tuple[set[type], bool]:
+    """(scalar types allowed, whether None is allowed) for an annotation such as `int | None`."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, _union_type()) else ()
+    members = args or (annotation,)
+    return {m for m in members if m is not _NONE}, _NONE in members
+
+
+def _union_type():
+    import types
+
+    return getattr(types, "UnionType", typing.Union)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, str):
+        return f"{value!r} (text)"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def coerce_value(key: str, value: Any, annotation: Any, where: str) -> Any:
+    """The value converted to the field's type, or a UserError naming the key and `where` it came from."""
+    types_, nullable = _allowed_types(annotation)
+    if value is None:
+        if nullable:
+            return None
+        raise UserError(f"{where}: {key} must not be empty")
+    if bool in types_:
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"{where}: {key} must be true or false, not {_describe(value)}")
+    if float in types_:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())  # PyYAML reads `2e-5` (no dot) as text
+            except ValueError:
+                pass
+        raise UserError(f"{where}: {key} must be a number, not {_describe(value)}")
+    if int in types_:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise UserError(f"{where}: {key} must be a whole number, not {_describe(value)}")
+    if str in types_:
+        if isinstance(value, str):
+            return value
+        raise UserError(f"{where}: {key} must be text, not {_describe(value)}; put it in quotes")
+    return value  # a field type this module does not know: left to the validator
+
+
+def field_types(cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def coerce_mapping(cls, values: dict[str, Any], where: str) -> dict[str, Any]:
+    """Every value of a config file checked against the dataclass `cls`; keys must already be field names."""
+    types_ = field_types(cls)
+    return {key: coerce_value(key, value, types_[key], where) for key, value in values.items()}
+
+
+def check_types(instance, where: str = "configuration") -> None:
+    """The same check on a constructed dataclass (library callers bypass the config file reader)."""
+    for key, annotation in field_types(type(instance)).items():
+        value = getattr(instance, key)
+        checked = coerce_value(key, value, annotation, where)
+        if checked is not value and type(checked) is not type(value):
+            setattr(instance, key, checked)
+
+
+__all__ = ["check_types", "coerce_mapping", "coerce_value"]
