@@ -122,7 +122,8 @@ def test_user_errors(tiny_bert, tsv, tmp_path):
     with pytest.raises(UserError, match=r"bad\.tsv:1"):
         pretrain(_cfg(tiny_bert, bad, tmp_path / "z"))
     with pytest.raises(UserError, match="WordNet 3.0 not found"):
-        pretrain(_cfg(tiny_bert, "wordnet", tmp_path / "w", data_dir=str(tmp_path)))
+        (tmp_path / "empty-data").mkdir()  # an output may not lie inside an input folder
+        pretrain(_cfg(tiny_bert, "wordnet", tmp_path / "w", data_dir=str(tmp_path / "empty-data")))
 
 
 def test_cli_gloss_pretrain(tiny_bert, tsv, tmp_path, capsys):

@@ -35,7 +35,7 @@ from mirrorbert.checkpoints import (
     write_manifest,
 )
 from mirrorbert.errors import UserError
-from mirrorbert.safety import check_replaceable, fix_folder_mode, mark_folder
+from mirrorbert.safety import MARKER, check_replaceable, fix_folder_mode, mark_folder
 
 logger = logging.getLogger(__name__)
 
@@ -213,8 +213,8 @@ class CheckpointManager:
         extra_state: dict[str, Any] | None = None,
     ) -> Path:
         """`save_model(folder)` writes the weights (and tokenizer); the rest is pickled state."""
-        if not self.root.exists():
-            self.root.mkdir(parents=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not (self.root / MARKER).exists():
             mark_folder(self.root)
         remove_stale_temps(self.root)
         final = self.root / f"step-{step}"

@@ -46,8 +46,19 @@ def _inside(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
 
-def check_not_overlapping(path: str | os.PathLike, option: str, inputs: Mapping[str, str | os.PathLike | None],
-                          protect_cwd: bool = True) -> Path:
+PathLike = str | os.PathLike
+# option name -> one path, several paths (e.g. --corpus A B), or None
+Inputs = Mapping[str, "PathLike | list[PathLike] | tuple[PathLike, ...] | None"]
+
+
+def _each_input(inputs: Inputs) -> Iterator[tuple[str, PathLike]]:
+    for name, value in inputs.items():
+        for item in (value if isinstance(value, (list, tuple)) else [value]):
+            if item:
+                yield name, item
+
+
+def check_not_overlapping(path: PathLike, option: str, inputs: Inputs, protect_cwd: bool = True) -> Path:
     """Refuse an output that is, contains or lies inside an input, or is/contains the cwd or home."""
     target = _resolved(path)
     protected: list[tuple[str, Path]] = []
@@ -60,8 +71,8 @@ def check_not_overlapping(path: str | os.PathLike, option: str, inputs: Mapping[
         if _inside(folder, target):
             relation = "is" if folder == target else "contains"
             raise UserError(f"{option} {path}: refusing to write there, it {relation} {where} ({folder})")
-    for name, value in inputs.items():
-        if not value or not Path(os.path.expanduser(str(value))).exists():
+    for name, value in _each_input(inputs):
+        if not Path(os.path.expanduser(str(value))).exists():
             continue  # a hub id or a missing file is not a folder we could damage
         source = _resolved(value)
         if _inside(source, target) or _inside(target, source):
@@ -181,32 +192,45 @@ def lock_path(folder: str | os.PathLike) -> Path:
 def folder_lock(folder: str | os.PathLike, option: str) -> Iterator[Path]:
     """Exclusive lock for one output/checkpoint folder; a second run on it is refused at once.
 
-    The lock file stays beside the folder (deleting it would race with a run that just opened it);
-    the kernel drops the lock when the process exits, however it exits.
+    The kernel drops an flock when the process exits, however it exits, so a killed run never leaves a
+    stale lock. The lock file is removed on release; a run that locked a file just unlinked by another
+    notices (the path no longer names its file) and tries again.
     """
     path = lock_path(folder)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise UserError(f"{option} {folder}: another mirrorbert run is using it (lock {path}); "
                                 f"wait for it to finish or choose another folder") from None
             raise
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         yield path
     finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         os.close(fd)  # closing releases the flock
 
 
 # --------------------------------------------------------------------------- one call per trainer
-def guard_run(stack: contextlib.ExitStack, *, output: str | os.PathLike, overwrite: bool,
-              inputs: Mapping[str, str | os.PathLike | None], checkpoint_dir: str | os.PathLike | None = None,
+def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
+              inputs: Inputs, checkpoint_dir: str | os.PathLike | None = None,
               checkpoint_option: str = "--checkpoint-dir", resuming: bool = False,
-              extra_outputs: Iterable[tuple[str, str | os.PathLike | None]] = (), model_bytes: int = 0) -> None:
+              extra_outputs: Iterable[tuple[str, PathLike | None]] = (),
+              extra_files: Iterable[tuple[str, PathLike | None]] = (), model_bytes: int = 0) -> None:
     """All output checks of a training command, before anything is loaded; locks live on `stack`.
 
     `model_bytes` (size of the starting weights) gives the rough free-space estimate: the output needs
@@ -226,6 +250,10 @@ def guard_run(stack: contextlib.ExitStack, *, output: str | os.PathLike, overwri
         if location:
             check_not_overlapping(location, option, inputs, protect_cwd=False)
             check_writable(location, option)
+    for option, location in extra_files:
+        if location:
+            check_not_overlapping(location, option, inputs, protect_cwd=False)
+            check_writable(location, option, is_file=True)
     stack.enter_context(folder_lock(output, "--output"))
     if checkpoint_dir is not None:
         stack.enter_context(folder_lock(checkpoint_dir, checkpoint_option))

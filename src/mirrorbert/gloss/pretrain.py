@@ -194,8 +194,30 @@ def _cpu_state(module) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- training
+# Options that may change on --resume without changing the result (the triplets' fingerprint is checked).
+RESUME_HARMLESS = ("model", "output", "triplets", "data_dir", "overwrite", "limit", "export_triplets", "epochs",
+                   "steps", "device", "eval_batch_size", "save_every", "checkpoint_dir", "keep_checkpoints", "resume",
+                   "log_dir", "show_progress")
+
+
 def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     """Run GR-BERT pre-training as configured and write the best model to ``cfg.output``."""
+    import contextlib
+
+    from mirrorbert.safety import guard_run, weights_size
+
+    cfg.validate()
+    with contextlib.ExitStack() as locks:  # path rules, writability and locks, before anything is loaded
+        guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
+                  inputs={"--model": cfg.model, "--triplets": cfg.triplets, "--data-dir": cfg.data_dir,
+                          "--resume": cfg.resume},
+                  checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,
+                  extra_outputs=[("--log-dir", cfg.log_dir)], extra_files=[("--export-triplets", cfg.export_triplets)],
+                  model_bytes=weights_size(cfg.model))
+        return _pretrain(cfg)
+
+
+def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     import torch
     from tqdm.auto import tqdm
 
@@ -216,7 +238,6 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
         build_optimizer,
         build_scheduler,
         check_finite_loss,
-        check_output_dir,
         check_precision,
         derived_generator,
         library_versions,
@@ -227,8 +248,6 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
         seed_everything,
     )
 
-    cfg.validate()
-    check_output_dir(cfg.output, cfg.overwrite)
     device = resolve_device(cfg.device)
     check_precision(cfg.precision, device)
     started = time.time()
@@ -238,6 +257,9 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
 
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
     if resume is not None:
+        from mirrorbert.checkpoints import check_resume_config
+
+        check_resume_config(resume.path, resume.meta.get("config"), cfg.to_dict(), RESUME_HARMLESS)
         if resume.meta.get("data_sha256") not in (None, fingerprint):
             raise UserError(f"--resume {resume.path}: the triplets differ from the run that wrote this checkpoint")
         if resume.meta.get("arch") not in (None, cfg.arch):
@@ -313,7 +335,10 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
         import shutil
         import tempfile
 
+        from mirrorbert.safety import mark_folder
+
         ckpt_root.mkdir(parents=True, exist_ok=True)
+        mark_folder(ckpt_root)  # a later run over this folder needs --resume or --overwrite
         tmp = Path(tempfile.mkdtemp(prefix=".best-model.tmp-", dir=ckpt_root))
         model.save_inference(tmp, tokenizer)
         final = ckpt_root / "best-model"

@@ -11,6 +11,7 @@ scheduler and RNG state live in the checkpoint, so N steps + resume N steps equa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -24,6 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from mirrorbert.checkpoints import check_resume_config
 from mirrorbert.errors import UserError
 from mirrorbert.mlm.corpus import PackedSequences, epoch_order, prefetch, prepare_corpus
 from mirrorbert.mlm.masking import IGNORE_INDEX, MaskingConfig, MlmMasker
@@ -36,7 +38,6 @@ from mirrorbert.runtime import (
     backward_and_step,
     build_optimizer,
     build_scheduler,
-    check_output_dir,
     check_precision,
     default_checkpoint_dir,
     derived_generator,
@@ -48,6 +49,7 @@ from mirrorbert.runtime import (
     seed_everything,
     write_json_atomic,
 )
+from mirrorbert.safety import guard_run, weights_size
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,10 @@ INFO_FILE = "mlm_pretraining.json"
 STREAM_MASK, STREAM_EVAL = 11, 12
 # Data-order settings: a checkpoint can only be resumed when all of these are unchanged.
 RESUME_KEYS = ("seq_length", "batch_size", "grad_accum", "seed", "mlm_probability", "whole_word_mask", "eval_fraction")
+# Options that may change on --resume without changing the result (the corpus key is checked separately).
+RESUME_HARMLESS = ("corpus", "output", "overwrite", "model", "tokenizer", "cache_dir", "epochs", "max_tokens", "device",
+                   "threads", "eval_every", "eval_sequences", "save_every", "checkpoint_dir", "keep_checkpoints",
+                   "resume", "stop_after_steps", "log_dir", "log_every", "show_progress", "prefetch_batches")
 OFFSET_POSITION_MODEL_TYPES = ("roberta", "xlm-roberta", "camembert", "longformer")
 
 
@@ -367,19 +373,29 @@ def pretrain(cfg: PretrainConfig) -> PretrainResult:
         # On a CPU shared with other jobs, fewer threads than cores avoids OpenMP spin-wait contention.
         torch.set_num_threads(cfg.threads)
     try:
-        return _pretrain(cfg)
+        with contextlib.ExitStack() as locks:  # path rules, writability and locks, before anything is loaded
+            guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
+                      inputs={"--corpus": list(cfg.corpus), "--model": cfg.model, "--tokenizer": cfg.tokenizer,
+                              "--resume": cfg.resume},
+                      checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,
+                      extra_outputs=[("--log-dir", cfg.log_dir), ("--cache-dir", cfg.resolved_cache_dir())],
+                      model_bytes=weights_size(cfg.model))
+            return _pretrain(cfg)
     finally:
         torch.set_num_threads(previous_threads)
 
 
 def _pretrain(cfg: PretrainConfig) -> PretrainResult:
-    check_output_dir(cfg.output, cfg.overwrite)
     device = resolve_device(cfg.device)
     check_precision(cfg.precision, device)
     started = time.time()
     seed_everything(cfg.seed)
 
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
+    if resume is not None:
+        saved_config = resume.meta.get("pretrain", {}).get("config", {})
+        check_resume_config(resume.path, {k: v for k, v in saved_config.items() if k not in RESUME_KEYS},
+                            cfg.to_dict(), RESUME_HARMLESS)  # RESUME_KEYS keep their own message below
     model, tokenizer, source = build_model(cfg)
     if tokenizer.mask_token_id is None:
         raise UserError(f"tokenizer of {source} has no mask token; MLM pre-training needs one ([MASK] or <mask>)")
