@@ -18,6 +18,7 @@ from mirrorbert.errors import UserError
 from mirrorbert.evaluation.command import add_eval_parser
 from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
+from mirrorbert.safety import check_output_files, check_outputs_avoid
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -101,6 +102,9 @@ def run_train(args) -> int:
     from mirrorbert.trainer import train
 
     cfg = resolve_config({k: getattr(args, k, None) for k in _train_keys()}, config_file=args.config_file)
+    if cfg.output:  # the trainer checks every other input; only the CLI knows the config file
+        check_outputs_avoid({"--config": args.config_file}, ("--output", cfg.output),
+                            ("--checkpoint-dir", cfg.resolved_checkpoint_dir()))
     print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
     result = train(cfg)
     if result.interrupted:
@@ -144,6 +148,7 @@ def run_encode(args) -> int:
         raise UserError(f"--output {output}: expected a .npy file name")
     if output.exists() and not args.overwrite:
         raise UserError(f"--output {output} already exists; pass --overwrite to replace it")
+    check_output_files([("--output", output)], {"--input": args.input, "--model": args.model})
     texts, _ = read_file(args.input, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
                          option="--input")
     encoder = Encoder.load(args.model, pooling=args.pooling, device=args.device, max_length=args.max_length)

@@ -182,6 +182,21 @@ def weights_size(model: str | os.PathLike | None) -> int:
                if f.is_file() and f.suffix in (".safetensors", ".bin", ".pt", ".pth"))
 
 
+def check_output_files(outputs: Iterable[tuple[str, PathLike | None]], inputs: Inputs = {}) -> None:
+    """Up-front checks for single-file outputs (encode --output, eval --output/--report): writable, not an input."""
+    for option, location in outputs:
+        if location:
+            check_not_overlapping(location, option, inputs, protect_cwd=False)
+            check_writable(location, option, is_file=True)
+
+
+def check_outputs_avoid(inputs: Inputs, *outputs: tuple[str, PathLike | None]) -> None:
+    """The path rules for inputs only the CLI knows about (e.g. --config)."""
+    for option, location in outputs:
+        if location:
+            check_not_overlapping(location, option, inputs)
+
+
 # --------------------------------------------------------------------------- locks
 def lock_path(folder: str | os.PathLike) -> Path:
     folder = Path(os.path.abspath(os.path.expanduser(str(folder))))
@@ -261,6 +276,6 @@ def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
 
 
 __all__ = [
-    "MARKER", "check_not_overlapping", "check_not_nested", "check_replaceable", "check_writable",
+    "MARKER", "check_not_overlapping", "check_output_files", "check_outputs_avoid", "check_not_nested", "check_replaceable", "check_writable",
     "folder_lock", "guard_run", "mark_folder", "fix_folder_mode", "weights_size", "written_by_us",
 ]

@@ -131,6 +131,11 @@ def run_eval(args: argparse.Namespace) -> int:
         options.setdefault("wordsim", {})["languages"] = [s.strip() for s in args.wordsim_languages.split(",") if s.strip()]
     if args.xling_pairs:
         options.setdefault("wordsim", {})["cross_lingual"] = args.xling_pairs
+    from mirrorbert.safety import check_output_files, check_writable
+
+    check_output_files([("--output", args.output), ("--report", args.report)], {"--model": args.model})
+    if args.plot_dir:
+        check_writable(args.plot_dir, "--plot-dir")
     encoder = load_model(args.model, args.pooling, args.device, args.max_length, args.backend)
     reference = None
     if args.reference_model:
