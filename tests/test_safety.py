@@ -214,12 +214,13 @@ def test_pretrain_mlm_cache_dir_fails_up_front(proj, tiny_bert, capsys):
 
 
 def test_finished_output_has_normal_permissions_and_a_marker(proj, tiny_bert):
-    assert main(train_args(tiny_bert, "sents.txt", "out")) == 0
+    assert main(train_args(tiny_bert, "sents.txt", "out", "--save-every", "1")) == 0
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE((proj / "out").stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((proj / "out" / "model.safetensors").stat().st_mode) == 0o666 & ~umask
     assert (proj / "out" / safety.MARKER).exists()
-    for step in (proj / "out.checkpoints").glob("step-*") if (proj / "out.checkpoints").exists() else []:
+    for step in (proj / "out.checkpoints").glob("step-*"):
         assert stat.S_IMODE(step.stat().st_mode) == 0o777 & ~umask
 
 

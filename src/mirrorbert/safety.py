@@ -34,6 +34,7 @@ MARKER = ".mirrorbert-output"
 KNOWN_INFO_FILES = ("mirrorbert.json", "mlm_pretraining.json", "gr_training.json", "checkpoint.json")
 # Created folders get these permissions minus the umask (tempfile.mkdtemp makes 0700 folders).
 FOLDER_MODE = 0o777
+FILE_MODE = 0o666
 
 
 # --------------------------------------------------------------------------- path rules
@@ -121,11 +122,17 @@ def mark_folder(folder: str | os.PathLike) -> None:
 
 
 def fix_folder_mode(folder: str | os.PathLike) -> None:
-    """tempfile.mkdtemp makes 0700 folders; a finished output gets the usual umask-based mode."""
+    """tempfile.mkdtemp makes 0700 folders (and some writers 0600 files); a finished output gets the usual
+    umask-based modes, like any folder the user would have made."""
     umask = os.umask(0)
     os.umask(umask)
-    with contextlib.suppress(OSError):
-        os.chmod(folder, FOLDER_MODE & ~umask)
+    folder = Path(folder)
+    for path in (folder, *folder.rglob("*")):
+        with contextlib.suppress(OSError):
+            if path.is_dir():
+                os.chmod(path, FOLDER_MODE & ~umask)
+            elif path.is_file():
+                os.chmod(path, FILE_MODE & ~umask)
 
 
 # --------------------------------------------------------------------------- writability / space

@@ -1,0 +1,222 @@
+"""Checkpoints that survive damage (issue 11): manifests, skipping damaged ones, stale temps, SIGTERM, resume rules."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mirrorbert.checkpoints import MANIFEST, verify_checkpoint
+from mirrorbert.config import TrainConfig
+from mirrorbert.errors import UserError
+from mirrorbert.trainer import train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cfg_for(model, data, out, **kw) -> TrainConfig:
+    base = dict(model=str(model), data=str(data), output=str(out), batch_size=4, max_length=16, device="cpu",
+                show_progress=False, lr=1e-3, temperature=0.05, mask_span=1, pooling="cls")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory, corpus):
+    path = tmp_path_factory.mktemp("ckdata") / "strings.txt"
+    path.write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_bert, data_file):
+    """One uninterrupted 4-step run that checkpoints at steps 2 and 4."""
+    root = tmp_path_factory.mktemp("reference")
+    train(cfg_for(tiny_bert, data_file, root / "out", steps=4, save_every=2, keep_checkpoints=3))
+    return root
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def copy_checkpoints(reference: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "ck"
+    shutil.copytree(reference / "out.checkpoints", root)
+    return root
+
+
+def test_checkpoint_has_a_manifest_of_every_file(reference):
+    step = reference / "out.checkpoints" / "step-4"
+    files = json.loads((step / MANIFEST).read_text(encoding="utf-8"))["files"]
+    on_disk = {p.relative_to(step).as_posix() for p in step.rglob("*") if p.is_file() and p.name != MANIFEST}
+    assert set(files) == on_disk
+    assert {"training_state.pt", "checkpoint.json", "model/model.safetensors"} <= on_disk
+    import hashlib
+
+    expected = hashlib.sha256((step / "training_state.pt").read_bytes()).hexdigest()
+    assert files["training_state.pt"] == {"size": (step / "training_state.pt").stat().st_size, "sha256": expected}
+    assert verify_checkpoint(step)["step"] == 4
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+DAMAGE = {
+    "truncated weights": lambda s: _truncate(s / "model" / "model.safetensors"),
+    "truncated training state": lambda s: _truncate(s / "training_state.pt"),
+    "broken checkpoint.json": lambda s: (s / "checkpoint.json").write_text("{\"step\": 4,", encoding="utf-8"),
+    "missing file": lambda s: (s / "model" / "config.json").unlink(),
+    "no manifest (interrupted)": lambda s: ((s / MANIFEST).unlink(), (s / "training_state.pt").unlink()),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_resume_skips_a_damaged_newest_checkpoint(reference, isolated, tiny_bert, data_file, caplog, damage):
+    root = copy_checkpoints(reference, isolated)
+    DAMAGE[damage](root / "step-4")
+    with caplog.at_level(logging.WARNING, logger="mirrorbert.checkpoints"):
+        result = train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, save_every=2, keep_checkpoints=3,
+                               resume=str(root), checkpoint_dir=str(root)))
+    warnings = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert len(warnings) == 1 and "step-4" in warnings[0]
+    assert result.steps == 4
+    assert_same_weights(isolated / "out", reference / "out")  # resumed from step 2, same end point
+    assert verify_checkpoint(root / "step-4")["step"] == 4  # the damaged one was rewritten
+
+
+@pytest.mark.parametrize("damage", ["truncated weights", "truncated training state", "broken checkpoint.json",
+                                    "missing file"])
+def test_a_damaged_named_checkpoint_is_one_error_line(reference, isolated, tiny_bert, data_file, damage,
+                                                      monkeypatch):
+    import mirrorbert.encoder
+
+    monkeypatch.setattr(mirrorbert.encoder.Encoder, "load", lambda *a, **k: pytest.fail("model loaded"))
+    root = copy_checkpoints(reference, isolated)
+    DAMAGE[damage](root / "step-4")
+    with pytest.raises(UserError) as info:
+        train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, resume=str(root / "step-4")))
+    message = str(info.value)
+    assert "\n" not in message and "step-4" in message
+    bad = {"truncated weights": "model.safetensors", "truncated training state": "training_state.pt",
+           "broken checkpoint.json": "checkpoint.json", "missing file": "config.json"}[damage]
+    assert bad in message
+
+
+def test_no_intact_checkpoint_at_all(reference, isolated, tiny_bert, data_file):
+    root = copy_checkpoints(reference, isolated)
+    for step in ("step-2", "step-4"):
+        _truncate(root / step / "training_state.pt")
+    with pytest.raises(UserError, match="no intact checkpoint"):
+        train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, resume=str(root)))
+
+
+def test_stale_temp_folders_are_removed(reference, isolated, tiny_bert, data_file):
+    root = copy_checkpoints(reference, isolated)
+    stale = root / ".step-6.tmp-abc123"
+    (stale / "model").mkdir(parents=True)
+    (stale / "model" / "model.safetensors").write_bytes(b"half")
+    train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, resume=str(root), checkpoint_dir=str(root)))
+    assert not stale.exists()
+
+
+def test_resume_with_changed_hyperparameters_is_refused(reference, isolated, tiny_bert, data_file):
+    root = copy_checkpoints(reference, isolated)
+    with pytest.raises(UserError) as info:
+        train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, lr=5e-4, batch_size=6, resume=str(root),
+                      checkpoint_dir=str(root)))
+    assert "--batch-size (4 -> 6)" in str(info.value) and "--lr (0.001 -> 0.0005)" in str(info.value)
+    # bookkeeping and the budget may change: more steps, other logging, other checkpoint cadence
+    result = train(cfg_for(tiny_bert, data_file, isolated / "out", steps=5, save_every=1, log_every=3,
+                           resume=str(root), checkpoint_dir=str(root)))
+    assert result.steps == 5
+
+
+SIGTERM_SCRIPT = """
+import os, signal, sys
+import mirrorbert.trainer as trainer
+real = trainer.backward_and_step
+calls = 0
+def stepping(*args, **kwargs):
+    global calls
+    real(*args, **kwargs)
+    calls += 1
+    if calls == 3:
+        os.kill(os.getpid(), signal.SIGTERM)  # what a job scheduler sends on preemption
+trainer.backward_and_step = stepping
+from mirrorbert.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_writes_a_checkpoint_and_resume_is_exact(reference, isolated, tiny_bert, data_file):
+    args = ["train", "--model", str(tiny_bert), "--data", str(data_file), "--output", "out", "--steps", "4",
+            "--batch-size", "4", "--max-length", "16", "--lr", "1e-3", "--temperature", "0.05", "--mask-span", "1",
+            "--pooling", "cls", "--device", "cpu", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "HOME": str(isolated / "home")}
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_SCRIPT, *args], cwd=isolated, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    assert "SIGTERM received" in proc.stderr
+    checkpoint = isolated / "out.checkpoints" / "step-3"
+    assert verify_checkpoint(checkpoint)["step"] == 3
+    assert not (isolated / "out").exists()
+    result = train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, resume=str(checkpoint)))
+    assert result.steps == 4
+    assert_same_weights(isolated / "out", reference / "out")
+
+
+def test_interrupt_flag_restores_both_handlers():
+    from mirrorbert.runtime import InterruptFlag
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    with InterruptFlag() as flag:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert flag.raised and flag.signal == signal.SIGTERM
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_pretrain_mlm_skips_a_damaged_newest_checkpoint(isolated, tiny_bert, corpus, caplog):
+    from mirrorbert.mlm.pretrain import PretrainConfig, pretrain
+
+    text = isolated / "corpus.txt"
+    text.write_text("\n\n".join(corpus * 4) + "\n", encoding="utf-8")
+    common = dict(corpus=[str(text)], model=str(tiny_bert), seq_length=16, batch_size=2, max_tokens=4 * 2 * 16,
+                  eval_fraction=0.0, device="cpu", precision="fp32", show_progress=False, save_every=2,
+                  keep_checkpoints=3, cache_dir=str(isolated / "cache"))
+    full = pretrain(PretrainConfig(output=str(isolated / "a"), **common))
+    root = isolated / "a.checkpoints"
+    _truncate(root / "step-4" / "model" / "model.safetensors")
+    with caplog.at_level(logging.WARNING, logger="mirrorbert.checkpoints"):
+        again = pretrain(PretrainConfig(output=str(isolated / "b"), resume=str(root), checkpoint_dir=str(root),
+                                        **common))
+    assert any("skipping" in r.getMessage() and "step-4" in r.getMessage() for r in caplog.records)
+    assert again.steps == full.steps == 4
+    assert_same_weights(isolated / "b", isolated / "a")
