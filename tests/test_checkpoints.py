@@ -220,3 +220,19 @@ def test_pretrain_mlm_skips_a_damaged_newest_checkpoint(isolated, tiny_bert, cor
     assert any("skipping" in r.getMessage() and "step-4" in r.getMessage() for r in caplog.records)
     assert again.steps == full.steps == 4
     assert_same_weights(isolated / "b", isolated / "a")
+
+
+def test_interrupted_first_write_does_not_block_a_new_run(isolated, tiny_bert, data_file):
+    from mirrorbert.safety import mark_folder
+
+    root = isolated / "out.checkpoints"
+    (root / ".step-1.tmp-zz9" / "model").mkdir(parents=True)
+    mark_folder(root)
+    (root / "my-notes.txt").write_text("keep", encoding="utf-8")
+    result = train(cfg_for(tiny_bert, data_file, isolated / "out", steps=2, save_every=1))
+    assert result.steps == 2 and not (root / ".step-1.tmp-zz9").exists()
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-1", "step-2"]
+    # --overwrite discards only what mirrorbert wrote
+    train(cfg_for(tiny_bert, data_file, isolated / "out", steps=1, save_every=1, overwrite=True))
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-1"]
+    assert (root / "my-notes.txt").read_text(encoding="utf-8") == "keep"

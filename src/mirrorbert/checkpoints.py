@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from mirrorbert.errors import UserError
-from mirrorbert.safety import MARKER, written_by_us
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +26,7 @@ MANIFEST = "manifest.json"
 CHECKPOINT_META = "checkpoint.json"
 TRAINING_STATE = "training_state.pt"
 STEP_DIR = re.compile(r"^step-(\d+)$")
+BEST_MODEL = "best-model"  # gloss-pretrain keeps its best epoch here
 # Temporary folders of an interrupted write (CheckpointManager.save, gloss-pretrain's best model).
 STALE_TEMP = re.compile(r"^\.(step-\d+|best-model)\.tmp-")
 
@@ -167,21 +167,16 @@ def check_checkpoint_root(root: str | os.PathLike, resuming: bool, overwrite: bo
         return
     if not root.is_dir():
         raise UserError(f"{option} {root} exists and is not a folder")
-    if resuming or not any(root.iterdir()):
+    remove_stale_temps(root)  # the caller holds the folder's lock: nobody else is writing there
+    ours = [folder for _, folder in step_folders(root)] + [p for p in (root / BEST_MODEL,) if p.is_dir()]
+    if resuming or not ours:
         return
-    if not written_by_us(root):
-        raise UserError(f"{option} {root} is a folder mirrorbert did not write; choose a new or empty folder")
     if not overwrite:
         raise UserError(f"{option} {root} holds checkpoints of an earlier run; pass --resume {root} to continue "
                         f"it or --overwrite to discard them")
     logger.warning("--overwrite: discarding the earlier run's checkpoints in %s", root)
-    for child in root.iterdir():
-        if child.name == MARKER:
-            continue
-        if child.is_dir():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
+    for folder in ours:  # only what mirrorbert wrote; anything else in the folder stays
+        shutil.rmtree(folder)
 
 
 def check_resume_config(where: str | os.PathLike, saved: Mapping[str, Any] | None, current: Mapping[str, Any],
