@@ -203,7 +203,10 @@ def test_encode_and_eval_outputs_fail_before_the_model_loads(proj, tiny_bert, ca
     one_error_line(capsys, "--report", "is a file")
 
 
-def test_pretrain_mlm_cache_dir_fails_up_front(proj, tiny_bert, capsys):
+def test_pretrain_mlm_cache_dir_fails_up_front(proj, tiny_bert, capsys, monkeypatch):
+    import mirrorbert.mlm.pretrain
+
+    monkeypatch.setattr(mirrorbert.mlm.pretrain, "build_model", lambda cfg: pytest.fail("model loaded"))
     assert main(["pretrain-mlm", "--corpus", "sents.txt", "--model", str(tiny_bert), "--output", "mlm",
                  "--cache-dir", "/proc/mirrorbert-cache", "--no-progress"]) == 2
     one_error_line(capsys, "--cache-dir", "cannot write")
@@ -284,3 +287,34 @@ def test_library_callers_are_typed_too():
 
     with pytest.raises(UserError, match="overwrite must be true or false"):
         validate(TrainConfig(output="x", overwrite="false"))
+
+
+def test_symlinks_are_resolved(proj, tiny_bert, capsys, no_model_load):
+    (proj / "link").symlink_to(proj, target_is_directory=True)
+    assert main(train_args(tiny_bert, "sents.txt", "link", "--overwrite")) == 2
+    one_error_line(capsys, "is the current directory")
+    (proj / "data").mkdir()
+    (proj / "data" / "s.txt").write_text("a b\nc d\ne f\n", encoding="utf-8")
+    (proj / "data-link").symlink_to(proj / "data", target_is_directory=True)
+    assert main(train_args(tiny_bert, "data/s.txt", "data-link", "--overwrite")) == 2
+    one_error_line(capsys, "contains the input --data")
+    assert (proj / "data" / "s.txt").exists()
+
+
+def test_fresh_subfolders_of_cwd_and_home_are_fine(proj):
+    safety.check_not_overlapping("out", "--output", {})
+    safety.check_not_overlapping(Path(os.environ["HOME"]) / "models" / "run1", "--output", {})
+
+
+def test_gloss_pretrain_output_is_the_model(proj, tiny_bert, capsys, monkeypatch):
+    import mirrorbert.gloss.pretrain
+
+    monkeypatch.setattr(mirrorbert.gloss.pretrain, "load_start_model", lambda name: pytest.fail("model loaded"))
+    model = proj / "m"
+    shutil.copytree(tiny_bert, model)
+    before = snapshot(model)
+    (proj / "t.tsv").write_text("cat\tthe cat sat\tsmall animal\n", encoding="utf-8")
+    assert main(["gloss-pretrain", "--model", "m", "--triplets", "t.tsv", "--output", "m", "--overwrite",
+                 "--no-progress"]) == 2
+    one_error_line(capsys, "is the input --model")
+    assert snapshot(model) == before

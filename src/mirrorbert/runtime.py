@@ -161,10 +161,10 @@ def atomic_output_dir(final: str | Path, overwrite: bool = False) -> Iterator[Pa
         yield tmp
         mark_folder(tmp)
         fix_folder_mode(tmp)
+        check_output_dir(final, overwrite)  # a folder may have appeared there while we worked
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    check_output_dir(final, overwrite)  # it may have appeared while we trained
     backup = None
     if final.exists():
         backup = final.with_name(f".{final.name}.old-{os.getpid()}")
@@ -253,8 +253,11 @@ class CheckpointManager:
         return [step for step, _ in step_folders(self.root)]
 
     def latest(self) -> Checkpoint | None:
-        """The newest intact checkpoint; damaged or incomplete newer ones are skipped with a warning each."""
-        remove_stale_temps(self.root)
+        """The newest intact checkpoint; damaged or incomplete newer ones are skipped with a warning each.
+
+        Stale temporary folders are only removed by `save` and `checkpoints.check_checkpoint_root`, which
+        run under the folder's lock: a root read here may belong to a run still writing.
+        """
         found = newest_intact(self.root)
         if found is None:
             return None
