@@ -220,6 +220,9 @@ def test_pretrain_mlm_skips_a_damaged_newest_checkpoint(isolated, tiny_bert, cor
     assert any("skipping" in r.getMessage() and "step-4" in r.getMessage() for r in caplog.records)
     assert again.steps == full.steps == 4
     assert_same_weights(isolated / "b", isolated / "a")
+    with pytest.raises(UserError, match=r"changed options: --lr \(None -> 0\.001\), --weight-decay"):
+        pretrain(PretrainConfig(output=str(isolated / "c"), resume=str(root), checkpoint_dir=str(root),
+                                **{**common, "lr": 1e-3, "weight_decay": 0.1}))
 
 
 def test_interrupted_first_write_does_not_block_a_new_run(isolated, tiny_bert, data_file):
@@ -236,6 +239,3 @@ def test_interrupted_first_write_does_not_block_a_new_run(isolated, tiny_bert, d
     train(cfg_for(tiny_bert, data_file, isolated / "out", steps=1, save_every=1, overwrite=True))
     assert sorted(p.name for p in root.glob("step-*")) == ["step-1"]
     assert (root / "my-notes.txt").read_text(encoding="utf-8") == "keep"
-    with pytest.raises(UserError, match=r"changed options: --lr \(None -> 0\.001\), --weight-decay"):
-        pretrain(PretrainConfig(output=str(isolated / "c"), resume=str(root), checkpoint_dir=str(root),
-                                **{**common, "lr": 1e-3, "weight_decay": 0.1}))
