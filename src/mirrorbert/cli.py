@@ -59,8 +59,13 @@ def add_train_parser(sub) -> None:
     d.add_argument("--limit", type=int, help="use a random sample of N strings (seeded)")
     d.add_argument("--skip-bad-lines", action="store_true", default=None, help="skip lines that are not UTF-8 instead of stopping")
     m = p.add_argument_group("method")
-    m.add_argument("--temperature", type=float, help="InfoNCE temperature tau")
-    m.add_argument("--mask-span", type=int, help="mask K consecutive tokens in the second view (0: off)")
+    m.add_argument("--temperature", type=float, help="InfoNCE temperature tau (default 0.04; word preset 0.2)")
+    m.add_argument("--loss", help="infonce (default, paper eq. 1) | ms (multi-similarity loss with online triplet "
+                                  "mining, as SapBERT)")
+    m.add_argument("--mask-span", type=int, help="mask a span of K units (--mask-unit) in the second view (0: off; default 0, presets: phrase 2, sentence 5)")
+    m.add_argument("--mask-unit", help="char (default, the authors' code: K characters become one mask token) | "
+                                       "token (our variant: K tokens become K mask tokens)")
+    m.add_argument("--mask-min-chars", type=int, help="char unit: strings of N characters or fewer stay unmasked (default 30)")
     m.add_argument("--dropout", type=float, help="dropout probability (hidden, attention, embeddings)")
     m.add_argument("--drophead", type=float, help="probability of dropping a whole attention head per example")
     m.add_argument("--controlled-dropout", action="store_true", default=None, help="identical dropout masks for both views (ablation)")
