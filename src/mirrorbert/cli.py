@@ -18,6 +18,7 @@ from mirrorbert.errors import UserError
 from mirrorbert.evaluation.command import add_eval_parser
 from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
+from mirrorbert.search_command import add_search_parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -169,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_train_parser(sub)
     add_encode_parser(sub)
+    add_search_parser(sub)
     add_eval_parser(sub)
     add_pretrain_parser(sub)
     add_gloss_parser(sub)

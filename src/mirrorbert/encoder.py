@@ -25,6 +25,7 @@ from mirrorbert.pooling import (
     pooling_from_sentence_transformers,
     sentence_transformers_modules,
 )
+from mirrorbert import search as _search
 from mirrorbert.runtime import atomic_output_dir, autocast, check_precision, library_versions, resolve_device
 from mirrorbert.views import pad_batch
 
@@ -226,6 +227,19 @@ class Encoder(torch.nn.Module):
         va = self.encode(a, batch_size=batch_size, normalize=True) if _is_texts(a) else _unit(np.asarray(a))
         vb = self.encode(b, batch_size=batch_size, normalize=True) if _is_texts(b) else _unit(np.asarray(b))
         return np.atleast_2d(va) @ np.atleast_2d(vb).T
+
+    # ------------------------------------------------------------------ search (mirrorbert.search)
+    def build_index(self, corpus: Sequence[str], batch_size: int = 64, use_faiss: bool | None = None,
+                    show_progress: bool = False) -> _search.SearchIndex:
+        """Encode and L2-normalise a corpus once for many searches (faiss IndexFlatIP too when used)."""
+        return _search.build_index(self, corpus, batch_size=batch_size, use_faiss=use_faiss,
+                                   show_progress=show_progress)
+
+    def search(self, queries: str | Sequence[str], corpus_or_index, top_k: int = 10, batch_size: int = 64,
+               use_faiss: bool | None = None, **kwargs):
+        """Exact cosine top-k: per query a list of Hit(corpus_id, text, score), best first (ties: smaller id)."""
+        return _search.search(self, queries, corpus_or_index, top_k, batch_size=batch_size, use_faiss=use_faiss,
+                              **kwargs)
 
     # ------------------------------------------------------------------ saving
     def write(self, folder: str | Path, training_info: dict[str, Any] | None = None) -> Path:
