@@ -87,6 +87,10 @@ def add_train_parser(sub) -> None:
     h.add_argument("--log-dir", help="write TensorBoard scalars here")
     h.add_argument("--log-every", type=int, help="log metrics every N steps (default 10)")
     h.add_argument("--no-progress", dest="show_progress", action="store_false", default=None, help="no progress bar")
+    e = p.add_argument_group("evaluation after training (model card)")
+    e.add_argument("--eval-after", help="comma-separated eval tasks (e.g. sts,wordsim) run on the trained model before "
+                                        "saving; scores go into mirrorbert.json and README.md (default: none)")
+    e.add_argument("--data-dir", help="evaluation data for --eval-after (default: $MIRRORBERT_DATA)")
     p.set_defaults(func=run_train)
 
 
