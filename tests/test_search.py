@@ -57,6 +57,24 @@ def test_ties_go_to_the_smaller_id_on_every_path(use_faiss):
     np.testing.assert_allclose(scores, 1.0)
 
 
+@has_faiss
+def test_faiss_equals_exact_path_on_tie_heavy_count_vectors():
+    """Bag-of-n-gram counts tie (and nearly tie after rounding) all the time: faiss must still agree."""
+    from mirrorbert.evaluation.retrieval import csls_topk
+
+    rng = np.random.default_rng(2)
+    keys = rng.poisson(0.3, size=(2000, 24)).astype(np.float32)
+    keys[:, 0] += 1  # no zero rows
+    queries = np.concatenate([keys[rng.choice(2000, 50)], rng.poisson(0.3, size=(50, 24)).astype(np.float32) + 1])
+    exact = S.cosine_topk(queries, keys, 5, chunk_size=300, use_faiss=False)
+    fast = S.cosine_topk(queries, keys, 5, chunk_size=300, use_faiss=True)
+    np.testing.assert_array_equal(fast[1], exact[1])
+    np.testing.assert_allclose(fast[0], exact[0], atol=1e-5)
+    csls_exact = csls_topk(queries[:40], keys, 3, csls_k=5, use_faiss=False)
+    csls_fast = csls_topk(queries[:40], keys, 3, csls_k=5, use_faiss=True)
+    np.testing.assert_array_equal(csls_fast[1], csls_exact[1])
+
+
 def test_top_k_larger_than_corpus_is_capped():
     index = S.SearchIndex.from_vectors(np.eye(3, dtype=np.float32), ["a", "b", "c"], use_faiss=False)
     assert [len(row) for row in index.search_vectors(np.eye(3), 10)] == [3, 3, 3]
@@ -110,16 +128,19 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, env=env, timeout=300)
 
 
-def test_cli_search_query_and_queries_file(tiny_bert, tiny_encoder, corpus, tmp_path):
+def test_cli_search_query_and_queries_file(tiny_bert, tiny_encoder, corpus, tmp_path, capsys):
+    """--queries end to end in a subprocess (the installed entry point's path); --query in process."""
+    from mirrorbert.cli import main
+
     corpus_file = tmp_path / "corpus.txt"
     corpus_file.write_text("\n".join(corpus) + "\n", encoding="utf-8")
     queries = ["a cat on a mat", "rain tomorrow"]
     queries_file = tmp_path / "queries.txt"
     queries_file.write_text("\n".join(queries) + "\n", encoding="utf-8")
-    one = _cli("--model", str(tiny_bert), "--corpus", str(corpus_file), "--query", queries[0], "--top-k", "3",
-               "--pooling", "mean", "--no-progress")
-    assert one.returncode == 0, one.stderr
-    lines = [json.loads(line) for line in one.stdout.splitlines()]
+    code = main(["search", "--model", str(tiny_bert), "--corpus", str(corpus_file), "--query", queries[0],
+                 "--top-k", "3", "--pooling", "mean", "--no-progress"])
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(lines) == 1 and lines[0]["query"] == queries[0]
     expected = tiny_encoder.search(queries[0], corpus, top_k=3)
     assert [(h["id"], h["text"]) for h in lines[0]["hits"]] == [(h.corpus_id, h.text) for h in expected]

@@ -6,10 +6,10 @@ query. Peak extra memory is one ``query_block x chunk_size`` float32 block plus 
 
 faiss (``IndexFlatIP``: exact inner product) replaces the numpy/torch path when requested
 (``use_faiss=True``) or, with ``use_faiss=None``, whenever it is importable. Both paths return the same
-neighbours: ties are broken towards the smaller key id everywhere (faiss's own order of equal scores is
-unspecified, so its rows are re-sorted and rows tied at the k-th place are redone exactly), which makes
-results deterministic and independent of the chunk size. Scores of the two paths agree up to float
-rounding (about 1e-6).
+neighbours: ties are broken towards the smaller key id (faiss's own order of equal scores is unspecified
+and its rounding differs, so its rows with tied or nearly tied scores are redone with the exact path),
+which makes results deterministic and independent of the chunk size. Scores of the two paths agree up to
+float rounding (about 1e-6).
 
 This module sits at the encoder layer (numpy only; torch and faiss imported when used) so that encoder
 code never imports the evaluation package.
@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHUNK_SIZE = 16384
 DEFAULT_QUERY_BLOCK = 1024
 INDEX_META = "index.json"
+# Scores closer than this (relative, at least absolute) count as tied when checking faiss's order.
+NEAR_TIE = 1e-5
 
 
 def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
@@ -168,42 +170,30 @@ def build_faiss_index(keys: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE):
 
 def _faiss_topk(index, queries: np.ndarray, keys: np.ndarray, k: int, chunk_size: int,
                 query_block: int) -> tuple[np.ndarray, np.ndarray]:
-    """faiss search brought to our tie order: one extra neighbour shows whether the k-th place is tied."""
+    """faiss search brought to the numpy path's exact results.
+
+    faiss orders equal scores arbitrarily and rounds differently (about 1e-7), so two keys that tie,
+    or nearly tie, may come out in another order or the k-th place go to another key. One extra
+    neighbour is fetched; every row with two scores closer than ``NEAR_TIE`` among its first k+1
+    (rare with dense embeddings, common with lexical ones) is redone with the exact chunked search.
+    """
     nk = keys.shape[0]
     extra = 1 if nk > k else 0
     scores, ids = index.search(queries, k + extra)
     scores, ids = scores.astype(np.float32), ids.astype(np.int64)
-    s, i = scores[:, :k], ids[:, :k]
-    order = np.lexsort((i, -s), axis=1)
-    s, i = np.take_along_axis(s, order, axis=1), np.take_along_axis(i, order, axis=1)
-    if extra:
-        tied = np.flatnonzero(scores[:, k - 1] == scores[:, k])
-        if tied.size:  # the set itself depends on which tied key faiss kept: redo those rows exactly
-            s[tied], i[tied] = chunked_topk(queries[tied], keys, k, chunk_size=chunk_size,
-                                            query_block=query_block, use_faiss=False)
+    tolerance = NEAR_TIE * np.maximum(1.0, np.abs(scores[:, :1]))
+    near = (np.abs(np.diff(scores, axis=1)) <= tolerance).any(axis=1)
+    s, i = scores[:, :k].copy(), ids[:, :k].copy()
+    redo = np.flatnonzero(near)
+    if redo.size:
+        s[redo], i[redo] = chunked_topk(queries[redo], keys, k, chunk_size=chunk_size, query_block=query_block,
+                                        use_faiss=False)
     return s, i
 
 
-def cosine_topk(
-    queries: np.ndarray,
-    keys: np.ndarray,
-    k: int,
-    *,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    query_block: int = DEFAULT_QUERY_BLOCK,
-    use_faiss: bool | None = False,
-    show_progress: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` keys by cosine similarity (inputs need not be normalised)."""
-    return chunked_topk(
-        l2_normalize(queries),
-        l2_normalize(keys),
-        k,
-        chunk_size=chunk_size,
-        query_block=query_block,
-        use_faiss=use_faiss,
-        show_progress=show_progress,
-    )
+def cosine_topk(queries: np.ndarray, keys: np.ndarray, k: int, **options: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` keys by cosine similarity (inputs need not be normalised); options as `chunked_topk`."""
+    return chunked_topk(l2_normalize(queries), l2_normalize(keys), k, **options)
 
 
 # ------------------------------------------------------------------------------------------ text search
@@ -255,15 +245,20 @@ class SearchIndex:
 
     def search_vectors(self, queries: np.ndarray, top_k: int, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
                        use_faiss: bool | None = None) -> list[list[Hit]]:
-        """Hits for already computed query vectors (normalised here), best first."""
+        """Hits for already computed query vectors (normalised here), best first.
+
+        ``use_faiss=None`` searches with the index's faiss index if it has one; True builds one if needed.
+        """
         if top_k < 1:
             raise UserError(f"--top-k must be >= 1, not {top_k}")
         queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
         if queries.shape[1] != self.dim:
             raise UserError(f"query vectors have dimension {queries.shape[1]}, the index {self.dim}")
-        faiss_index = self.faiss_index if use_faiss is not False else None
+        use = self.faiss_index is not None if use_faiss is None else wants_faiss(use_faiss)
+        if use and self.faiss_index is None:
+            self.faiss_index = build_faiss_index(self.vectors)
         scores, ids = chunked_topk(l2_normalize(queries), self.vectors, top_k, chunk_size=chunk_size,
-                                   use_faiss=use_faiss, faiss_index=faiss_index)
+                                   use_faiss=False, faiss_index=self.faiss_index if use else None)
         texts = self.texts
         return [
             [Hit(int(i), texts[i] if texts is not None else None, float(s)) for s, i in zip(row_s, row_i)]
