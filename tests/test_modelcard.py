@@ -64,7 +64,7 @@ def test_train_eval_after_puts_scores_in_card_and_json(tiny_bert, data_file, sts
     for expected in (
         f'base_model: "{tiny_bert}"', "library_name: sentence-transformers", "Mirror-BERT",
         "| temperature | 0.05 |", "| mask_span | 1 |", "| dropout | 0.1 |", "| pooling | mean |",
-        "| batch_size | 4 |", "| lr | 0.001 |", "| steps | 2 |",
+        "output dimension 32", "| batch_size | 4 |", "| lr | 0.001 |", "| steps | 2 |",
         f"{data['strings']} strings", data["sha256"],
         "## Evaluation", f"| sts | stsb | {metrics['sts/stsb'] * 100:.2f} |",
         f"SentenceTransformer({str(out)!r})", f"AutoModel.from_pretrained({str(out)!r})",

@@ -275,7 +275,7 @@ class Encoder(torch.nn.Module):
         })
         info = training_info if training_info is not None else self.training_info
         meta = {
-            "format_version": 1, "pooling": self.pooling, "max_length": self.max_length,
+            "format_version": 1, "pooling": self.pooling, "dim": self.dim, "max_length": self.max_length,
             "base_model": info.get("config", {}).get("model", self.source), "versions": versions, "training": info,
         }
         _write_json(folder / MIRRORBERT_JSON, meta)

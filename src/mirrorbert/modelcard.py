@@ -118,7 +118,7 @@ def render_model_card(meta: dict[str, Any]) -> str:
         "## Model details",
         "",
         f"- base model: `{base}`",
-        f"- pooling: `{pooling}` (output dimension from `config.json` hidden_size)",
+        f"- pooling: `{pooling}`, output dimension {meta.get('dim', '(hidden_size in config.json)')}",
         f"- maximum sequence length: {meta.get('max_length')} tokens",
         "- similarity: cosine",
     ]
