@@ -15,6 +15,7 @@ from mirrorbert.data import TrainingStrings, load_training_strings
 from mirrorbert.encoder import Encoder, model_load_error, check_model_reachable
 from mirrorbert.errors import UserError
 from mirrorbert.loss import build_loss, mirror_infonce
+from mirrorbert.modelcard import check_eval_after, evaluate_after_training
 from mirrorbert.runtime import (
     CheckpointManager,
     InterruptFlag,
@@ -125,6 +126,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     if not cfg.output:
         raise UserError("--output is required: the folder to write the trained model to")
     check_output_dir(cfg.output, cfg.overwrite)
+    eval_tasks = check_eval_after(cfg.eval_after, cfg.data_dir)
     device = resolve_device(cfg.device)
     check_precision(cfg.precision, device)
     strings = strings or _load_strings(cfg)
@@ -257,6 +259,8 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         "versions": library_versions(),
     }
     encoder.eval()
+    if eval_tasks:
+        info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
     output = encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite)
     logger.info("model written to %s (%d steps, final loss %s)", output, step, loss_value)
     return TrainResult(output, step, loss_value, wall, checkpoint=last_checkpoint, info=info, step_log=step_log)
