@@ -11,10 +11,11 @@ from typing import Any
 import torch
 
 from mirrorbert.config import TrainConfig, resolve_pooling, validate
-from mirrorbert.data import TrainingStrings, load_training_strings
-from mirrorbert.encoder import Encoder, model_load_error, check_model_reachable
+from mirrorbert.data import TrainingStrings, strings_for_config
+from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.loss import mirror_infonce
+from mirrorbert.preflight import inspect_model
 from mirrorbert.runtime import (
     CheckpointManager,
     InterruptFlag,
@@ -43,6 +44,7 @@ from mirrorbert.views import (
     require_mask_token,
     special_token_ids,
     tokenize_once,
+    warn_if_span_never_applies,
 )
 
 logger = logging.getLogger(__name__)
@@ -83,21 +85,15 @@ class _Plan:
         return [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)][: self.batches_per_epoch]
 
 
-def load_model_config(name: str):
-    from transformers import AutoConfig
-
-    check_model_reachable(name)
-    try:
-        return AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as exc:
-        raise model_load_error(name, exc) from None
+def load_model_config(name: str, cfg: TrainConfig | None = None):
+    """The model's config, after the cheap checks (tokenizer, max length, mask token) of `preflight`."""
+    config, _ = inspect_model(name, max_length=cfg.max_length if cfg else None,
+                              need_mask=bool(cfg and cfg.mask_span > 0))
+    return config
 
 
 def _load_strings(cfg: TrainConfig) -> TrainingStrings:
-    return load_training_strings(
-        data=cfg.data, column=cfg.column, field=cfg.field, words_top=cfg.words_top, lang=cfg.lang,
-        random_count=cfg.random_strings, limit=cfg.limit, seed=cfg.seed, skip_bad_lines=cfg.skip_bad_lines,
-    )
+    return strings_for_config(cfg)
 
 
 def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]], controlled_dropout: bool,
@@ -136,7 +132,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     started = time.time()
 
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
-    base_config = load_model_config(cfg.model)
+    base_config = load_model_config(cfg.model, cfg)
     pooling = resolve_pooling(cfg.pooling, base_config.model_type)
     overrides = dropout_overrides(base_config, cfg.dropout)
     encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
@@ -148,6 +144,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     special = special_token_ids(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     token_ids = tokenize_once(tokenizer, strings.strings, cfg.max_length)
+    warn_if_span_never_applies(token_ids, cfg.mask_span, special)
 
     batch_size = cfg.batch_size
     if batch_size > len(token_ids):
@@ -180,10 +177,12 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         )
 
     metrics = MetricLogger(cfg.log_dir)
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
-    progress = tqdm(total=plan.total_steps, initial=step, disable=not cfg.show_progress, desc="mirror", unit="step")
+    progress = progress_bar(total=plan.total_steps, initial=step, show=cfg.show_progress, desc="mirror", unit="step")
     loss_value, seen_strings, seen_tokens, loop_start = None, 0, 0, time.time()
+    # final_loss is one (possibly short) batch; the epoch mean is the number to compare runs by
+    epoch_loss_sum, epoch_loss_n, mean_loss_last_epoch = 0.0, 0, None
     interrupted = False
     step_log: list[tuple[float, int, int]] = []
     try:
@@ -204,6 +203,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
                     step += 1
                     next_batch += 1
                     loss_value = loss.item()
+                    epoch_loss_sum, epoch_loss_n = epoch_loss_sum + loss_value, epoch_loss_n + 1
                     step_tokens = sum(len(s) for s in first) + sum(len(s) for s in second)
                     seen_strings += len(index)
                     seen_tokens += step_tokens
@@ -218,6 +218,8 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
                     epoch_done = next_batch >= len(batches)
                     if epoch_done:
                         epoch, next_batch = epoch + 1, 0
+                        mean_loss_last_epoch = epoch_loss_sum / epoch_loss_n
+                        epoch_loss_sum, epoch_loss_n = 0.0, 0
                     if cfg.save_every and step % cfg.save_every == 0:
                         last_checkpoint = save_checkpoint()
                     if interrupt.raised:
@@ -241,6 +243,8 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         last_checkpoint = save_checkpoint()
 
     elapsed = max(time.time() - loop_start, 1e-9)
+    if epoch_loss_n:  # stopped inside an epoch (--steps): the mean of that epoch's batches so far
+        mean_loss_last_epoch = epoch_loss_sum / epoch_loss_n
     info = {
         "method": "mirror-bert",
         "config": {**cfg.to_dict(), "pooling": pooling, "batch_size": batch_size},
@@ -249,6 +253,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         "steps": step,
         "epochs": round(step / max(1, plan.batches_per_epoch), 3),
         "final_loss": loss_value,
+        "mean_loss_last_epoch": mean_loss_last_epoch,
         "wall_time_s": round(wall, 2),
         "strings_per_s": round(seen_strings / elapsed, 2),
         "real_tokens_per_s": round(seen_tokens / elapsed, 2),

@@ -76,6 +76,15 @@ def valid_span_starts(ids: Sequence[int], k: int, special: set[int]) -> list[int
     return starts
 
 
+def warn_if_span_never_applies(token_ids: Sequence[Sequence[int]], k: int, special: set[int]) -> bool:
+    """A span longer than every string's real tokens masks nothing: the run is plain dropout. Say so once."""
+    if k <= 0 or any(sum(1 for t in ids if t not in special) > k for ids in token_ids):
+        return False
+    logger.warning("--mask-span %d never applies: no training string has more than %d real tokens, so no "
+                   "span is masked (use a smaller --mask-span, or 0)", k, k)
+    return True
+
+
 def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], generator: torch.Generator) -> list[int]:
     """Replace k consecutive non-special tokens by the mask token; start uniform over valid starts."""
     starts = valid_span_starts(ids, k, special)

@@ -500,7 +500,7 @@ class LexSubGenerator:
     def rank(self, items: Sequence[LexSubItem], show_progress: bool = False) -> dict[tuple[str, str], list[str]]:
         """Ranked, filtered substitutes (lemmas) per item key."""
         import torch
-        from tqdm.auto import tqdm
+        from mirrorbert.progress import progress_bar
 
         from mirrorbert.gloss.model import mlm_forward, span_mean
 
@@ -509,7 +509,7 @@ class LexSubGenerator:
         emb = self.model.get_input_embeddings().weight
         cand = self.cand_ids.to(self.device)
         bs = cfg.batch_size
-        for b in tqdm(range(0, len(items), bs), desc="lexsub", disable=not show_progress):
+        for b in progress_bar(range(0, len(items), bs), desc="lexsub", show=show_progress):
             chunk = items[b:b + bs]
             fitted = [self._fit(it) for it in chunk]
             enc, tmask = self._encode([" ".join(t) for t, _ in fitted],

@@ -101,7 +101,7 @@ def cosine_regression_loss(u, v, target):
 def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: int) -> StsRun:
     """Fine-tune a fresh copy of the model on one subset with one seed; score STS-B test."""
     import torch
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
     from mirrorbert.encoder import Encoder
     from mirrorbert.evaluation.sts import score_pairs
@@ -127,7 +127,7 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
     scheduler = build_scheduler(optimizer, "linear", int(round(cfg.warmup * total)), total)
     gen = torch.Generator().manual_seed(seed)
     step = 0
-    with tqdm(total=total, disable=not cfg.show_progress, desc=f"sts-b {fraction:g} seed {seed}", unit="step") as bar:
+    with progress_bar(total=total, show=cfg.show_progress, desc=f"sts-b {fraction:g} seed {seed}", unit="step") as bar:
         for _ in range(cfg.epochs):
             order = torch.randperm(len(idx), generator=gen).tolist()
             for b in range(0, len(order), cfg.batch_size):

@@ -197,7 +197,7 @@ def _cpu_state(module) -> dict[str, Any]:
 def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     """Run GR-BERT pre-training as configured and write the best model to ``cfg.output``."""
     import torch
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
     from mirrorbert.gloss.model import (
         GlossRegularizedMLM,
@@ -339,7 +339,7 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
                 save_best_dir()
 
     metrics = MetricLogger(cfg.log_dir)
-    progress = tqdm(total=total_steps, initial=step, disable=not cfg.show_progress, desc="gloss-pretrain", unit="step")
+    progress = progress_bar(total=total_steps, initial=step, show=cfg.show_progress, desc="gloss-pretrain", unit="step")
     interrupted = False
     loss_value = None
     try:

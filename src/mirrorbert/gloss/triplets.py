@@ -120,11 +120,11 @@ def build_wordnet_triplets(wn: WordNet, show_progress: bool = False) -> list[Tri
     The gloss is the synset's definition (without its examples). Lemmas are returned with
     spaces instead of WordNet's underscores.
     """
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
     out: list[Triplet] = []
     synsets = list(wn.all_synsets())
-    for syn in tqdm(synsets, desc="wordnet triplets", disable=not show_progress):
+    for syn in progress_bar(synsets, desc="wordnet triplets", show=show_progress):
         if not syn.examples or not syn.definition:
             continue
         pos = syn.base_pos

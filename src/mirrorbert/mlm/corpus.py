@@ -243,13 +243,13 @@ def _tokenize_into(
     batch_lines: int,
     show_progress: bool,
 ) -> dict[str, Any]:
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
     files = {s: open(out / f"{s}.tokens", "wb") for s in SPLITS}
     docs = {s: open(out / f"{s}.docs", "wb") for s in SPLITS}
     counts = {s: {"tokens": 0, "sentences": 0, "documents": 0, "words": 0} for s in SPLITS}
     total_bytes = sum(p.stat().st_size for p in paths)
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenising corpus", disable=not show_progress)
+    bar = progress_bar(total=total_bytes, unit="B", unit_scale=True, desc="tokenising corpus", show=show_progress)
     doc_index = -1
     split = "train"
     pending: list[tuple[str, bool, str]] = []  # (text, new document, split)

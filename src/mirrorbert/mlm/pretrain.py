@@ -461,9 +461,9 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
         "warmup %d, device %s, %s", source, len(packed), cfg.seq_length, plan.total_steps,
         cfg.batch_size * cfg.grad_accum, tokens_per_step, lr, warmup, device, cfg.precision,
     )
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
-    progress = tqdm(total=plan.total_steps, initial=step, disable=not cfg.show_progress, desc="pretrain-mlm",
+    progress = progress_bar(total=plan.total_steps, initial=step, show=cfg.show_progress, desc="pretrain-mlm",
                     unit="step")
     # the running window of the training metrics; carried through checkpoints so a resumed run logs the same
     window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, **(resumed_window or {}), "t": time.time()}
