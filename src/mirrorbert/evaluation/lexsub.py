@@ -627,11 +627,17 @@ def evaluate_lexsub(
     if limit:
         items = items[:limit]
     dev = resolve_device(device)
+    from mirrorbert.preflight import first_line, inspect_model, weights_load_error
+
+    inspect_model(str(model_path), need_mask=True, mask_option="--model")  # before the weights load
     try:
         tok = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForMaskedLM.from_pretrained(model_path)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--model {model_path}: cannot load a masked LM ({str(exc).splitlines()[0]})") from None
+    except Exception as exc:  # noqa: BLE001  damaged weights raise safetensors' own error type
+        error = weights_load_error(str(model_path), exc)
+        if error is None and not isinstance(exc, (OSError, ValueError)):
+            raise
+        raise error or UserError(f"--model {model_path}: cannot load a masked LM ({first_line(exc)})") from None
     gen = LexSubGenerator(model, tok, wn, device=dev, config=config)
     ranked = gen.rank(items, show_progress=show_progress)
     gold = {it.key: dict(it.gold) for it in items if it.gold}

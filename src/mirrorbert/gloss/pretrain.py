@@ -151,12 +151,17 @@ def load_start_model(name: str):
     """Tokenizer and masked LM to start from, with a clear error when they cannot be loaded."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
+    from mirrorbert.preflight import first_line, inspect_model, weights_load_error
+
+    inspect_model(name, need_mask=True, mask_option="--model")  # cheap checks before the weights load
     try:
         tok = AutoTokenizer.from_pretrained(name)
         mlm = AutoModelForMaskedLM.from_pretrained(name)
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--model {name}: cannot load a masked LM and its tokenizer ({first})") from None
+    except Exception as exc:  # noqa: BLE001  damaged weights raise safetensors' own error type
+        error = weights_load_error(name, exc)
+        if error is None and not isinstance(exc, (OSError, ValueError)):
+            raise
+        raise error or UserError(f"--model {name}: cannot load a masked LM and its tokenizer ({first_line(exc)})") from None
     return tok, mlm
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from mirrorbert.data import check_utf8_file
 from mirrorbert.errors import UserError
 from mirrorbert.gloss.wordnet import POS_FILES, WordNet, candidate_base_forms
 
@@ -191,6 +192,7 @@ def load_triplets_tsv(path: str | os.PathLike, wn: WordNet | None = None) -> lis
     p = Path(path)
     if not p.is_file():
         raise UserError(f"triplet file not found: {p}")
+    check_utf8_file(p, "--triplets")  # binary data: one line naming the file, not a UnicodeDecodeError
     exceptions = wn.exceptions if wn is not None else None
     out: list[Triplet] = []
     with open(p, encoding="utf-8", newline="") as fh:

@@ -36,6 +36,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from mirrorbert.data import check_utf8_file
 from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,8 @@ def check_corpus_files(paths: Sequence[str | Path]) -> list[Path]:
             raise UserError(f"--corpus {path}: no such file")
         if not path.is_file():
             raise UserError(f"--corpus {path}: not a regular file")
+        # the same rule as `train --data`: a binary or mis-encoded corpus is refused, not tokenised as U+FFFD
+        check_utf8_file(path, "--corpus", hint="convert the file to UTF-8 (e.g. iconv -c -f utf-8 -t utf-8)")
         out.append(path)
     return out
 
