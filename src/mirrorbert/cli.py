@@ -249,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"mirrorbert: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except PermissionError as exc:  # an unreadable input or unwritable output anywhere: name the file
+        print(f"mirrorbert: error: {exc.filename or exc}: permission denied", file=sys.stderr)
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("mirrorbert: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
