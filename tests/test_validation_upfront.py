@@ -174,11 +174,18 @@ def test_truncated_weights_pretrain_mlm(capsys, truncated_bert, strings_file, tm
     assert "model.safetensors" in one_error_line(err)
 
 
-def test_truncated_weights_gloss_and_lexsub(truncated_bert):
+def test_truncated_weights_gloss(truncated_bert):
     from mirrorbert.gloss.pretrain import load_start_model
 
     with pytest.raises(UserError, match="model.safetensors"):
         load_start_model(str(truncated_bert))
+
+
+def test_truncated_weights_lexsub(truncated_bert, shared_data):
+    from mirrorbert.evaluation.lexsub import evaluate_lexsub
+
+    with pytest.raises(UserError, match="model.safetensors"):
+        evaluate_lexsub(str(truncated_bert), "LS07", shared_data, limit=2)
 
 
 def test_loader_error_of_damaged_weights_is_one_line(truncated_bert, monkeypatch):

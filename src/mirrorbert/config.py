@@ -100,7 +100,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--config {path}: no such file")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--config {path}: not valid UTF-8 (byte {exc.start})") from None
     try:
         if path.suffix.lower() == ".json":
             data = json.loads(text)
