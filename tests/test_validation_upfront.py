@@ -458,3 +458,12 @@ def test_mean_loss_of_last_epoch(tiny_bert, tmp_path, corpus, monkeypatch):
     assert result.final_loss == pytest.approx(losses[-1])
     saved = json.loads((tmp_path / "out" / "mirrorbert.json").read_text())
     assert saved["training"]["mean_loss_last_epoch"] == pytest.approx(expected)
+
+
+def test_quickstart_blames_the_data_directory_not_the_model(tmp_path):
+    """Checked before setup_env.sh or any model: a missing data directory gets its own message."""
+    env = {**os.environ, "MIRRORBERT_DATA": str(tmp_path / "missing"), "MODEL": "some-model"}
+    run = subprocess.run(["bash", str(REPO / "scripts" / "quickstart.sh")], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert run.returncode == 2
+    assert "data directory" in run.stderr and "could not load --model" not in run.stderr
