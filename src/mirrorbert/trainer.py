@@ -210,7 +210,8 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
                     step_log.append((time.perf_counter() - step_start, len(index), step_tokens))
                     elapsed = max(time.time() - loop_start, 1e-9)
                     progress.update(1)
-                    progress.set_postfix(loss=f"{loss_value:.4f}", strings_s=f"{seen_strings / elapsed:.1f}")
+                    progress.set_postfix(loss=f"{loss_value:.4f}", strings_s=f"{seen_strings / elapsed:.1f}",
+                                         refresh=False)  # shown by the next update, at its refresh rate
                     if step % cfg.log_every == 0 or step == plan.total_steps:
                         metrics.log(step, loss=loss_value, lr=scheduler.get_last_lr()[0],
                                     strings_per_s=seen_strings / elapsed)

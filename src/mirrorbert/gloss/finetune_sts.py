@@ -140,7 +140,7 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
                 backward_and_step(loss, optimizer, scheduler)
                 step += 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.4f}")
+                bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
     encoder.eval()
     spearman = 100.0 * score_pairs(encoder, test, batch_size=cfg.eval_batch_size)
     logger.info("STS-B fraction %g seed %d: test Spearman %.2f (%d pairs, %d steps)", fraction, seed, spearman,

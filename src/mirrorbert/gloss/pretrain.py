@@ -372,7 +372,7 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
                     loss_value = float(loss.item())
                     progress.update(1)
                     progress.set_postfix(loss=f"{loss_value:.3f}", gr=f"{out.gr.item():.3f}",
-                                         mlm=f"{out.mlm.item():.3f}", acc=f"{out.accuracy:.2f}")
+                                         mlm=f"{out.mlm.item():.3f}", acc=f"{out.accuracy:.2f}", refresh=False)
                     metrics.log(step, loss=loss_value, gr_loss=float(out.gr.item()), mlm_loss=float(out.mlm.item()),
                                 batch_accuracy=out.accuracy, lr=scheduler.get_last_lr()[0])
                     if next_batch >= len(batches):

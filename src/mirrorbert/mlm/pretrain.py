@@ -506,7 +506,7 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
                 rate = run_tokens / max(time.time() - loop_start, 1e-9)
                 progress.update(1)
                 progress.set_postfix(loss=f"{step_loss / max(1, n_targets):.3f}",
-                                     acc=f"{step_correct / max(1, n_targets):.3f}", tok_s=f"{rate:.0f}")
+                                     acc=f"{step_correct / max(1, n_targets):.3f}", tok_s=f"{rate:.0f}", refresh=False)
                 if step % cfg.log_every == 0 or step == plan.total_steps:
                     now = time.time()
                     last_train = {
