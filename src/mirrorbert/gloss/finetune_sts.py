@@ -115,7 +115,8 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
     check_precision(cfg.precision, device)
     seed_everything(seed)
     idx = subset_indices(len(train), fraction, seed)
-    encoder = Encoder.load(cfg.model, pooling=cfg.pooling, device=str(device), max_length=cfg.max_length)
+    encoder = Encoder.load(cfg.model, pooling=cfg.pooling, device=str(device))
+    encoder.max_length = min(cfg.max_length, encoder.max_length)  # at most the model's positions, like gloss-pretrain
     encoder.train()
     ids1 = encoder.tokenize([train.s1[i] for i in idx])
     ids2 = encoder.tokenize([train.s2[i] for i in idx])
