@@ -110,7 +110,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--config {path}: no such file")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--config {path}: not valid UTF-8 (byte {exc.start})") from None
     try:
         if path.suffix.lower() == ".json":
             data = json.loads(text)
@@ -146,7 +149,7 @@ def resolve_config(
     preset = overrides.get("preset", from_file.get("preset"))
     values: dict[str, Any] = {}
     if preset is not None:
-        if preset not in PRESETS:
+        if not isinstance(preset, str) or preset not in PRESETS:
             raise UserError(f"--preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         values.update(PRESETS[preset])
     values.update(from_file)
@@ -161,7 +164,17 @@ def _check(condition: bool, key: str, message: str) -> None:
         raise UserError(f"{option_name(key)}: {message}")
 
 
+# Text-valued fields (None allowed where the default is None); a list or number there is a typo.
+TEXT_FIELDS = ("model", "output", "preset", "data", "column", "field", "lang", "pooling", "schedule", "device",
+               "precision", "checkpoint_dir", "resume", "log_dir")
+
+
 def validate(cfg: TrainConfig) -> None:
+    for key in TEXT_FIELDS:  # first, so the checks below may compare strings safely
+        value = getattr(cfg, key)
+        _check(value is None or isinstance(value, str), key, f"expected text, got {type(value).__name__} {value!r}")
+    _check(isinstance(cfg.model, str) and bool(cfg.model.strip()), "model", "must not be empty")
+    _check(isinstance(cfg.lang, str) and bool(cfg.lang.strip()), "lang", "expected a language tag such as en, fr or zh")
     _check(cfg.preset is None or cfg.preset in PRESETS, "preset", f"unknown preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
     _check(cfg.pooling is None or cfg.pooling in POOLINGS, "pooling", f"unknown pooling {cfg.pooling!r}; choose one of {', '.join(POOLINGS)}")
     _check(cfg.precision in PRECISIONS, "precision", f"unknown precision {cfg.precision!r}; choose one of {', '.join(PRECISIONS)}")

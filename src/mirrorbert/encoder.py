@@ -27,64 +27,24 @@ from mirrorbert.pooling import (
     sentence_transformers_modules,
 )
 from mirrorbert import search as _search
+from mirrorbert.preflight import (  # noqa: F401  (model_load_error etc. re-exported for callers)
+    OFFSET_POSITION_MODEL_TYPES,
+    check_max_length,
+    check_model_reachable,
+    check_tokenizer,
+    check_tokenizer_files,
+    check_weight_files,
+    hub_reachable,
+    max_positions,
+    model_load_error,
+    weights_load_error,
+)
 from mirrorbert.runtime import atomic_output_dir, autocast, check_precision, library_versions, resolve_device
 from mirrorbert.views import pad_batch
 
 logger = logging.getLogger(__name__)
 
 MIRRORBERT_JSON = "mirrorbert.json"
-# Models whose position ids start after the padding index, so two positions are unusable.
-OFFSET_POSITION_MODEL_TYPES = ("roberta", "xlm-roberta", "camembert", "longformer")
-
-
-def model_load_error(name: str, exc: Exception) -> UserError:
-    if Path(name).exists():
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return UserError(f"--model {name}: cannot load the model in this folder: {first}")
-    offline = os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True")
-    text = str(exc).lower()
-    unreachable = offline or any(
-        hint in text for hint in ("connect", "offline", "resolve", "network", "couldn't reach", "cannot find the requested files", "local_files_only", "internet")
-    )
-    if unreachable:
-        return UserError(
-            f"--model {name}: not a local folder and the Hugging Face hub is unreachable from this machine; "
-            "--model also takes a local folder holding a saved model (e.g. --model path/to/model)"
-        )
-    return UserError(f"--model {name}: no such local folder or hub model ({type(exc).__name__})")
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """A quick TCP check, so an offline machine gets an answer in seconds instead of minutes of retries."""
-    import socket
-    from urllib.parse import urlparse
-
-    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
-        return False
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        with socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def check_model_reachable(name: str) -> None:
-    """A name that is neither a local folder nor in the local HF cache needs the hub: fail fast if offline."""
-    if Path(name).exists():
-        return
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(name, local_files_only=True)
-        return  # cached earlier: loads offline
-    except (OSError, ValueError):
-        pass
-    if not hub_reachable():
-        raise UserError(
-            f"--model {name}: not a local folder and the Hugging Face hub is unreachable from this machine; "
-            "--model also takes a local folder holding a saved model (e.g. --model path/to/model)"
-        )
 
 
 def default_max_length(tokenizer, config) -> int:
@@ -92,10 +52,9 @@ def default_max_length(tokenizer, config) -> int:
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and 0 < tok_max < 100_000:
         candidates.append(tok_max)
-    positions = getattr(config, "max_position_embeddings", None)
-    if isinstance(positions, int) and positions > 0:
-        offset = (config.pad_token_id or 0) + 1 if config.model_type in OFFSET_POSITION_MODEL_TYPES else 0
-        candidates.append(positions - offset)
+    positions = max_positions(config)
+    if positions is not None:
+        candidates.append(positions)
     return min(candidates) if candidates else 512
 
 
@@ -142,13 +101,22 @@ class Encoder(torch.nn.Module):
             st_cfg = folder / "sentence_bert_config.json"
             if st_cfg.exists():
                 saved_max = json.loads(st_cfg.read_text(encoding="utf-8")).get("max_seq_length")
+            check_weight_files(folder)
+            check_tokenizer_files(folder)
         check_model_reachable(name)
         try:
             config = AutoConfig.from_pretrained(name, **(config_overrides or {}))
             tokenizer = AutoTokenizer.from_pretrained(name)
+            check_tokenizer(tokenizer, name)
+            check_max_length(max_length, config, model=name)  # before the weights: a bad length fails now
             model = AutoModel.from_pretrained(name, config=config)
-        except (OSError, ValueError) as exc:
-            raise model_load_error(name, exc) from None
+        except Exception as exc:  # noqa: BLE001  damaged weights raise the loader's own error types
+            error = weights_load_error(name, exc)
+            if error is None and isinstance(exc, (OSError, ValueError)):
+                error = model_load_error(name, exc)
+            if error is None:
+                raise
+            raise error from None
         encoder = cls(
             model, tokenizer, pooling=pooling or saved_pooling or "mean",
             max_length=max_length or saved_max, normalize_default=normalize, source=name,
@@ -190,7 +158,7 @@ class Encoder(torch.nn.Module):
     def encode(self, texts: str | Sequence[str], batch_size: int = 64, normalize: bool | None = None,
                show_progress: bool = False, convert_to: str = "numpy", precision: str = "fp32"):
         """Vectors in input order. Sorted by length internally so each batch pads little."""
-        from tqdm.auto import tqdm
+        from mirrorbert.progress import progress_bar
 
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
@@ -210,7 +178,7 @@ class Encoder(torch.nn.Module):
             try:
                 with torch.inference_mode():
                     starts = range(0, len(order), batch_size)
-                    for start in tqdm(starts, disable=not show_progress, desc="encode", unit="batch"):
+                    for start in progress_bar(starts, show=show_progress, desc="encode", unit="batch"):
                         index = order[start:start + batch_size]
                         with autocast(device, precision):
                             vectors = self.embed([ids[i] for i in index])

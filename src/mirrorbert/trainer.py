@@ -11,11 +11,12 @@ from typing import Any
 import torch
 
 from mirrorbert.config import TrainConfig, resolve_pooling, validate
-from mirrorbert.data import TrainingStrings, load_training_strings
-from mirrorbert.encoder import Encoder, model_load_error, check_model_reachable
+from mirrorbert.data import TrainingStrings, strings_for_config
+from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.loss import build_loss, mirror_infonce
 from mirrorbert.modelcard import check_eval_after, evaluate_after_training
+from mirrorbert.preflight import inspect_model
 from mirrorbert.runtime import (
     CheckpointManager,
     InterruptFlag,
@@ -76,21 +77,15 @@ class _Plan:
         return [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)][: self.batches_per_epoch]
 
 
-def load_model_config(name: str):
-    from transformers import AutoConfig
-
-    check_model_reachable(name)
-    try:
-        return AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as exc:
-        raise model_load_error(name, exc) from None
+def load_model_config(name: str, cfg: TrainConfig | None = None):
+    """The model's config, after the cheap checks (tokenizer, max length, mask token) of `preflight`."""
+    config, _ = inspect_model(name, max_length=cfg.max_length if cfg else None,
+                              need_mask=bool(cfg and cfg.mask_span > 0))
+    return config
 
 
 def _load_strings(cfg: TrainConfig) -> TrainingStrings:
-    return load_training_strings(
-        data=cfg.data, column=cfg.column, field=cfg.field, words_top=cfg.words_top, lang=cfg.lang,
-        random_count=cfg.random_strings, limit=cfg.limit, seed=cfg.seed, skip_bad_lines=cfg.skip_bad_lines,
-    )
+    return strings_for_config(cfg)
 
 
 def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]], controlled_dropout: bool,
@@ -134,7 +129,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     started = time.time()
 
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
-    base_config = load_model_config(cfg.model)
+    base_config = load_model_config(cfg.model, cfg)
     pooling = resolve_pooling(cfg.pooling, base_config.model_type)
     overrides = dropout_overrides(base_config, cfg.dropout)
     encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
@@ -146,6 +141,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     token_ids = tokenize_once(tokenizer, strings.strings, cfg.max_length)
     second_view_masker = SecondViews(tokenizer, strings.strings, token_ids, cfg.mask_unit, cfg.mask_span,
                                      cfg.mask_min_chars, cfg.max_length)
+    second_view_masker.warn_if_never_applies()
     loss_fn = build_loss(cfg.loss, cfg.temperature)
 
     batch_size = cfg.batch_size
@@ -179,10 +175,12 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         )
 
     metrics = MetricLogger(cfg.log_dir)
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
-    progress = tqdm(total=plan.total_steps, initial=step, disable=not cfg.show_progress, desc="mirror", unit="step")
+    progress = progress_bar(total=plan.total_steps, initial=step, show=cfg.show_progress, desc="mirror", unit="step")
     loss_value, seen_strings, seen_tokens, loop_start = None, 0, 0, time.time()
+    # final_loss is one (possibly short) batch; the epoch mean is the number to compare runs by
+    epoch_loss_sum, epoch_loss_n, mean_loss_last_epoch = 0.0, 0, None
     interrupted = False
     step_log: list[tuple[float, int, int]] = []
     try:
@@ -202,13 +200,15 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
                     step += 1
                     next_batch += 1
                     loss_value = loss.item()
+                    epoch_loss_sum, epoch_loss_n = epoch_loss_sum + loss_value, epoch_loss_n + 1
                     step_tokens = sum(len(s) for s in first) + sum(len(s) for s in second)
                     seen_strings += len(index)
                     seen_tokens += step_tokens
                     step_log.append((time.perf_counter() - step_start, len(index), step_tokens))
                     elapsed = max(time.time() - loop_start, 1e-9)
                     progress.update(1)
-                    progress.set_postfix(loss=f"{loss_value:.4f}", strings_s=f"{seen_strings / elapsed:.1f}")
+                    progress.set_postfix(loss=f"{loss_value:.4f}", strings_s=f"{seen_strings / elapsed:.1f}",
+                                         refresh=False)  # shown by the next update, at its refresh rate
                     if step % cfg.log_every == 0 or step == plan.total_steps:
                         metrics.log(step, loss=loss_value, lr=scheduler.get_last_lr()[0],
                                     strings_per_s=seen_strings / elapsed)
@@ -216,6 +216,8 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
                     epoch_done = next_batch >= len(batches)
                     if epoch_done:
                         epoch, next_batch = epoch + 1, 0
+                        mean_loss_last_epoch = epoch_loss_sum / epoch_loss_n
+                        epoch_loss_sum, epoch_loss_n = 0.0, 0
                     if cfg.save_every and step % cfg.save_every == 0:
                         last_checkpoint = save_checkpoint()
                     if interrupt.raised:
@@ -242,6 +244,8 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     masking = second_view_masker.stats.shares()
     logger.info("span masking (%s, k=%d): %.1f%% of real tokens hidden, %.1f%% of strings masked", cfg.mask_unit,
                 cfg.mask_span, 100 * masking["masked_token_share"], 100 * masking["masked_string_share"])
+    if epoch_loss_n:  # stopped inside an epoch (--steps): the mean of that epoch's batches so far
+        mean_loss_last_epoch = epoch_loss_sum / epoch_loss_n
     info = {
         "method": "mirror-bert",
         "config": {**cfg.to_dict(), "pooling": pooling, "batch_size": batch_size},
@@ -250,6 +254,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         "steps": step,
         "epochs": round(step / max(1, plan.batches_per_epoch), 3),
         "final_loss": loss_value,
+        "mean_loss_last_epoch": mean_loss_last_epoch,
         **masking,
         "wall_time_s": round(wall, 2),
         "strings_per_s": round(seen_strings / elapsed, 2),

@@ -78,6 +78,15 @@ def valid_span_starts(ids: Sequence[int], k: int, special: set[int]) -> list[int
     return starts
 
 
+def warn_if_span_never_applies(token_ids: Sequence[Sequence[int]], k: int, special: set[int]) -> bool:
+    """Token unit: a span longer than every string's real tokens masks nothing. Say so once."""
+    if k <= 0 or any(sum(1 for t in ids if t not in special) > k for ids in token_ids):
+        return False
+    logger.warning("--mask-span %d never applies: no training string has more than %d real tokens, so no "
+                   "span is masked (use a smaller --mask-span, or 0)", k, k)
+    return True
+
+
 def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], generator: torch.Generator) -> list[int]:
     """Replace k consecutive non-special tokens by the mask token; start uniform over valid starts."""
     starts = valid_span_starts(ids, k, special)
@@ -175,6 +184,19 @@ class SecondViews:
             ]
         elif k > 0:  # token mode: which strings get masked does not depend on the draw
             self.token_masked = sum(1 for ids in token_ids if valid_span_starts(ids, k, self.special))
+
+    def warn_if_never_applies(self) -> bool:
+        """A span that can apply to no string makes the run plain dropout: say so once, in the unit used."""
+        if self.k <= 0:
+            return False
+        if self.unit == "token":
+            return warn_if_span_never_applies(self.token_ids, self.k, self.special)
+        if any(len(text) > max(self.min_chars, self.k) for text in self.strings):
+            return False
+        logger.warning("--mask-span %d (characters) never applies: no training string is longer than %d "
+                       "characters (--mask-min-chars %d), so no span is masked", self.k,
+                       max(self.min_chars, self.k), self.min_chars)
+        return True
 
     def draw(self, generator: torch.Generator) -> list[list[int]]:
         if self.k <= 0:
