@@ -265,7 +265,7 @@ def test_json_config_is_typed_too(tmp_path):
 def test_config_not_utf8_or_unreadable(tmp_path, monkeypatch):
     path = tmp_path / "run.yaml"
     path.write_bytes(b"lr: 0.1\nmodel: caf\xe9\n")
-    with pytest.raises(UserError, match="not UTF-8"):
+    with pytest.raises(UserError, match="not valid UTF-8"):
         load_config_file(path)
 
     def denied(self, *args, **kwargs):
@@ -285,7 +285,7 @@ def test_temperature_must_be_finite(value):
 def test_library_callers_are_typed_too():
     from mirrorbert.config import TrainConfig, validate
 
-    with pytest.raises(UserError, match="overwrite must be true or false"):
+    with pytest.raises(UserError, match="--overwrite: must be true or false"):
         validate(TrainConfig(output="x", overwrite="false"))
 
 

@@ -12,11 +12,13 @@ from typing import Any
 import torch
 
 from mirrorbert.config import TrainConfig, resolve_pooling, validate
-from mirrorbert.data import TrainingStrings, load_training_strings
-from mirrorbert.encoder import Encoder, model_load_error, check_model_reachable
+from mirrorbert.data import TrainingStrings, strings_for_config
+from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.checkpoints import check_resume_config
-from mirrorbert.loss import mirror_infonce
+from mirrorbert.loss import build_loss, mirror_infonce
+from mirrorbert.modelcard import check_eval_after, evaluate_after_training
+from mirrorbert.preflight import inspect_model
 from mirrorbert.runtime import (
     CheckpointManager,
     InterruptFlag,
@@ -37,15 +39,7 @@ from mirrorbert.runtime import (
     seed_everything,
 )
 from mirrorbert.safety import guard_run, weights_size
-from mirrorbert.views import (
-    DropHead,
-    dropout_overrides,
-    masked_views,
-    pad_batch,
-    require_mask_token,
-    special_token_ids,
-    tokenize_once,
-)
+from mirrorbert.views import DropHead, SecondViews, dropout_overrides, tokenize_once
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +48,7 @@ STREAM_ORDER, STREAM_MASK = 1, 2
 # Options that may change on --resume: bookkeeping, budget, and where things are (the data fingerprint is checked).
 RESUME_HARMLESS = ("output", "overwrite", "resume", "checkpoint_dir", "keep_checkpoints", "save_every", "log_dir",
                    "log_every", "show_progress", "steps", "epochs", "device", "model", "data", "column", "field",
-                   "words_top", "lang", "random_strings", "limit", "skip_bad_lines")
+                   "words_top", "lang", "random_strings", "limit", "skip_bad_lines", "eval_after", "data_dir")
 
 
 @dataclass
@@ -89,21 +83,15 @@ class _Plan:
         return [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)][: self.batches_per_epoch]
 
 
-def load_model_config(name: str):
-    from transformers import AutoConfig
-
-    check_model_reachable(name)
-    try:
-        return AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as exc:
-        raise model_load_error(name, exc) from None
+def load_model_config(name: str, cfg: TrainConfig | None = None):
+    """The model's config, after the cheap checks (tokenizer, max length, mask token) of `preflight`."""
+    config, _ = inspect_model(name, max_length=cfg.max_length if cfg else None,
+                              need_mask=bool(cfg and cfg.mask_span > 0))
+    return config
 
 
 def _load_strings(cfg: TrainConfig) -> TrainingStrings:
-    return load_training_strings(
-        data=cfg.data, column=cfg.column, field=cfg.field, words_top=cfg.words_top, lang=cfg.lang,
-        random_count=cfg.random_strings, limit=cfg.limit, seed=cfg.seed, skip_bad_lines=cfg.skip_bad_lines,
-    )
+    return strings_for_config(cfg)
 
 
 def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]], controlled_dropout: bool,
@@ -123,10 +111,14 @@ def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]
 
 
 def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
-                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str) -> torch.Tensor:
-    """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own)."""
+                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str,
+                     loss_fn=None) -> torch.Tensor:
+    """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own).
+
+    `loss_fn` (from `loss.build_loss`) maps the [2B, d] embeddings to the loss; default InfoNCE at `temperature`.
+    """
     embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
-    return mirror_infonce(embeddings, temperature)
+    return loss_fn(embeddings) if loss_fn is not None else mirror_infonce(embeddings, temperature)
 
 
 def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResult:
@@ -136,13 +128,15 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         raise UserError("--output is required: the folder to write the trained model to")
     with contextlib.ExitStack() as locks:  # path rules, writability and locks, before anything is loaded
         guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
-                  inputs={"--model": cfg.model, "--data": cfg.data, "--resume": cfg.resume},
+                  inputs={"--model": cfg.model, "--data": cfg.data, "--resume": cfg.resume,
+                          "--data-dir": cfg.data_dir},
                   checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,
                   extra_outputs=[("--log-dir", cfg.log_dir)], model_bytes=weights_size(cfg.model))
         return _train(cfg, strings)
 
 
 def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
+    eval_tasks = check_eval_after(cfg.eval_after, cfg.data_dir)
     device = resolve_device(cfg.device)
     check_precision(cfg.precision, device)
     strings = strings or _load_strings(cfg)
@@ -152,7 +146,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
     if resume is not None:
         check_resume_config(resume.path, resume.meta.get("config"), cfg.to_dict(), RESUME_HARMLESS)
-    base_config = load_model_config(cfg.model)
+    base_config = load_model_config(cfg.model, cfg)
     pooling = resolve_pooling(cfg.pooling, base_config.model_type)
     overrides = dropout_overrides(base_config, cfg.dropout)
     encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
@@ -160,10 +154,12 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     encoder.train()
     drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
     tokenizer = encoder.tokenizer
-    mask_id = require_mask_token(tokenizer) if cfg.mask_span > 0 else None
-    special = special_token_ids(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     token_ids = tokenize_once(tokenizer, strings.strings, cfg.max_length)
+    second_view_masker = SecondViews(tokenizer, strings.strings, token_ids, cfg.mask_unit, cfg.mask_span,
+                                     cfg.mask_min_chars, cfg.max_length)
+    second_view_masker.warn_if_never_applies()
+    loss_fn = build_loss(cfg.loss, cfg.temperature)
 
     batch_size = cfg.batch_size
     if batch_size > len(token_ids):
@@ -196,37 +192,40 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         )
 
     metrics = MetricLogger(cfg.log_dir)
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
-    progress = tqdm(total=plan.total_steps, initial=step, disable=not cfg.show_progress, desc="mirror", unit="step")
+    progress = progress_bar(total=plan.total_steps, initial=step, show=cfg.show_progress, desc="mirror", unit="step")
     loss_value, seen_strings, seen_tokens, loop_start = None, 0, 0, time.time()
+    # final_loss is one (possibly short) batch; the epoch mean is the number to compare runs by
+    epoch_loss_sum, epoch_loss_n, mean_loss_last_epoch = 0.0, 0, None
     interrupted = False
     step_log: list[tuple[float, int, int]] = []
     try:
         with InterruptFlag() as interrupt:
             while step < plan.total_steps and not interrupted:
                 batches = plan.epoch_batches(epoch)
-                second_views = masked_views(token_ids, cfg.mask_span, mask_id, special,
-                                            derived_generator(cfg.seed, STREAM_MASK, epoch))
+                second_views = second_view_masker.draw(derived_generator(cfg.seed, STREAM_MASK, epoch))
                 while next_batch < len(batches) and step < plan.total_steps:
                     step_start = time.perf_counter()
                     index = batches[next_batch]
                     first = [token_ids[i] for i in index]
                     second = [second_views[i] for i in index]
                     loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
-                                            cfg.controlled_dropout, device, cfg.precision)
+                                            cfg.controlled_dropout, device, cfg.precision, loss_fn)
                     check_finite_loss(loss, step + 1, last_checkpoint)
                     backward_and_step(loss, optimizer, scheduler, scaler, max_grad_norm=cfg.max_grad_norm)
                     step += 1
                     next_batch += 1
                     loss_value = loss.item()
+                    epoch_loss_sum, epoch_loss_n = epoch_loss_sum + loss_value, epoch_loss_n + 1
                     step_tokens = sum(len(s) for s in first) + sum(len(s) for s in second)
                     seen_strings += len(index)
                     seen_tokens += step_tokens
                     step_log.append((time.perf_counter() - step_start, len(index), step_tokens))
                     elapsed = max(time.time() - loop_start, 1e-9)
                     progress.update(1)
-                    progress.set_postfix(loss=f"{loss_value:.4f}", strings_s=f"{seen_strings / elapsed:.1f}")
+                    progress.set_postfix(loss=f"{loss_value:.4f}", strings_s=f"{seen_strings / elapsed:.1f}",
+                                         refresh=False)  # shown by the next update, at its refresh rate
                     if step % cfg.log_every == 0 or step == plan.total_steps:
                         metrics.log(step, loss=loss_value, lr=scheduler.get_last_lr()[0],
                                     strings_per_s=seen_strings / elapsed)
@@ -234,6 +233,8 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
                     epoch_done = next_batch >= len(batches)
                     if epoch_done:
                         epoch, next_batch = epoch + 1, 0
+                        mean_loss_last_epoch = epoch_loss_sum / epoch_loss_n
+                        epoch_loss_sum, epoch_loss_n = 0.0, 0
                     if cfg.save_every and step % cfg.save_every == 0:
                         last_checkpoint = save_checkpoint()
                     if interrupt.raised:
@@ -257,6 +258,11 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         last_checkpoint = save_checkpoint()
 
     elapsed = max(time.time() - loop_start, 1e-9)
+    masking = second_view_masker.stats.shares()
+    logger.info("span masking (%s, k=%d): %.1f%% of real tokens hidden, %.1f%% of strings masked", cfg.mask_unit,
+                cfg.mask_span, 100 * masking["masked_token_share"], 100 * masking["masked_string_share"])
+    if epoch_loss_n:  # stopped inside an epoch (--steps): the mean of that epoch's batches so far
+        mean_loss_last_epoch = epoch_loss_sum / epoch_loss_n
     info = {
         "method": "mirror-bert",
         "config": {**cfg.to_dict(), "pooling": pooling, "batch_size": batch_size},
@@ -265,6 +271,8 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         "steps": step,
         "epochs": round(step / max(1, plan.batches_per_epoch), 3),
         "final_loss": loss_value,
+        "mean_loss_last_epoch": mean_loss_last_epoch,
+        **masking,
         "wall_time_s": round(wall, 2),
         "strings_per_s": round(seen_strings / elapsed, 2),
         "real_tokens_per_s": round(seen_tokens / elapsed, 2),
@@ -273,6 +281,8 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         "versions": library_versions(),
     }
     encoder.eval()
+    if eval_tasks:
+        info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
     output = encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite)
     logger.info("model written to %s (%d steps, final loss %s)", output, step, loss_value)
     return TrainResult(output, step, loss_value, wall, checkpoint=last_checkpoint, info=info, step_log=step_log)

@@ -42,17 +42,22 @@ def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-def coerce_value(key: str, value: Any, annotation: Any, where: str) -> Any:
+def _subject(where: str | None, key: str) -> str:
+    """`--config run.yaml: lr` for a config file; `--lr:` for values given in Python (no file to name)."""
+    return f"{where}: {key}" if where else f"--{key.replace('_', '-')}:"
+
+
+def coerce_value(key: str, value: Any, annotation: Any, where: str | None) -> Any:
     """The value converted to the field's type, or a UserError naming the key and `where` it came from."""
     types_, nullable = _allowed_types(annotation)
     if value is None:
         if nullable:
             return None
-        raise UserError(f"{where}: {key} must not be empty")
+        raise UserError(f"{_subject(where, key)} must not be empty")
     if bool in types_:
         if isinstance(value, bool):
             return value
-        raise UserError(f"{where}: {key} must be true or false, not {_describe(value)}")
+        raise UserError(f"{_subject(where, key)} must be true or false, not {_describe(value)}")
     if float in types_:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -61,15 +66,16 @@ def coerce_value(key: str, value: Any, annotation: Any, where: str) -> Any:
                 return float(value.strip())  # PyYAML reads `2e-5` (no dot) as text
             except ValueError:
                 pass
-        raise UserError(f"{where}: {key} must be a number, not {_describe(value)}")
+        raise UserError(f"{_subject(where, key)} must be a number, not {_describe(value)}")
     if int in types_:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise UserError(f"{where}: {key} must be a whole number, not {_describe(value)}")
+        raise UserError(f"{_subject(where, key)} must be a whole number, not {_describe(value)}")
     if str in types_:
         if isinstance(value, str):
             return value
-        raise UserError(f"{where}: {key} must be text, not {_describe(value)}; put it in quotes")
+        hint = "; put it in quotes" if where else ""
+        raise UserError(f"{_subject(where, key)} must be text, not {_describe(value)}{hint}")
     return value  # a field type this module does not know: left to the validator
 
 
@@ -84,7 +90,7 @@ def coerce_mapping(cls, values: dict[str, Any], where: str) -> dict[str, Any]:
     return {key: coerce_value(key, value, types_[key], where) for key, value in values.items()}
 
 
-def check_types(instance, where: str = "configuration") -> None:
+def check_types(instance, where: str | None = None) -> None:
     """The same check on a constructed dataclass (library callers bypass the config file reader)."""
     for key, annotation in field_types(type(instance)).items():
         value = getattr(instance, key)
