@@ -100,9 +100,15 @@ def run_train(args) -> int:
     from mirrorbert.config import resolve_config
     from mirrorbert.trainer import train
 
+    from mirrorbert.distributed import launched_rank
+
     cfg = resolve_config({k: getattr(args, k, None) for k in _train_keys()}, config_file=args.config_file)
-    print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
+    main_rank = launched_rank() == 0  # under torchrun/accelerate only rank 0 speaks
+    if main_rank:
+        print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
     result = train(cfg)
+    if not main_rank:
+        return EXIT_INTERRUPTED if result.interrupted else 0
     if result.interrupted:
         print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"
               f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
@@ -137,6 +143,7 @@ def run_encode(args) -> int:
     import numpy as np
 
     from mirrorbert.data import read_file
+    from mirrorbert.distributed import init_from_env, sharded_encoding
     from mirrorbert.encoder import Encoder
 
     output = Path(args.output)
@@ -146,9 +153,13 @@ def run_encode(args) -> int:
         raise UserError(f"--output {output} already exists; pass --overwrite to replace it")
     texts, _ = read_file(args.input, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
                          option="--input")
-    encoder = Encoder.load(args.model, pooling=args.pooling, device=args.device, max_length=args.max_length)
-    vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
-                             show_progress=args.show_progress, precision=args.precision)
+    dist_ctx = init_from_env(args.device)  # under torchrun every process encodes a share of the rows
+    encoder = Encoder.load(args.model, pooling=args.pooling, device=str(dist_ctx.device), max_length=args.max_length)
+    with sharded_encoding(dist_ctx):
+        vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
+                                 show_progress=args.show_progress and dist_ctx.is_main, precision=args.precision)
+    if not dist_ctx.is_main:
+        return 0
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp.npy")
     np.save(tmp, vectors)
@@ -194,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mirrorbert: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        if "mirrorbert.distributed" in sys.modules:  # a torchrun/accelerate job: leave its process group
+            sys.modules["mirrorbert.distributed"].shutdown()
 
 
 if __name__ == "__main__":
