@@ -3,7 +3,8 @@
 One launch checks three things in order, to keep the test suite fast:
 1. gradients: the loss and every parameter gradient of a 2-process step (DDP + gathered views, uneven
    shards) equal those of one process holding the whole global batch, for one- and two-pass
-   (controlled dropout) embedding; rank 0 prints `RESULT {...}`;
+   (controlled dropout) embedding, and for a batch with fewer strings than processes (a stand-in on
+   rank 1 that must not count); rank 0 prints `RESULT {...}`;
 2. sharded encoding: `Encoder.encode` under `sharded_encoding` returns every row in input order; rank 0
    saves the matrix to OUTDIR/vectors.npy;
 3. a crash: rank 1 exits before a collective; rank 0 must stop (not wait forever) naming the checkpoint,
@@ -57,6 +58,20 @@ def main(model: str, outdir: str) -> int:
         scale = max(p.grad.abs().max().item() for p in reference.parameters() if p.grad is not None)
         worst[str(controlled)] = {"loss_diff": abs(loss.item() - expected.item()), "grad_diff": diff,
                                   "grad_scale": scale}
+    # a batch with fewer strings than processes: rank 1 embeds a stand-in that must not count
+    reference.zero_grad()
+    encoder.zero_grad()
+    lone = [first[0]], [second[0]]
+    (embed_views(reference, *lone, False, cpu, "fp32") ** 2).sum().backward()
+    local = embed_views(encoder, ctx.shard(lone[0]), ctx.shard(lone[1]), False, cpu, "fp32")
+    gathered = ctx.gather_views(local, 1)
+    (gathered ** 2).sum().backward()
+    grads = dict(reference.model.named_parameters())
+    worst["empty shard"] = {
+        "loss_diff": 0.0 if gathered.shape[0] == 2 else float("inf"),
+        "grad_diff": max((p.grad - grads[n].grad).abs().max().item()
+                         for n, p in encoder.model.module.named_parameters() if p.grad is not None),
+        "grad_scale": max(p.grad.abs().max().item() for p in reference.parameters() if p.grad is not None)}
     ctx.unwrap(encoder)
     if ctx.is_main:
         print("RESULT " + json.dumps(worst), flush=True)

@@ -107,6 +107,9 @@ def test_shards_are_contiguous_cover_the_batch_and_differ_by_at_most_one():
         shards = [DistContext(rank=r, world_size=world).shard(batch) for r in range(world)]
         assert sum(shards, []) == batch  # global order kept, nothing lost or repeated
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    # more processes than strings: the empty shards hold a stand-in (dropped again by gather_views)
+    assert [DistContext(rank=r, world_size=4).shard([7, 8]) for r in range(4)] == [[7], [8], [7], [7]]
+    assert DistContext(rank=3, world_size=4).shard_sizes(2) == [1, 1, 0, 0]
 
 
 def test_single_process_helpers_are_no_ops(tiny_bert, corpus):

@@ -82,11 +82,13 @@ class DistContext:
         """This process's contiguous part of a global batch (a pure function of the batch and W).
 
         Contiguous shards keep the gathered rows in the global batch's order; both views of a string are
-        built from the same index, so they stay on the same process.
+        built from the same index, so they stay on the same process. A process whose part is empty (a
+        batch with fewer strings than processes) gets the batch's first item as a stand-in: it must still
+        run the forward and backward that DDP's gradient all-reduce waits for; `gather_views` drops it.
         """
         sizes = self.shard_sizes(len(items))
         start = sum(sizes[: self.rank])
-        return list(items[start:start + sizes[self.rank]])
+        return list(items[start:start + sizes[self.rank]]) or list(items[:1])
 
     # ------------------------------------------------------------------ gathering
     def gather_views(self, local: torch.Tensor, n_strings: int) -> torch.Tensor:
@@ -101,16 +103,20 @@ class DistContext:
             return local
         sizes = self.shard_sizes(n_strings)
         width = max(sizes)
+        own = sizes[self.rank]
+        if local.shape[0] != 2 * max(own, 1):
+            raise ValueError(f"rank {self.rank}: expected {2 * max(own, 1)} local rows, got {local.shape[0]}")
         half = local.shape[0] // 2
-        if local.shape[0] != 2 * sizes[self.rank]:
-            raise ValueError(f"rank {self.rank}: expected {2 * sizes[self.rank]} local rows, got {local.shape[0]}")
-        padded = torch.cat([_pad_rows(local[:half], width), _pad_rows(local[half:], width)])
+        padded = torch.cat([_pad_rows(local[:own], width), _pad_rows(local[half:half + own], width)])
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(parts, padded.detach().contiguous())
         parts[self.rank] = _ScaleGrad.apply(padded, float(self.world_size))  # own rows carry the gradient
         firsts = [part[:size] for part, size in zip(parts, sizes)]
         seconds = [part[width:width + size] for part, size in zip(parts, sizes)]
-        return torch.cat(firsts + seconds)
+        gathered = torch.cat(firsts + seconds)
+        if own == 0:  # a stand-in row: zero gradient, but DDP sees every parameter take part
+            gathered = gathered + 0.0 * local.sum()
+        return gathered
 
     def any(self, flag: bool) -> bool:
         """True on every process when it is true on any (e.g. a Ctrl-C seen by one process only)."""
@@ -145,7 +151,7 @@ class DistContext:
         dist.broadcast_object_list(outcome, src=0)
         status, message = outcome[0]
         if status != "ok":
-            raise RuntimeError(f"rank {self.rank}: rank 0 failed ({message}); stopping")
+            raise UserError(f"rank {self.rank}: rank 0 failed ({message}); stopping")
         return result
 
     # ------------------------------------------------------------------ randomness

@@ -6,7 +6,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -117,9 +117,16 @@ def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]
 
 
 def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
-                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str) -> torch.Tensor:
-    """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own)."""
+                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str,
+                     gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own).
+
+    `gather` turns this process's rows into the global batch's (several processes), so the loss is
+    eq. 1 over the global batch.
+    """
     embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
+    if gather is not None:
+        embeddings = gather(embeddings)
     return mirror_infonce(embeddings, temperature)
 
 
@@ -200,9 +207,9 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
                     first = [token_ids[i] for i in dist_ctx.shard(index)]
                     second = [second_views[i] for i in dist_ctx.shard(index)]
                     dist_ctx.seed_step(cfg.seed, step)
-                    embeddings = dist_ctx.gather_views(
-                        embed_views(encoder, first, second, cfg.controlled_dropout, device, cfg.precision), len(index))
-                    loss = mirror_infonce(embeddings, cfg.temperature)  # eq. 1 over the global batch
+                    loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
+                                            cfg.controlled_dropout, device, cfg.precision,
+                                            lambda rows: dist_ctx.gather_views(rows, len(index)))
                     check_finite_loss(loss, step + 1, last_checkpoint)
                     backward_and_step(loss, optimizer, scheduler, scaler, max_grad_norm=cfg.max_grad_norm)
                     step += 1
