@@ -18,6 +18,7 @@ from mirrorbert.errors import UserError
 from mirrorbert.evaluation.command import add_eval_parser
 from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
+from mirrorbert.search_command import add_search_parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -86,6 +87,10 @@ def add_train_parser(sub) -> None:
     h.add_argument("--log-dir", help="write TensorBoard scalars here")
     h.add_argument("--log-every", type=int, help="log metrics every N steps (default 10)")
     h.add_argument("--no-progress", dest="show_progress", action="store_false", default=None, help="no progress bar")
+    e = p.add_argument_group("evaluation after training (model card)")
+    e.add_argument("--eval-after", help="comma-separated eval tasks (e.g. sts,wordsim) run on the trained model before "
+                                        "saving; scores go into mirrorbert.json and README.md (default: none)")
+    e.add_argument("--data-dir", help="evaluation data for --eval-after (default: $MIRRORBERT_DATA)")
     p.set_defaults(func=run_train)
 
 
@@ -180,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_train_parser(sub)
     add_encode_parser(sub)
+    add_search_parser(sub)
     add_eval_parser(sub)
     add_pretrain_parser(sub)
     add_gloss_parser(sub)

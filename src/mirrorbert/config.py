@@ -77,6 +77,9 @@ class TrainConfig:
     log_dir: str | None = None
     log_every: int = 10
     show_progress: bool = True
+    # model card: evaluate the trained model before saving (scores go into mirrorbert.json and README.md)
+    eval_after: str | None = None
+    data_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -12,10 +12,11 @@ import torch
 
 from mirrorbert.config import TrainConfig, resolve_pooling, validate
 from mirrorbert.data import TrainingStrings, load_training_strings
-from mirrorbert.distributed import init_from_env
+from mirrorbert.distributed import init_from_env, sharded_encoding
 from mirrorbert.encoder import Encoder, model_load_error, check_model_reachable
 from mirrorbert.errors import UserError
 from mirrorbert.loss import mirror_infonce
+from mirrorbert.modelcard import check_eval_after, evaluate_after_training
 from mirrorbert.runtime import (
     CheckpointManager,
     InterruptFlag,
@@ -136,6 +137,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     if not cfg.output:
         raise UserError("--output is required: the folder to write the trained model to")
     check_output_dir(cfg.output, cfg.overwrite)
+    eval_tasks = check_eval_after(cfg.eval_after, cfg.data_dir)
     dist_ctx = init_from_env(cfg.device)  # one process, or this process's rank under torchrun/accelerate
     device = dist_ctx.device
     check_precision(cfg.precision, device)
@@ -270,6 +272,9 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         "versions": library_versions(),
     }
     encoder.eval()
+    if eval_tasks:
+        with sharded_encoding(dist_ctx):  # every rank evaluates, sharing the encoding work
+            info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
     output = dist_ctx.on_main(lambda: encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite),
                               Path(cfg.output))
     logger.info("model written to %s (%d steps, final loss %s)", output, step, loss_value)
