@@ -237,7 +237,11 @@ _DDP_OPTIONS = set(inspect.signature(DistributedDataParallel.__init__).parameter
 
 
 class _ModelDDP(DistributedDataParallel):
-    """DDP that still answers the wrapped model's attributes (config, save_pretrained), so Encoder code is unchanged."""
+    """DDP that still looks like the wrapped model to Encoder code (config, save_pretrained, state_dict keys).
+
+    Saving while wrapped (checkpoints) must write the inner model's keys, not `module.`-prefixed ones,
+    or a checkpoint would not load back into a plain model.
+    """
 
     def __getattr__(self, name: str):
         try:
@@ -246,6 +250,12 @@ class _ModelDDP(DistributedDataParallel):
             if name == "module":
                 raise
             return getattr(self.module, name)
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self.module.load_state_dict(*args, **kwargs)
 
 
 def _pad_rows(rows: torch.Tensor, width: int) -> torch.Tensor:
