@@ -116,10 +116,15 @@ def run_train(args) -> int:
 
     cfg = resolve_config({k: getattr(args, k, None) for k in _train_keys()}, config_file=args.config_file)
     strings = strings_for_config(cfg)  # data mistakes surface before torch is even imported
+    from mirrorbert.distributed import launched_rank
     from mirrorbert.trainer import train
 
-    print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
+    main_rank = launched_rank() == 0  # under torchrun/accelerate only rank 0 speaks
+    if main_rank:
+        print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
     result = train(cfg, strings)
+    if not main_rank:
+        return EXIT_INTERRUPTED if result.interrupted else 0
     if result.interrupted:
         print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"
               f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
@@ -167,11 +172,16 @@ def run_encode(args) -> int:
                          option="--input")
     import numpy as np
 
+    from mirrorbert.distributed import init_from_env, sharded_encoding
     from mirrorbert.encoder import Encoder
 
-    encoder = Encoder.load(args.model, pooling=args.pooling, device=args.device, max_length=args.max_length)
-    vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
-                             show_progress=args.show_progress, precision=args.precision)
+    dist_ctx = init_from_env(args.device)  # under torchrun every process encodes a share of the rows
+    encoder = Encoder.load(args.model, pooling=args.pooling, device=str(dist_ctx.device), max_length=args.max_length)
+    with sharded_encoding(dist_ctx):
+        vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
+                                 show_progress=args.show_progress and dist_ctx.is_main, precision=args.precision)
+    if not dist_ctx.is_main:
+        return 0
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp.npy")
     np.save(tmp, vectors)
@@ -266,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mirrorbert: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        if "mirrorbert.distributed" in sys.modules:  # a torchrun/accelerate job: leave its process group
+            sys.modules["mirrorbert.distributed"].shutdown()
 
 
 if __name__ == "__main__":

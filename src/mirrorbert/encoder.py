@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from mirrorbert.distributed import combine_rows, encoding_rows
 from mirrorbert.errors import UserError
 from mirrorbert.modelcard import write_model_card
 from mirrorbert.pooling import (
@@ -169,9 +170,10 @@ class Encoder(torch.nn.Module):
         device = self.device
         check_precision(precision, device)
         normalize = self.normalize_default if normalize is None else normalize
-        out = torch.empty((len(texts), self.dim), dtype=torch.float32)
+        rows = encoding_rows(len(texts))  # all rows, or this process's share under sharded encoding
+        out = torch.empty((len(rows), self.dim), dtype=torch.float32)
         if texts:
-            ids = self.tokenize(texts)
+            ids = self.tokenize([texts[i] for i in rows])
             order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
             was_training = self.training
             self.eval()
@@ -185,6 +187,7 @@ class Encoder(torch.nn.Module):
                         out[torch.tensor(index)] = vectors.float().cpu()
             finally:
                 self.train(was_training)
+            out = combine_rows(out, len(texts))
         if normalize:
             out = torch.nn.functional.normalize(out, dim=-1)
         result = out[0] if single else out

@@ -148,30 +148,37 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.xling_pairs:
         options.setdefault("wordsim", {})["cross_lingual"] = args.xling_pairs
     check_task_options(options)  # before any model is loaded
+    from mirrorbert.distributed import init_from_env, sharded_encoding
+
+    dist_ctx = init_from_env(args.device)  # under torchrun the processes share the encoding work
+    device = str(dist_ctx.device) if dist_ctx.enabled else args.device
     reference = None
     if args.reference_model:
         if "isotropy" not in tasks:
             logger.warning("--reference-model is only used by the isotropy task, which is not selected")
         else:
             reference = load_model(
-                args.reference_model, args.reference_pooling, args.device, args.max_length, args.backend,
+                args.reference_model, args.reference_pooling, device, args.max_length, args.backend,
                 option="--reference-model",
             )
             options.setdefault("isotropy", {}).setdefault("reference_label", Path(args.reference_model).name)
-    encoder = load_model(args.model, args.pooling, args.device, args.max_length, args.backend)
-    result = evaluate(
-        encoder,
-        tasks=tasks,
-        data_dir=data_dir,
-        output=args.output,
-        report=args.report,
-        plot_dir=args.plot_dir,
-        batch_size=args.batch_size,
-        task_options=options,
-        reference_encoder=reference,
-        model_name=args.model,
-        show_progress=args.progress,
-    )
+    encoder = load_model(args.model, args.pooling, device, args.max_length, args.backend)
+    with sharded_encoding(dist_ctx):  # every process runs every task; only rank 0 writes and prints
+        result = evaluate(
+            encoder,
+            tasks=tasks,
+            data_dir=data_dir,
+            output=args.output if dist_ctx.is_main else None,
+            report=args.report if dist_ctx.is_main else None,
+            plot_dir=args.plot_dir,
+            batch_size=args.batch_size,
+            task_options=options,
+            reference_encoder=reference,
+            model_name=args.model,
+            show_progress=args.progress and dist_ctx.is_main,
+        )
+    if not dist_ctx.is_main:
+        return 1 if any(o.status == "error" for o in result.outcomes.values()) else 0
     print(result.table())
     for outcome in result.outcomes.values():
         if outcome.status == "skipped":
