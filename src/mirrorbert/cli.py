@@ -18,6 +18,7 @@ from mirrorbert.errors import UserError
 from mirrorbert.evaluation.command import add_eval_parser
 from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
+from mirrorbert.reproduce.command import add_reproduce_parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -174,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gloss_parser(sub)
     add_lexsub_parser(sub)
     add_finetune_sts_parser(sub)
+    add_reproduce_parser(sub)
     return parser
 
 
