@@ -45,6 +45,7 @@ def _config(model: Path, data: Path, out: Path, **kw) -> ReproduceConfig:
                            eval_batch_size=32, **kw)
 
 
+@pytest.mark.slow  # ~25 s of CPU (every Mirror-BERT cell trains and evaluates twice), longer on a busy machine
 def test_reproduce_quick_end_to_end_and_cache(tiny_bert, tiny_data, tmp_path, monkeypatch):
     from mirrorbert.evaluation import bli
 
@@ -93,15 +94,22 @@ def test_reproduce_validates_options(tiny_bert, tiny_data, tmp_path):
         reproduce(_config(tiny_bert, tiny_data, tmp_path, train_options={"no_such_option": 1}))
 
 
-def test_cli_reproduce_writes_report(tiny_bert, tiny_data, tmp_path):
+def test_cli_reproduce_writes_report(tiny_bert, tiny_data, tmp_path, monkeypatch):
     from mirrorbert.cli import main
 
+    # pretend the tiny model is bert-base-uncased: the report then sets each cell beside the paper's
+    monkeypatch.setattr(runner_module, "detect_base_model", lambda model: "bert-base-uncased")
     out = tmp_path / "cli"
     rc = main(["reproduce", "--model", str(tiny_bert), "--data-dir", str(tiny_data), "--output", str(out),
                "--experiments", "sts,qnli", "--quick", "--device", "cpu", "--train-option", "lr=5e-5"])
     assert rc == 0
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "--lr 5e-05" in report  # the override reaches the training command shown per cell
+    assert "| cell | metric | ours | paper | Δ |" in report
+    assert "| sts/before | stsb |" in report and "| 46.4 |" in report  # Table 3, BERT-mp STS-B: .464
+    cells = json.loads((out / "results.json").read_text(encoding="utf-8"))["cells"]
+    stsb = cells["sts/before"]["metrics"]["stsb"]
+    assert stsb["paper"] == pytest.approx(0.464) and stsb["delta"] == pytest.approx(stsb["mean"] - 0.464)
     assert main(["reproduce", "--model", str(tiny_bert), "--data-dir", str(tiny_data), "--output", str(out),
                  "--seeds", "a,b"]) == 2
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import shlex
 import sys
 from typing import Any
@@ -71,6 +72,9 @@ def run_reproduce(args: argparse.Namespace) -> int:
         command="mirrorbert " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"]
         else "mirrorbert reproduce " + shlex.join(["--model", args.model, "--output", args.output]),
     )
+    if not args.verbose:  # the per-cell progress lines are the output; the tasks' own chatter is for -v
+        for name in ("mirrorbert.evaluation", "mirrorbert.trainer", "mirrorbert.gloss", "mirrorbert.data"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     result = reproduce(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"report: {result.report}")
     print(f"results: {result.report.with_name('results.json')}")

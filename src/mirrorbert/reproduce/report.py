@@ -137,6 +137,31 @@ def _plot_before_after(cells: dict[str, dict[str, Any]], path: Path) -> Path | N
     return path
 
 
+def _compare_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One row per (cell, metric): ours | paper | Δ."""
+    lines = ["| cell | metric | ours | paper | Δ |", "|---|---|---:|---:|---:|"]
+    for cid, e in rows:
+        if e["status"] != "ok":
+            lines.append(f"| {cid} | {e['status']}: {e['message']} | | | |")
+            continue
+        for name, m in e["metrics"].items():
+            delta = "-" if "delta" not in m else f"{m['delta'] * 100:+.1f}"
+            lines.append(f"| {cid} | {name} | {_ours(m)} | {_x100(m.get('paper'))} | {delta} |")
+    return lines
+
+
+def _wide_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Ours only: one row per cell, one column per metric."""
+    names = list(dict.fromkeys(n for _, e in rows for n in e["metrics"]))
+    lines = ["| cell | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for cid, e in rows:
+        if e["status"] != "ok":
+            lines.append(f"| {cid} | {e['status']}: {e['message']} |" + " |" * (len(names) - 1))
+            continue
+        lines.append(f"| {cid} | " + " | ".join(_ours(e["metrics"][n]) if n in e["metrics"] else "-" for n in names) + " |")
+    return lines
+
+
 def results_json(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: dict[str, str],
                  data_dir: Path) -> dict[str, Any]:
     from dataclasses import asdict
@@ -177,19 +202,7 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
         lines += [f"## {title} ({table})", ""]
         rows = [(cid, e) for cid, e in cells.items() if e["experiment"] == exp]
         if rows:
-            head = "| cell | metric | ours | paper | Δ |" if compare else "| cell | metric | ours |"
-            lines += [head, "|---|---|---:|---:|---:|" if compare else "|---|---|---:|"]
-            for cid, e in rows:
-                if e["status"] != "ok":
-                    lines.append(f"| {cid} | {e['status']} | {e['message']} |" + (" | |" if compare else ""))
-                    continue
-                for name, m in e["metrics"].items():
-                    if compare:
-                        paper = _x100(m.get("paper"))
-                        delta = "-" if "delta" not in m else f"{m['delta'] * 100:+.1f}"
-                        lines.append(f"| {cid} | {name} | {_ours(m)} | {paper} | {delta} |")
-                    else:
-                        lines.append(f"| {cid} | {name} | {_ours(m)} |")
+            lines += _compare_table(rows) if compare else _wide_table(rows)
             lines.append("")
             notes = list(dict.fromkeys(f"{cid}: {e['data_note']}" for cid, e in rows if e["data_note"]))
             if notes:
