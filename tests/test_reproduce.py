@@ -70,6 +70,8 @@ def test_reproduce_quick_end_to_end_and_cache(tiny_bert, tiny_data, tmp_path, mo
     after = data["cells"]["sts/after"]
     assert after["seeds"] == [0, 1] and len(after["metrics"]["stsb"]["values"]) == 2
     assert after["metrics"]["stsb"]["std"] is not None
+    assert "is_word" in data["cells"]["isotropy/no-aug/word"]["metrics"]
+    assert "is_sentence" in data["cells"]["isotropy/after/sentence"]["metrics"]
     assert data["cells"]["sts/before"]["seeds"] == [None]  # the base model's evaluation does not depend on a seed
     assert {s["experiment"] for s in data["skipped"]} >= {"bli", "qnli"}
 

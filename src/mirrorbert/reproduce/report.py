@@ -207,15 +207,12 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
             notes = list(dict.fromkeys(f"{cid}: {e['data_note']}" for cid, e in rows if e["data_note"]))
             if notes:
                 lines += ["Tuned on:", ""] + [f"- {n}" for n in notes] + [""]
-        parts = [(cid, part, msg) for cid, e in rows for part, msg in e["skipped"].items()]
+        parts = list(dict.fromkeys(part for _, e in rows for part in e["skipped"]))
         missing = [s for s in run.skipped if s.experiment == exp]
         if parts or missing:
             lines += ["Skipped:", ""]
-            seen: set[str] = set()
-            for _, part, msg in parts:
-                if part not in seen:
-                    seen.add(part)
-                    lines.append(f"- {part}: {msg}")
+            if parts:
+                lines.append(f"- evaluation sets absent: {', '.join(parts)} (see [Skipped data](#skipped-data))")
             lines += [f"- {s.what}: needs {s.needs}" for s in missing]
             lines.append("")
         for cid, e in rows:
@@ -223,6 +220,9 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
                 lines += [f"![{cid}: {label}]({Path(rel).as_posix()})", ""]
         if exp in plots:
             lines += [f"![{title}]({os.path.relpath(plots[exp], out)})", ""]
+    absent = dict(kv for e in cells.values() for kv in e["skipped"].items())
+    if absent:
+        lines += ["## Skipped data", ""] + [f"- **{k}**: {v}" for k, v in absent.items()] + [""]
     lines += ["## Cell details", "", "| cell | seeds | wall s | cached | data (sha256) | commands |", "|---|---|---:|---|---|---|"]
     for cid, e in cells.items():
         data = "<br>".join(f"{k} `{v[:12]}`" for k, v in e["data"].items())

@@ -315,8 +315,8 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
                            batch_size=ctx.cfg.eval_batch_size, task_options={ev.task: dict(ev.options)},
                            reference_encoder=reference, model_name=model)[ev.task]
         result.status, result.message = outcome.status, outcome.message
-        metrics = {ev.rename.get(k, k): v for k, v in outcome.metrics.items()}
-        result.metrics = {k: v for k, v in metrics.items() if ev.keep is None or k in ev.keep}
+        kept = {k: v for k, v in outcome.metrics.items() if ev.keep is None or k in ev.keep or k in ev.rename}
+        result.metrics = {ev.rename.get(k, k): v for k, v in kept.items()}
         result.skipped = dict(outcome.skipped_parts)
         result.artifacts = {k: os.path.relpath(v, ctx.out) for k, v in outcome.artifacts.items()}
     result.wall_s = time.perf_counter() - start
