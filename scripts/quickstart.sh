@@ -14,12 +14,15 @@ bash scripts/setup_env.sh
 DATA_DIR="${MIRRORBERT_DATA:-$(cd .. && pwd)/shared/data}"
 mkdir -p runs
 if [[ -z "${MODEL:-}" ]]; then
-  # bert-base-uncased where it can be had, else the offline reference MLM (one line on stderr says which)
-  MODEL="$(.venv/bin/python -m mirrorbert.mlm.reference --model bert-base-uncased --data-dir "$DATA_DIR" \
-    --work runs/quickstart-reference-mlm --corpus-script scripts/build_reference_corpus.py \
-    --budget-s "${QUICKSTART_BUDGET_S:-600}" --architecture "${QUICKSTART_ARCH:-bert-mini}" 2>runs/quickstart-reference-mlm.log \
-    | tail -n 1)" || { tail -n 5 runs/quickstart-reference-mlm.log >&2; exit 2; }
-  grep '^quickstart:' runs/quickstart-reference-mlm.log >&2 || true
+  # bert-base-uncased where it can be had, else the offline reference MLM (one line on stderr says which;
+  # the pre-training log goes to runs/quickstart-reference-mlm.log)
+  if ! MODEL="$(.venv/bin/python -m mirrorbert.mlm.reference --model "${QUICKSTART_DEFAULT_MODEL:-bert-base-uncased}" \
+      --data-dir "$DATA_DIR" --work runs/quickstart-reference-mlm --corpus-script scripts/build_reference_corpus.py \
+      --budget-s "${QUICKSTART_BUDGET_S:-600}" --architecture "${QUICKSTART_ARCH:-bert-mini}" \
+      2> >(tee runs/quickstart-reference-mlm.log | grep --line-buffered '^quickstart:' >&2))"; then
+    sleep 1; tail -n 5 runs/quickstart-reference-mlm.log >&2; exit 2
+  fi
+  MODEL="$(printf '%s\n' "$MODEL" | tail -n 1)"
 fi
 OUT="${OUT:-runs/mirror-bert-sentence-$(date +%Y%m%d-%H%M%S)}"
 MB=.venv/bin/mirrorbert
