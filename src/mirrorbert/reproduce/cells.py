@@ -319,8 +319,9 @@ def build_cells(
                 available = len(_lines(Path(en_words["data"]))) if "data" in en_words else None
                 spec = EvalSpec("wordsim", {"sets": ["multisimlex"], "languages": ["en"]}, keep=("msimlex_en",))
                 for n in sizes:
-                    if available is not None and n <= available:
-                        src, note = {"data": en_words["data"], "limit": n}, f"{n} of `{Path(en_words['data']).name}`"
+                    if available is not None and n <= available:  # the whole list: the same model as wordsim's
+                        src = {"data": en_words["data"], **({"limit": n} if n < available else limit)}
+                        note = f"{n} of `{Path(en_words['data']).name}`"
                     elif _wordfreq_has("en"):
                         src, note = {"words_top": n, "lang": "en"}, f"wordfreq top {n} (en)"
                     else:
@@ -336,7 +337,8 @@ def build_cells(
                                                f"more than the {available} STS-B training sentences (the paper samples NLI sentences)"))
                         continue
                     cells.append(Cell(f"datasize/sentence/{n}", exp, "sentence", _sts_eval(),
-                                      train={"preset": "sentence", "data": str(stsb_file), "limit": n},
+                                      train=sentence_train if n == available else
+                                      {"preset": "sentence", "data": str(stsb_file), "limit": n},
                                       data_note=f"{n} STS-B training sentences", x=n))
             else:
                 need_sentences(exp)
