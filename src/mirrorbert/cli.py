@@ -18,6 +18,7 @@ from mirrorbert.errors import UserError
 from mirrorbert.evaluation.command import add_eval_parser
 from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
+from mirrorbert.reproduce.command import add_reproduce_parser
 from mirrorbert.search_command import add_search_parser
 
 EXIT_USER_ERROR = 2
@@ -208,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gloss_parser(sub)
     add_lexsub_parser(sub)
     add_finetune_sts_parser(sub)
+    add_reproduce_parser(sub)
     for name, subparser in sub.choices.items():
         _state_defaults(subparser, _train_defaults() if name == "train" else None)
     return parser
