@@ -23,6 +23,7 @@ from typing import Sequence
 
 import torch
 
+from mirrorbert.config import PACKING_MODES
 from mirrorbert.errors import UserError
 from mirrorbert.pooling import needs_hidden_states, pool_views
 from mirrorbert.views import drophead_groups
@@ -33,8 +34,6 @@ logger = logging.getLogger(__name__)
 # BERT-base layer's FLOPs (4*256*d vs 24*d^2 per token) while a row holds ~17 typical sentences, so
 # the last, partly filled row wastes little; a view longer than this simply gets its own row.
 ROW_BUDGET = 256
-
-PACKING_MODES = ("auto", "on", "off")
 
 # Model types whose embeddings take explicit position ids and whose attention takes a prepared 4D mask,
 # verified equal to padded execution in tests/test_packing.py. The value: the first position id.

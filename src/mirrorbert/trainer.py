@@ -15,6 +15,7 @@ from mirrorbert.data import TrainingStrings, load_training_strings
 from mirrorbert.encoder import Encoder, model_load_error, check_model_reachable
 from mirrorbert.errors import UserError
 from mirrorbert.loss import mirror_infonce
+from mirrorbert.packing import packing_flag
 from mirrorbert.runtime import (
     CheckpointManager,
     InterruptFlag,
@@ -141,6 +142,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     overrides = dropout_overrides(base_config, cfg.dropout)
     encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
                            config_overrides=overrides)
+    encoder.packing = packing_flag(cfg.packing)
     encoder.train()
     drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
     tokenizer = encoder.tokenizer

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from mirrorbert.config import PACKING_MODES
 from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="extra keyword argument of a task (VALUE parsed as JSON when possible); repeatable, "
         "e.g. --option bel.predictions_path=preds.jsonl --option sts.include_dev=false",
     )
+    p.add_argument("--packing", default="auto", choices=PACKING_MODES,
+                   help="auto | on | off: encode several strings per row instead of padding (BERT, RoBERTa, "
+                   "XLM-R, ELECTRA, DistilBERT; others run padded); default auto = on wherever supported")
     p.add_argument("--progress", action="store_true", help="show progress bars while encoding")
     p.add_argument("--list-data", action="store_true", help="print the data registry (files, sources) and exit")
     p.set_defaults(func=run_eval)
@@ -87,6 +91,7 @@ def load_model(
     device: str | None = None,
     max_length: int | None = None,
     backend: str = "auto",
+    packing: str = "auto",
 ) -> Any:
     """An object with the encoder protocol for ``--model``."""
     if name == GLOVE or name.startswith(GLOVE + ":"):
@@ -103,8 +108,11 @@ def load_model(
             encoder.model.max_seq_length = max_length
         return encoder
     from mirrorbert.encoder import Encoder
+    from mirrorbert.packing import packing_flag
 
-    return Encoder.load(name, pooling=pooling, device=device, max_length=max_length)
+    encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length)
+    encoder.packing = packing_flag(packing)
+    return encoder
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -131,14 +139,14 @@ def run_eval(args: argparse.Namespace) -> int:
         options.setdefault("wordsim", {})["languages"] = [s.strip() for s in args.wordsim_languages.split(",") if s.strip()]
     if args.xling_pairs:
         options.setdefault("wordsim", {})["cross_lingual"] = args.xling_pairs
-    encoder = load_model(args.model, args.pooling, args.device, args.max_length, args.backend)
+    encoder = load_model(args.model, args.pooling, args.device, args.max_length, args.backend, args.packing)
     reference = None
     if args.reference_model:
         if "isotropy" not in tasks:
             logger.warning("--reference-model is only used by the isotropy task, which is not selected")
         else:
             reference = load_model(
-                args.reference_model, args.reference_pooling, args.device, args.max_length, args.backend
+                args.reference_model, args.reference_pooling, args.device, args.max_length, args.backend, args.packing
             )
             options.setdefault("isotropy", {}).setdefault("reference_label", Path(args.reference_model).name)
     result = evaluate(
