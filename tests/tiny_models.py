@@ -118,6 +118,15 @@ def write_json(path: Path, obj) -> None:
     Path(path).write_text(json.dumps(obj, indent=2), encoding="utf-8")
 
 
+def _save_tiny(out: Path, model_class, config, tok, seed: int) -> Path:
+    import torch
+
+    torch.manual_seed(seed)
+    model_class(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def _bert_style_tokenizer(out: Path):
     """The WordPiece tokenizer of `make_tiny_bert` (BERT, ELECTRA and DistilBERT share the format)."""
     from transformers import AutoTokenizer
@@ -128,7 +137,6 @@ def _bert_style_tokenizer(out: Path):
 
 def make_tiny_electra(out: Path, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
     """An ElectraForMaskedLM (the generator layout) with a separate, smaller embedding size."""
-    import torch
     from transformers import ElectraConfig, ElectraForMaskedLM
 
     out = Path(out)
@@ -139,15 +147,11 @@ def make_tiny_electra(out: Path, hidden: int = 32, layers: int = 2, heads: int =
         num_attention_heads=heads, intermediate_size=hidden * 2, max_position_embeddings=64,
         type_vocab_size=2, pad_token_id=tok.pad_token_id,
     )
-    torch.manual_seed(seed)
-    ElectraForMaskedLM(config).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return _save_tiny(out, ElectraForMaskedLM, config, tok, seed)
 
 
 def make_tiny_distilbert(out: Path, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
     """A DistilBertForMaskedLM (no token types, its own attention layout)."""
-    import torch
     from transformers import DistilBertConfig, DistilBertForMaskedLM, DistilBertTokenizerFast
 
     out = Path(out)
@@ -160,15 +164,11 @@ def make_tiny_distilbert(out: Path, hidden: int = 32, layers: int = 2, heads: in
         vocab_size=len(tok), dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=hidden * 2,
         max_position_embeddings=64, pad_token_id=tok.pad_token_id,
     )
-    torch.manual_seed(seed)
-    DistilBertForMaskedLM(config).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return _save_tiny(out, DistilBertForMaskedLM, config, tok, seed)
 
 
 def make_tiny_xlm_roberta(out: Path, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
     """An XLMRobertaForMaskedLM: the RoBERTa layout (positions after the padding index), its own type."""
-    import torch
     from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaForMaskedLM
 
     out = Path(out)
@@ -180,7 +180,4 @@ def make_tiny_xlm_roberta(out: Path, hidden: int = 32, layers: int = 2, heads: i
         intermediate_size=hidden * 2, max_position_embeddings=64, type_vocab_size=1,
         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
     )
-    torch.manual_seed(seed)
-    XLMRobertaForMaskedLM(config).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return _save_tiny(out, XLMRobertaForMaskedLM, config, tok, seed)
