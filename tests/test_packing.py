@@ -100,6 +100,15 @@ def test_packed_embeddings_equal_padded(arch, pooling, budget, monkeypatch):
         assert 1 < len(rows) < len(ids)
 
 
+def test_auto_packs_mixed_lengths_and_pads_length_sorted_batches(tiny_bert_folder):
+    enc = load(tiny_bert_folder)
+    mixed = [[5] * 40] + [[5] * 5] * 30  # padding would waste most of this batch
+    equal = [[5] * 10] * 30  # like encode's length-sorted batches: nothing to gain
+    assert use_packing(enc.model, None, mixed)
+    assert not use_packing(enc.model, None, equal)
+    assert use_packing(enc.model, True, equal) and not use_packing(enc.model, False, mixed)
+
+
 def _step(enc, first, second, packing_on):
     enc.zero_grad()
     enc.packing = packing_on

@@ -179,10 +179,11 @@ class Encoder(torch.nn.Module):
 
         The one entry point that training (both views), cached-gradient chunks, distributed shards and
         `encode` share, so a change of batching (padding or packing) happens in one place. `packing`:
-        None = this encoder's default (`self.packing`, itself None = auto: packed wherever supported).
+        None = this encoder's default (`self.packing`, itself None = auto: packed wherever supported and
+        cheaper than padding this batch).
         """
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        if use_packing(self.model, self.packing if packing is None else packing):
+        if use_packing(self.model, self.packing if packing is None else packing, sequences):
             return packed_embed(self.model, sequences, self.pooling, pad_id)
         batch = {k: v.to(self.device) for k, v in pad_batch(sequences, pad_id).items()}
         return self(**batch)

@@ -69,18 +69,37 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-def use_packing(model: torch.nn.Module, requested: bool | None) -> bool:
-    """Resolve None (auto) / True / False for this model; an unpackable model logs why, once."""
+def use_packing(model: torch.nn.Module, requested: bool | None,
+                sequences: Sequence[Sequence[int]] | None = None) -> bool:
+    """Resolve None (auto) / True / False for this model and batch; an unpackable model logs why, once.
+
+    Auto also runs padded when that is cheaper for this batch, e.g. `encode`'s length-sorted batches,
+    which pad almost nothing while packed rows pay attention over ROW_BUDGET tokens.
+    """
     if requested is False:
         return False
     reason = unsupported_reason(model)
     if reason is None:
-        return True
+        return requested is True or sequences is None or packing_is_cheaper(model.config, sequences)
     if model not in _fallback_logged:
         _fallback_logged.add(model)
         log = logger.warning if requested else logger.info
         log("packing off, running padded batches: %s", reason)
     return False
+
+
+def packing_is_cheaper(config, sequences: Sequence[Sequence[int]]) -> bool:
+    """Compare the FLOPs of a layer (projections and FFN ~ 24 d^2 per token, attention ~ 4 d x row width
+    per token) over the padded (views, longest) batch and over the packed (rows, width) one."""
+    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "dim", 0) or 768)
+    lengths = [len(s) for s in sequences]
+    rows = plan_rows(lengths, ROW_BUDGET)
+    width = max(sum(lengths[i] for i in row) for row in rows)
+
+    def cost(n_rows: int, row_width: int) -> int:
+        return n_rows * row_width * (6 * hidden + row_width)
+
+    return cost(len(rows), width) < cost(len(lengths), max(lengths))
 
 
 def plan_rows(lengths: Sequence[int], budget: int = ROW_BUDGET) -> list[list[int]]:
