@@ -19,6 +19,7 @@ from mirrorbert.errors import UserError
 from mirrorbert.evaluation.command import add_eval_parser
 from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
+from mirrorbert.search_command import add_search_parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -62,8 +63,13 @@ def add_train_parser(sub) -> None:
     d.add_argument("--limit", type=int, help="use a random sample of N strings (seeded)")
     d.add_argument("--skip-bad-lines", action="store_true", default=None, help="skip lines that are not UTF-8 instead of stopping")
     m = p.add_argument_group("method")
-    m.add_argument("--temperature", type=float, help="InfoNCE temperature tau")
-    m.add_argument("--mask-span", type=int, help="mask K consecutive tokens in the second view (0: off)")
+    m.add_argument("--temperature", type=float, help="InfoNCE temperature tau (default 0.04; word preset 0.2)")
+    m.add_argument("--loss", help="infonce (default, paper eq. 1) | ms (multi-similarity loss with online triplet "
+                                  "mining, as SapBERT)")
+    m.add_argument("--mask-span", type=int, help="mask a span of K units (--mask-unit) in the second view (0: off; default 0, presets: phrase 2, sentence 5)")
+    m.add_argument("--mask-unit", help="char (default, the authors' code: K characters become one mask token) | "
+                                       "token (our variant: K tokens become K mask tokens)")
+    m.add_argument("--mask-min-chars", type=int, help="char unit: strings of N characters or fewer stay unmasked (default 30)")
     m.add_argument("--dropout", type=float, help="dropout probability (hidden, attention, embeddings)")
     m.add_argument("--drophead", type=float, help="probability of dropping a whole attention head per example")
     m.add_argument("--controlled-dropout", action="store_true", default=None, help="identical dropout masks for both views (ablation)")
@@ -90,6 +96,10 @@ def add_train_parser(sub) -> None:
     h.add_argument("--log-dir", help="write TensorBoard scalars here")
     h.add_argument("--log-every", type=int, help="log metrics every N steps (default 10)")
     h.add_argument("--no-progress", dest="show_progress", action="store_false", default=None, help="no progress bar")
+    e = p.add_argument_group("evaluation after training (model card)")
+    e.add_argument("--eval-after", help="comma-separated eval tasks (e.g. sts,wordsim) run on the trained model before "
+                                        "saving; scores go into mirrorbert.json and README.md (default: none)")
+    e.add_argument("--data-dir", help="evaluation data for --eval-after (default: $MIRRORBERT_DATA)")
     p.set_defaults(func=run_train)
 
 
@@ -176,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_train_parser(sub)
     add_encode_parser(sub)
+    add_search_parser(sub)
     add_eval_parser(sub)
     add_pretrain_parser(sub)
     add_gloss_parser(sub)

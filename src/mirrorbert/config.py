@@ -18,14 +18,16 @@ POOLINGS = ("cls", "mean", "first-last")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULES = ("constant", "linear")
 PACKING_MODES = ("auto", "on", "off")  # --packing (packing.py)
+MASK_UNITS = ("char", "token")
+LOSSES = ("infonce", "ms")
 DEFAULT_MODEL = "bert-base-uncased"
 
 # The paper's settings (Liu et al. 2021, section 3 and appendix). `pooling: None` in the sentence
 # preset means "mean for BERT-family models, [CLS] otherwise", resolved once the model type is known.
 PRESETS: dict[str, dict[str, Any]] = {
     "word": {"temperature": 0.2, "mask_span": 0, "epochs": 2, "max_length": 25, "pooling": "cls"},
-    "phrase": {"temperature": 0.04, "mask_span": 2, "epochs": 2, "max_length": 25, "pooling": "cls"},
-    "sentence": {"temperature": 0.04, "mask_span": 5, "epochs": 1, "max_length": 50, "pooling": None},
+    "phrase": {"temperature": 0.04, "mask_span": 2, "mask_unit": "char", "epochs": 2, "max_length": 25, "pooling": "cls"},
+    "sentence": {"temperature": 0.04, "mask_span": 5, "mask_unit": "char", "epochs": 1, "max_length": 50, "pooling": None},
 }
 # Model types whose sentence-level Mirror-BERT uses mean pooling in the paper's appendix.
 MEAN_POOLING_SENTENCE_MODEL_TYPES = ("bert",)
@@ -57,6 +59,11 @@ class TrainConfig:
     controlled_dropout: bool = False
     pooling: str | None = "cls"
     max_length: int = 50
+    # fidelity to the authors' code: the unit of --mask-span (characters, as the paper's runs, or tokens),
+    # the shortest string masked in char mode, and the loss (InfoNCE or SapBERT's multi-similarity)
+    mask_unit: str = "char"
+    mask_min_chars: int = 30
+    loss: str = "infonce"
     # optimisation
     lr: float = 2e-5
     weight_decay: float = 0.01
@@ -80,6 +87,9 @@ class TrainConfig:
     log_dir: str | None = None
     log_every: int = 10
     show_progress: bool = True
+    # model card: evaluate the trained model before saving (scores go into mirrorbert.json and README.md)
+    eval_after: str | None = None
+    data_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -162,6 +172,9 @@ def validate(cfg: TrainConfig) -> None:
     _check(cfg.schedule in SCHEDULES, "schedule", f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     _check(_is_number(cfg.temperature) and cfg.temperature > 0, "temperature", "must be a positive number")
     _check(_is_int(cfg.mask_span) and cfg.mask_span >= 0, "mask_span", "must be an integer >= 0")
+    _check(cfg.mask_unit in MASK_UNITS, "mask_unit", f"unknown unit {cfg.mask_unit!r}; choose one of {', '.join(MASK_UNITS)}")
+    _check(_is_int(cfg.mask_min_chars) and cfg.mask_min_chars >= 0, "mask_min_chars", "must be an integer >= 0")
+    _check(cfg.loss in LOSSES, "loss", f"unknown loss {cfg.loss!r}; choose one of {', '.join(LOSSES)}")
     for key in ("dropout", "drophead"):
         value = getattr(cfg, key)
         _check(_is_number(value) and 0 <= value < 1, key, "must be in [0, 1)")

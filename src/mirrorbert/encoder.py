@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from mirrorbert.errors import UserError
+from mirrorbert.modelcard import write_model_card
 from mirrorbert.pooling import (
     POOLINGS,
     needs_hidden_states,
@@ -25,6 +26,7 @@ from mirrorbert.pooling import (
     pooling_from_sentence_transformers,
     sentence_transformers_modules,
 )
+from mirrorbert import search as _search
 from mirrorbert.runtime import atomic_output_dir, autocast, check_precision, library_versions, resolve_device
 from mirrorbert.batching import pad_batch
 from mirrorbert.packing import packed_embed, use_packing
@@ -114,6 +116,8 @@ class Encoder(torch.nn.Module):
         self.source = source
         self.training_info: dict[str, Any] = {}
         self.packing: bool | None = None  # default of `embed`: None = packed wherever supported (packing.py)
+        # The model's pooler head (unused by every pooling here), kept aside and written back on save
+        self.pooler_state: dict[str, torch.Tensor] = detach_pooler(model)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -144,10 +148,7 @@ class Encoder(torch.nn.Module):
         try:
             config = AutoConfig.from_pretrained(name, **(config_overrides or {}))
             tokenizer = AutoTokenizer.from_pretrained(name)
-            try:
-                model = AutoModel.from_pretrained(name, config=config, add_pooling_layer=False)
-            except TypeError:  # architectures without a pooler head do not take the argument
-                model = AutoModel.from_pretrained(name, config=config)
+            model = AutoModel.from_pretrained(name, config=config)
         except (OSError, ValueError) as exc:
             raise model_load_error(name, exc) from None
         encoder = cls(
@@ -237,6 +238,19 @@ class Encoder(torch.nn.Module):
         vb = self.encode(b, batch_size=batch_size, normalize=True) if _is_texts(b) else _unit(np.asarray(b))
         return np.atleast_2d(va) @ np.atleast_2d(vb).T
 
+    # ------------------------------------------------------------------ search (mirrorbert.search)
+    def build_index(self, corpus: Sequence[str], batch_size: int = 64, use_faiss: bool | None = None,
+                    show_progress: bool = False) -> _search.SearchIndex:
+        """Encode and L2-normalise a corpus once for many searches (faiss IndexFlatIP too when used)."""
+        return _search.build_index(self, corpus, batch_size=batch_size, use_faiss=use_faiss,
+                                   show_progress=show_progress)
+
+    def search(self, queries: str | Sequence[str], corpus_or_index, top_k: int = 10, batch_size: int = 64,
+               use_faiss: bool | None = None, **kwargs):
+        """Exact cosine top-k: per query a list of Hit(corpus_id, text, score), best first (ties: smaller id)."""
+        return _search.search(self, queries, corpus_or_index, top_k, batch_size=batch_size, use_faiss=use_faiss,
+                              **kwargs)
+
     # ------------------------------------------------------------------ saving
     def write(self, folder: str | Path, training_info: dict[str, Any] | None = None) -> Path:
         """Write into an existing (empty) folder; use `save` for the atomic user-facing version."""
@@ -248,7 +262,8 @@ class Encoder(torch.nn.Module):
         previous_hidden = config.output_hidden_states
         config.output_hidden_states = needs_hidden_states(self.pooling)
         try:
-            self.model.save_pretrained(folder)
+            state = {**self.model.state_dict(), **self.pooler_state} if self.pooler_state else None
+            self.model.save_pretrained(folder, state_dict=state)
         finally:
             config.output_hidden_states = previous_hidden
         self.tokenizer.save_pretrained(folder)
@@ -269,10 +284,12 @@ class Encoder(torch.nn.Module):
             "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine",
         })
         info = training_info if training_info is not None else self.training_info
-        _write_json(folder / MIRRORBERT_JSON, {
-            "format_version": 1, "pooling": self.pooling, "max_length": self.max_length,
+        meta = {
+            "format_version": 1, "pooling": self.pooling, "dim": self.dim, "max_length": self.max_length,
             "base_model": info.get("config", {}).get("model", self.source), "versions": versions, "training": info,
-        })
+        }
+        _write_json(folder / MIRRORBERT_JSON, meta)
+        write_model_card(folder, meta)
         return folder
 
     def save(self, path: str | Path, training_info: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
@@ -280,6 +297,21 @@ class Encoder(torch.nn.Module):
         with atomic_output_dir(path, overwrite=overwrite) as tmp:
             self.write(tmp, training_info)
         return Path(path)
+
+
+def detach_pooler(model) -> dict[str, torch.Tensor]:
+    """Take the pooler head (BERT/RoBERTa's tanh layer over [CLS]) out of the model, returning its weights.
+
+    No pooling here uses it, so it must not train (nor count as an unused parameter in distributed
+    runs); but a saved folder without it makes `AutoModel.from_pretrained` warn about newly initialised
+    pooler weights. So the weights the model was loaded with are kept and written back by `write`.
+    """
+    pooler = getattr(model, "pooler", None)
+    if not isinstance(pooler, torch.nn.Module):
+        return {}
+    state = {f"pooler.{k}": v.detach().cpu().clone() for k, v in pooler.state_dict().items()}
+    model.pooler = None
+    return state
 
 
 def _is_texts(x) -> bool:

@@ -14,7 +14,8 @@ from mirrorbert.config import TrainConfig, resolve_pooling, validate
 from mirrorbert.data import TrainingStrings, load_training_strings
 from mirrorbert.encoder import Encoder, model_load_error, check_model_reachable
 from mirrorbert.errors import UserError
-from mirrorbert.loss import mirror_infonce
+from mirrorbert.loss import build_loss, mirror_infonce
+from mirrorbert.modelcard import check_eval_after, evaluate_after_training
 from mirrorbert.packing import packing_flag
 from mirrorbert.runtime import (
     CheckpointManager,
@@ -36,15 +37,7 @@ from mirrorbert.runtime import (
     restore_training_state,
     seed_everything,
 )
-from mirrorbert.views import (
-    DropHead,
-    dropout_overrides,
-    masked_views,
-    pad_batch,
-    require_mask_token,
-    special_token_ids,
-    tokenize_once,
-)
+from mirrorbert.views import DropHead, SecondViews, dropout_overrides, tokenize_once
 
 logger = logging.getLogger(__name__)
 
@@ -118,10 +111,14 @@ def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]
 
 
 def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
-                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str) -> torch.Tensor:
-    """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own)."""
+                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str,
+                     loss_fn=None) -> torch.Tensor:
+    """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own).
+
+    `loss_fn` (from `loss.build_loss`) maps the [2B, d] embeddings to the loss; default InfoNCE at `temperature`.
+    """
     embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
-    return mirror_infonce(embeddings, temperature)
+    return loss_fn(embeddings) if loss_fn is not None else mirror_infonce(embeddings, temperature)
 
 
 def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResult:
@@ -130,6 +127,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     if not cfg.output:
         raise UserError("--output is required: the folder to write the trained model to")
     check_output_dir(cfg.output, cfg.overwrite)
+    eval_tasks = check_eval_after(cfg.eval_after, cfg.data_dir)
     device = resolve_device(cfg.device)
     check_precision(cfg.precision, device)
     strings = strings or _load_strings(cfg)
@@ -146,10 +144,11 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     encoder.train()
     drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
     tokenizer = encoder.tokenizer
-    mask_id = require_mask_token(tokenizer) if cfg.mask_span > 0 else None
-    special = special_token_ids(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     token_ids = tokenize_once(tokenizer, strings.strings, cfg.max_length)
+    second_view_masker = SecondViews(tokenizer, strings.strings, token_ids, cfg.mask_unit, cfg.mask_span,
+                                     cfg.mask_min_chars, cfg.max_length)
+    loss_fn = build_loss(cfg.loss, cfg.temperature)
 
     batch_size = cfg.batch_size
     if batch_size > len(token_ids):
@@ -192,15 +191,14 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         with InterruptFlag() as interrupt:
             while step < plan.total_steps and not interrupted:
                 batches = plan.epoch_batches(epoch)
-                second_views = masked_views(token_ids, cfg.mask_span, mask_id, special,
-                                            derived_generator(cfg.seed, STREAM_MASK, epoch))
+                second_views = second_view_masker.draw(derived_generator(cfg.seed, STREAM_MASK, epoch))
                 while next_batch < len(batches) and step < plan.total_steps:
                     step_start = time.perf_counter()
                     index = batches[next_batch]
                     first = [token_ids[i] for i in index]
                     second = [second_views[i] for i in index]
                     loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
-                                            cfg.controlled_dropout, device, cfg.precision)
+                                            cfg.controlled_dropout, device, cfg.precision, loss_fn)
                     check_finite_loss(loss, step + 1, last_checkpoint)
                     backward_and_step(loss, optimizer, scheduler, scaler, max_grad_norm=cfg.max_grad_norm)
                     step += 1
@@ -243,6 +241,9 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         last_checkpoint = save_checkpoint()
 
     elapsed = max(time.time() - loop_start, 1e-9)
+    masking = second_view_masker.stats.shares()
+    logger.info("span masking (%s, k=%d): %.1f%% of real tokens hidden, %.1f%% of strings masked", cfg.mask_unit,
+                cfg.mask_span, 100 * masking["masked_token_share"], 100 * masking["masked_string_share"])
     info = {
         "method": "mirror-bert",
         "config": {**cfg.to_dict(), "pooling": pooling, "batch_size": batch_size},
@@ -251,6 +252,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         "steps": step,
         "epochs": round(step / max(1, plan.batches_per_epoch), 3),
         "final_loss": loss_value,
+        **masking,
         "wall_time_s": round(wall, 2),
         "strings_per_s": round(seen_strings / elapsed, 2),
         "real_tokens_per_s": round(seen_tokens / elapsed, 2),
@@ -259,6 +261,8 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         "versions": library_versions(),
     }
     encoder.eval()
+    if eval_tasks:
+        info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
     output = encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite)
     logger.info("model written to %s (%d steps, final loss %s)", output, step, loss_value)
     return TrainResult(output, step, loss_value, wall, checkpoint=last_checkpoint, info=info, step_log=step_log)
