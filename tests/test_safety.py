@@ -318,3 +318,15 @@ def test_gloss_pretrain_output_is_the_model(proj, tiny_bert, capsys, monkeypatch
                  "--no-progress"]) == 2
     one_error_line(capsys, "is the input --model")
     assert snapshot(model) == before
+
+
+def test_only_rank_zero_locks_under_a_distributed_launcher(proj, monkeypatch):
+    import contextlib
+
+    with safety.folder_lock(proj / "out", "--output"):  # rank 0 of the same job holds it
+        monkeypatch.setenv("RANK", "1")
+        with contextlib.ExitStack() as stack:
+            safety.guard_run(stack, output="out", overwrite=False, inputs={}, checkpoint_dir="out.checkpoints")
+        monkeypatch.setenv("RANK", "0")
+        with pytest.raises(UserError, match="another mirrorbert run"), contextlib.ExitStack() as stack:
+            safety.guard_run(stack, output="out", overwrite=False, inputs={}, checkpoint_dir="out.checkpoints")

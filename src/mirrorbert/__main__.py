@@ -1,7 +1,8 @@
-"""`python -m mirrorbert` runs the same command line as the `mirrorbert` script."""
+"""`python -m mirrorbert ...` is the `mirrorbert` command (what `torchrun ... -m mirrorbert train` runs)."""
 
 import sys
 
 from mirrorbert.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,15 +14,19 @@ import sys
 from pathlib import Path
 
 from mirrorbert import __version__
+from mirrorbert.config import PACKING_MODES
 from mirrorbert.errors import UserError
 from mirrorbert.evaluation.command import add_eval_parser
 from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
+from mirrorbert.reproduce.command import add_reproduce_parser
 from mirrorbert.safety import check_output_files, check_outputs_avoid
 from mirrorbert.search_command import add_search_parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+PACKING_HELP = ("auto | on | off: pack several strings into each row instead of padding (BERT, RoBERTa, "
+                "XLM-R, ELECTRA, DistilBERT; other models run padded); default auto = on wherever supported")
 
 
 def _quiet_third_party() -> None:
@@ -90,6 +94,7 @@ def add_train_parser(sub) -> None:
     h = p.add_argument_group("hardware and bookkeeping")
     h.add_argument("--device", help="auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:1 | mps")
     h.add_argument("--precision", help="fp32 | bf16 | fp16 (GPU only)")
+    h.add_argument("--packing", help=PACKING_HELP)
     h.add_argument("--save-every", type=int, help="write a checkpoint every N steps (0: only at the end/interrupt)")
     h.add_argument("--checkpoint-dir", help="where checkpoints go (default: <output>.checkpoints)")
     h.add_argument("--keep-checkpoints", type=int, help="how many checkpoints to keep (default 2)")
@@ -120,10 +125,15 @@ def run_train(args) -> int:
         check_outputs_avoid({"--config": args.config_file}, ("--output", cfg.output),
                             ("--checkpoint-dir", cfg.resolved_checkpoint_dir()))
     strings = strings_for_config(cfg)  # data mistakes surface before torch is even imported
+    from mirrorbert.distributed import launched_rank
     from mirrorbert.trainer import train
 
-    print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
+    main_rank = launched_rank() == 0  # under torchrun/accelerate only rank 0 speaks
+    if main_rank:
+        print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
     result = train(cfg, strings)
+    if not main_rank:
+        return EXIT_INTERRUPTED if result.interrupted else 0
     if result.interrupted:
         print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"
               f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
@@ -150,6 +160,7 @@ def add_encode_parser(sub) -> None:
     p.add_argument("--normalize", action="store_true", help="L2-normalise the vectors")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:1 | mps")
     p.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 (GPU only)")
+    p.add_argument("--packing", default="auto", choices=PACKING_MODES, help=PACKING_HELP)
     p.add_argument("--skip-bad-lines", action="store_true", help="skip lines that are not UTF-8")
     p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True, help="no progress bar")
     p.set_defaults(func=run_encode)
@@ -172,11 +183,18 @@ def run_encode(args) -> int:
                          option="--input")
     import numpy as np
 
+    from mirrorbert.distributed import init_from_env, sharded_encoding
     from mirrorbert.encoder import Encoder
+    from mirrorbert.packing import packing_flag
 
-    encoder = Encoder.load(args.model, pooling=args.pooling, device=args.device, max_length=args.max_length)
-    vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
-                             show_progress=args.show_progress, precision=args.precision)
+    dist_ctx = init_from_env(args.device)  # under torchrun every process encodes a share of the rows
+    encoder = Encoder.load(args.model, pooling=args.pooling, device=str(dist_ctx.device), max_length=args.max_length)
+    with sharded_encoding(dist_ctx):
+        vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
+                                 show_progress=args.show_progress and dist_ctx.is_main, precision=args.precision,
+                                 packing=packing_flag(args.packing))
+    if not dist_ctx.is_main:
+        return 0
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp.npy")
     np.save(tmp, vectors)
@@ -203,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gloss_parser(sub)
     add_lexsub_parser(sub)
     add_finetune_sts_parser(sub)
+    add_reproduce_parser(sub)
     for name, subparser in sub.choices.items():
         _state_defaults(subparser, _train_defaults() if name == "train" else None)
     return parser
@@ -271,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mirrorbert: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        if "mirrorbert.distributed" in sys.modules:  # a torchrun/accelerate job: leave its process group
+            sys.modules["mirrorbert.distributed"].shutdown()
 
 
 if __name__ == "__main__":

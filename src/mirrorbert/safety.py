@@ -276,6 +276,8 @@ def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
         if location:
             check_not_overlapping(location, option, inputs, protect_cwd=False)
             check_writable(location, option, is_file=True)
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        return  # under torchrun/accelerate the job's rank 0 holds the locks and owns the checkpoint folder
     stack.enter_context(folder_lock(output, "--output"))
     if checkpoint_dir is not None:
         stack.enter_context(folder_lock(checkpoint_dir, checkpoint_option))

@@ -7,17 +7,19 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from mirrorbert.config import TrainConfig, resolve_pooling, validate
 from mirrorbert.data import TrainingStrings, strings_for_config
+from mirrorbert.distributed import init_from_env, sharded_encoding
 from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.checkpoints import check_resume_config
 from mirrorbert.loss import build_loss, mirror_infonce
 from mirrorbert.modelcard import check_eval_after, evaluate_after_training
+from mirrorbert.packing import packing_flag
 from mirrorbert.preflight import inspect_model
 from mirrorbert.runtime import (
     CheckpointManager,
@@ -34,7 +36,6 @@ from mirrorbert.runtime import (
     load_checkpoint,
     make_grad_scaler,
     replay_rng,
-    resolve_device,
     restore_training_state,
     seed_everything,
 )
@@ -112,12 +113,16 @@ def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]
 
 def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
                      temperature: float, controlled_dropout: bool, device: torch.device, precision: str,
-                     loss_fn=None) -> torch.Tensor:
+                     loss_fn=None, gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own).
 
-    `loss_fn` (from `loss.build_loss`) maps the [2B, d] embeddings to the loss; default InfoNCE at `temperature`.
+    `loss_fn` (from `loss.build_loss`) maps the [2B, d] embeddings to the loss; default InfoNCE at
+    `temperature`. `gather` turns this process's rows into the global batch's (several processes), so the
+    loss is eq. 1 over the global batch.
     """
     embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
+    if gather is not None:
+        embeddings = gather(embeddings)
     return loss_fn(embeddings) if loss_fn is not None else mirror_infonce(embeddings, temperature)
 
 
@@ -137,7 +142,8 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
 
 def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     eval_tasks = check_eval_after(cfg.eval_after, cfg.data_dir)
-    device = resolve_device(cfg.device)
+    dist_ctx = init_from_env(cfg.device)  # one process, or this process's rank under torchrun/accelerate
+    device = dist_ctx.device
     check_precision(cfg.precision, device)
     strings = strings or _load_strings(cfg)
     seed_everything(cfg.seed)
@@ -151,6 +157,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     overrides = dropout_overrides(base_config, cfg.dropout)
     encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
                            config_overrides=overrides)
+    encoder.packing = packing_flag(cfg.packing)
     encoder.train()
     drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
     tokenizer = encoder.tokenizer
@@ -174,6 +181,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     scaler = make_grad_scaler(device, cfg.precision)
     checkpoints = CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints)
     checkpointing = cfg.save_every > 0 or cfg.checkpoint_dir is not None or resume is not None
+    dist_ctx.wrap(encoder)
 
     step, epoch, next_batch, last_checkpoint = 0, 0, 0, None
     if resume is not None:
@@ -185,40 +193,43 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, step, epoch, next_batch)
 
     def save_checkpoint() -> Path:
-        return checkpoints.save(
+        return dist_ctx.on_main(lambda: checkpoints.save(
             step, lambda folder: encoder.write(folder), optimizer, scheduler, scaler,
-            meta={"data_sha256": strings.fingerprint, "config": cfg.to_dict()},
+            meta={"data_sha256": strings.fingerprint, "config": cfg.to_dict(), "world_size": dist_ctx.world_size},
             extra_state={"step": step, "epoch": epoch, "next_batch": next_batch},
-        )
+        ), checkpoints.root / f"step-{step}")
 
-    metrics = MetricLogger(cfg.log_dir)
+    metrics = MetricLogger(cfg.log_dir if dist_ctx.is_main else None)
     from mirrorbert.progress import progress_bar
 
-    progress = progress_bar(total=plan.total_steps, initial=step, show=cfg.show_progress, desc="mirror", unit="step")
+    progress = progress_bar(total=plan.total_steps, initial=step, show=cfg.show_progress and dist_ctx.is_main,
+                            desc="mirror", unit="step")
     loss_value, seen_strings, seen_tokens, loop_start = None, 0, 0, time.time()
     # final_loss is one (possibly short) batch; the epoch mean is the number to compare runs by
     epoch_loss_sum, epoch_loss_n, mean_loss_last_epoch = 0.0, 0, None
     interrupted = False
     step_log: list[tuple[float, int, int]] = []
     try:
-        with InterruptFlag() as interrupt:
+        with InterruptFlag() as interrupt, dist_ctx.failure_guard(lambda: last_checkpoint):
             while step < plan.total_steps and not interrupted:
                 batches = plan.epoch_batches(epoch)
                 second_views = second_view_masker.draw(derived_generator(cfg.seed, STREAM_MASK, epoch))
                 while next_batch < len(batches) and step < plan.total_steps:
                     step_start = time.perf_counter()
-                    index = batches[next_batch]
-                    first = [token_ids[i] for i in index]
-                    second = [second_views[i] for i in index]
+                    index = batches[next_batch]  # the global batch; this process embeds its shard
+                    first = [token_ids[i] for i in dist_ctx.shard(index)]
+                    second = [second_views[i] for i in dist_ctx.shard(index)]
+                    dist_ctx.seed_step(cfg.seed, step)
                     loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
-                                            cfg.controlled_dropout, device, cfg.precision, loss_fn)
+                                            cfg.controlled_dropout, device, cfg.precision, loss_fn,
+                                            lambda rows: dist_ctx.gather_views(rows, len(index)))
                     check_finite_loss(loss, step + 1, last_checkpoint)
                     backward_and_step(loss, optimizer, scheduler, scaler, max_grad_norm=cfg.max_grad_norm)
                     step += 1
                     next_batch += 1
                     loss_value = loss.item()
                     epoch_loss_sum, epoch_loss_n = epoch_loss_sum + loss_value, epoch_loss_n + 1
-                    step_tokens = sum(len(s) for s in first) + sum(len(s) for s in second)
+                    step_tokens = sum(len(token_ids[i]) + len(second_views[i]) for i in index)
                     seen_strings += len(index)
                     seen_tokens += step_tokens
                     step_log.append((time.perf_counter() - step_start, len(index), step_tokens))
@@ -229,7 +240,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
                     if step % cfg.log_every == 0 or step == plan.total_steps:
                         metrics.log(step, loss=loss_value, lr=scheduler.get_last_lr()[0],
                                     strings_per_s=seen_strings / elapsed)
-                        logger.debug("step %d loss %.4f", step, loss_value)
+                        logger.debug("step %d loss %.8f", step, loss_value)
                     epoch_done = next_batch >= len(batches)
                     if epoch_done:
                         epoch, next_batch = epoch + 1, 0
@@ -237,7 +248,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
                         epoch_loss_sum, epoch_loss_n = 0.0, 0
                     if cfg.save_every and step % cfg.save_every == 0:
                         last_checkpoint = save_checkpoint()
-                    if interrupt.raised:
+                    if dist_ctx.any(interrupt.raised):
                         interrupted = True
                         break
                     if epoch_done:  # the next epoch needs its own order and masks
@@ -245,6 +256,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     finally:
         progress.close()
         metrics.close()
+        dist_ctx.unwrap(encoder)
         if drophead is not None:
             drophead.remove()
 
@@ -277,13 +289,16 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         "strings_per_s": round(seen_strings / elapsed, 2),
         "real_tokens_per_s": round(seen_tokens / elapsed, 2),
         "device": str(device),
+        "world_size": dist_ctx.world_size,
         "precision": cfg.precision,
         "versions": library_versions(),
     }
     encoder.eval()
     if eval_tasks:
-        info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
-    output = encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite)
+        with sharded_encoding(dist_ctx):  # every rank evaluates, sharing the encoding work
+            info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
+    output = dist_ctx.on_main(lambda: encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite),
+                              Path(cfg.output))
     logger.info("model written to %s (%d steps, final loss %s)", output, step, loss_value)
     return TrainResult(output, step, loss_value, wall, checkpoint=last_checkpoint, info=info, step_log=step_log)
 

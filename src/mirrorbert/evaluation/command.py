@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from mirrorbert.config import PACKING_MODES
 from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="extra keyword argument of a task (VALUE parsed as JSON when possible); repeatable, "
         "e.g. --option bel.predictions_path=preds.jsonl --option sts.include_dev=false",
     )
+    p.add_argument("--packing", default="auto", choices=PACKING_MODES,
+                   help="auto | on | off: encode several strings per row instead of padding (BERT, RoBERTa, "
+                   "XLM-R, ELECTRA, DistilBERT; others run padded); default auto = on wherever supported")
     p.add_argument("--progress", action="store_true", help="show progress bars while encoding")
     p.add_argument("--list-data", action="store_true", help="print the data registry (files, sources) and exit")
     p.set_defaults(func=run_eval)
@@ -89,17 +93,19 @@ def load_model(
     max_length: int | None = None,
     backend: str = "auto",
     option: str = "--model",
+    packing: str = "auto",
 ) -> Any:
     """An object with the encoder protocol for ``--model`` (errors name ``option``)."""
     try:
-        return _load_model(name, pooling, device, max_length, backend)
+        return _load_model(name, pooling, device, max_length, backend, packing)
     except UserError as exc:
         if option == "--model":
             raise
         raise UserError(str(exc).replace("--model", option)) from None
 
 
-def _load_model(name: str, pooling: str | None, device: str | None, max_length: int | None, backend: str) -> Any:
+def _load_model(name: str, pooling: str | None, device: str | None, max_length: int | None, backend: str,
+                packing: str = "auto") -> Any:
     if name == GLOVE or name.startswith(GLOVE + ":"):
         from mirrorbert.evaluation.baselines import GloveEncoder
 
@@ -114,8 +120,11 @@ def _load_model(name: str, pooling: str | None, device: str | None, max_length: 
             encoder.model.max_seq_length = max_length
         return encoder
     from mirrorbert.encoder import Encoder
+    from mirrorbert.packing import packing_flag
 
-    return Encoder.load(name, pooling=pooling, device=device, max_length=max_length)
+    encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length)
+    encoder.packing = packing_flag(packing)
+    return encoder
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -153,30 +162,37 @@ def run_eval(args: argparse.Namespace) -> int:
     check_output_files([("--output", args.output), ("--report", args.report)], {"--model": args.model})
     if args.plot_dir:
         check_writable(args.plot_dir, "--plot-dir")
+    from mirrorbert.distributed import init_from_env, sharded_encoding
+
+    dist_ctx = init_from_env(args.device)  # under torchrun the processes share the encoding work
+    device = str(dist_ctx.device) if dist_ctx.enabled else args.device
     reference = None
     if args.reference_model:
         if "isotropy" not in tasks:
             logger.warning("--reference-model is only used by the isotropy task, which is not selected")
         else:
             reference = load_model(
-                args.reference_model, args.reference_pooling, args.device, args.max_length, args.backend,
-                option="--reference-model",
+                args.reference_model, args.reference_pooling, device, args.max_length, args.backend,
+                option="--reference-model", packing=args.packing,
             )
             options.setdefault("isotropy", {}).setdefault("reference_label", Path(args.reference_model).name)
-    encoder = load_model(args.model, args.pooling, args.device, args.max_length, args.backend)
-    result = evaluate(
-        encoder,
-        tasks=tasks,
-        data_dir=data_dir,
-        output=args.output,
-        report=args.report,
-        plot_dir=args.plot_dir,
-        batch_size=args.batch_size,
-        task_options=options,
-        reference_encoder=reference,
-        model_name=args.model,
-        show_progress=args.progress,
-    )
+    encoder = load_model(args.model, args.pooling, device, args.max_length, args.backend, packing=args.packing)
+    with sharded_encoding(dist_ctx):  # every process runs every task; only rank 0 writes and prints
+        result = evaluate(
+            encoder,
+            tasks=tasks,
+            data_dir=data_dir,
+            output=args.output if dist_ctx.is_main else None,
+            report=args.report if dist_ctx.is_main else None,
+            plot_dir=args.plot_dir,
+            batch_size=args.batch_size,
+            task_options=options,
+            reference_encoder=reference,
+            model_name=args.model,
+            show_progress=args.progress and dist_ctx.is_main,
+        )
+    if not dist_ctx.is_main:
+        return 1 if any(o.status == "error" for o in result.outcomes.values()) else 0
     print(result.table())
     for outcome in result.outcomes.values():
         if outcome.status == "skipped":
