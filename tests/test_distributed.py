@@ -211,7 +211,8 @@ def test_only_rank_zero_writes_and_speaks(train_runs):
     folder = train_runs["root"] / "two"
     # one output folder and one checkpoint root, no temporary leftovers from a second writer
     assert sorted(p.name for p in folder.iterdir()) == ["out", "out.checkpoints"]
-    assert sorted(p.name for p in (folder / "out.checkpoints").iterdir()) == ["step-2", "step-4"]
+    assert sorted(p.name for p in (folder / "out.checkpoints").iterdir()) == [".mirrorbert-output", "step-2",
+                                                                             "step-4"]  # marker: ours
     rank0_err, rank1_err = (rank_log(train_runs["logs"], r, "stderr") for r in (0, 1))
     assert "model written to" in rank0_err and "checkpoint written" in rank0_err
     assert "written" not in rank1_err and not STEP_LOSS.search(rank1_err)
