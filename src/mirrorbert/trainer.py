@@ -14,6 +14,7 @@ from mirrorbert.config import TrainConfig, resolve_pooling, validate
 from mirrorbert.data import TrainingStrings, load_training_strings
 from mirrorbert.encoder import Encoder, model_load_error, check_model_reachable
 from mirrorbert.errors import UserError
+from mirrorbert.gradcache import cached_embeddings
 from mirrorbert.loss import mirror_infonce
 from mirrorbert.runtime import (
     CheckpointManager,
@@ -25,15 +26,20 @@ from mirrorbert.runtime import (
     build_scheduler,
     check_finite_loss,
     check_output_dir,
-    check_precision,
+    compile_model,
+    enable_gradient_checkpointing,
+    enable_tf32,
     derived_generator,
     library_versions,
     load_checkpoint,
     make_grad_scaler,
+    peak_memory_bytes,
     replay_rng,
     resolve_device,
+    resolve_precision,
     restore_training_state,
     seed_everything,
+    set_threads,
 )
 from mirrorbert.views import (
     DropHead,
@@ -126,11 +132,24 @@ def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list
 def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResult:
     """Run Mirror-BERT tuning as configured and write the model to `cfg.output`."""
     validate(cfg)
+    with set_threads(cfg.threads):
+        return _train(cfg, strings)
+
+
+def _compile_warm_up(encoder: Encoder, sample: list[list[int]], device: torch.device, precision: str) -> None:
+    """One forward and backward so torch.compile compiles (or fails) now; no trace in RNG or gradients."""
+    with replay_rng():
+        embed_views(encoder, sample, sample, False, device, precision).float().sum().backward()
+    encoder.zero_grad(set_to_none=True)
+
+
+def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     if not cfg.output:
         raise UserError("--output is required: the folder to write the trained model to")
     check_output_dir(cfg.output, cfg.overwrite)
     device = resolve_device(cfg.device)
-    check_precision(cfg.precision, device)
+    precision = resolve_precision(cfg.precision, device)
+    enable_tf32(device)
     strings = strings or _load_strings(cfg)
     seed_everything(cfg.seed)
     started = time.time()
@@ -148,6 +167,10 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     special = special_token_ids(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     token_ids = tokenize_once(tokenizer, strings.strings, cfg.max_length)
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(encoder.model)
+    compiled = cfg.compile and compile_model(
+        encoder.model, warm_up=lambda: _compile_warm_up(encoder, token_ids[:2], device, precision))
 
     batch_size = cfg.batch_size
     if batch_size > len(token_ids):
@@ -159,7 +182,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
 
     optimizer = build_optimizer(encoder, cfg.lr, cfg.weight_decay)
     scheduler = build_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, plan.total_steps)
-    scaler = make_grad_scaler(device, cfg.precision)
+    scaler = make_grad_scaler(device, precision)
     checkpoints = CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints)
     checkpointing = cfg.save_every > 0 or cfg.checkpoint_dir is not None or resume is not None
 
@@ -197,8 +220,13 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
                     index = batches[next_batch]
                     first = [token_ids[i] for i in index]
                     second = [second_views[i] for i in index]
-                    loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
-                                            cfg.controlled_dropout, device, cfg.precision)
+                    if cfg.grad_cache_chunk:  # GradCache: full-batch loss at the memory of one chunk
+                        embeddings = cached_embeddings(
+                            lambda chunk: embed_views(encoder, chunk, [], False, device, precision),
+                            first + second, cfg.grad_cache_chunk)
+                    else:
+                        embeddings = embed_views(encoder, first, second, cfg.controlled_dropout, device, precision)
+                    loss = mirror_infonce(embeddings, cfg.temperature)
                     check_finite_loss(loss, step + 1, last_checkpoint)
                     backward_and_step(loss, optimizer, scheduler, scaler, max_grad_norm=cfg.max_grad_norm)
                     step += 1
@@ -253,7 +281,10 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         "strings_per_s": round(seen_strings / elapsed, 2),
         "real_tokens_per_s": round(seen_tokens / elapsed, 2),
         "device": str(device),
-        "precision": cfg.precision,
+        "precision": precision,
+        "compiled": bool(compiled),
+        "peak_memory_bytes": peak_memory_bytes(device),
+        "peak_memory_measure": "cuda max_memory_allocated" if device.type == "cuda" else "process peak RSS",
         "versions": library_versions(),
     }
     encoder.eval()
