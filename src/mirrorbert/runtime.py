@@ -79,15 +79,19 @@ CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 flags in /proc/cpuinfo meani
 _warned_slow_bf16 = False
 
 
-def cpu_has_native_bf16() -> bool:
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """True when the CPU multiplies bf16 natively (AVX512-BF16 or AMX on x86, the `bf16` flag on ARM).
 
-    Without it PyTorch emulates bf16 matmuls, which is many times slower than fp32.
+    Without it PyTorch emulates bf16 matmuls, which is many times slower than fp32. `cpuinfo` is the
+    text of /proc/cpuinfo (read when not given). torch.backends.cpu.get_cpu_capability() only says
+    "AVX512", which does not imply the BF16 extension, hence the flags.
     """
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:  # not Linux: macOS arm64 (M2+) has bf16, but autocast there is not worth guessing
-        return False
+    text = cpuinfo
+    if text is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:  # not Linux: macOS arm64 (M2+) has bf16, but autocast there is not worth guessing
+            return False
     flags: set[str] = set()
     for line in text.splitlines():
         if line.startswith(("flags", "Features")):

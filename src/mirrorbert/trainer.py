@@ -123,9 +123,18 @@ def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]
 
 
 def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
-                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str) -> torch.Tensor:
-    """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own)."""
-    embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
+                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str,
+                     grad_cache_chunk: int | None = None) -> torch.Tensor:
+    """Loss of one batch (`pad_id` is unused: the tokenizer's own is taken; kept for callers of the first version).
+
+    With `grad_cache_chunk` the views are embedded that many at a time with cached gradients (gradcache.py):
+    the same loss and gradients at the activation memory of one chunk.
+    """
+    if grad_cache_chunk:
+        embeddings = cached_embeddings(lambda chunk: embed_views(encoder, chunk, [], False, device, precision),
+                                       first + second, grad_cache_chunk)
+    else:
+        embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
     return mirror_infonce(embeddings, temperature)
 
 
@@ -220,13 +229,8 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
                     index = batches[next_batch]
                     first = [token_ids[i] for i in index]
                     second = [second_views[i] for i in index]
-                    if cfg.grad_cache_chunk:  # GradCache: full-batch loss at the memory of one chunk
-                        embeddings = cached_embeddings(
-                            lambda chunk: embed_views(encoder, chunk, [], False, device, precision),
-                            first + second, cfg.grad_cache_chunk)
-                    else:
-                        embeddings = embed_views(encoder, first, second, cfg.controlled_dropout, device, precision)
-                    loss = mirror_infonce(embeddings, cfg.temperature)
+                    loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
+                                            cfg.controlled_dropout, device, precision, cfg.grad_cache_chunk)
                     check_finite_loss(loss, step + 1, last_checkpoint)
                     backward_and_step(loss, optimizer, scheduler, scaler, max_grad_norm=cfg.max_grad_norm)
                     step += 1

@@ -37,15 +37,16 @@ from mirrorbert.runtime import (
     build_optimizer,
     build_scheduler,
     check_output_dir,
-    check_precision,
     default_checkpoint_dir,
     derived_generator,
     library_versions,
     load_checkpoint,
     make_grad_scaler,
     resolve_device,
+    resolve_precision,
     restore_training_state,
     seed_everything,
+    set_threads,
     write_json_atomic,
 )
 
@@ -362,20 +363,14 @@ def evaluate(model, head, packed: PackedSequences | None, masker: MlmMasker, cfg
 def pretrain(cfg: PretrainConfig) -> PretrainResult:
     """Run MLM pre-training as configured and write an HF `*ForMaskedLM` folder to `cfg.output`."""
     validate(cfg)
-    previous_threads = torch.get_num_threads()
-    if cfg.threads is not None:
-        # On a CPU shared with other jobs, fewer threads than cores avoids OpenMP spin-wait contention.
-        torch.set_num_threads(cfg.threads)
-    try:
+    with set_threads(cfg.threads):
         return _pretrain(cfg)
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _pretrain(cfg: PretrainConfig) -> PretrainResult:
     check_output_dir(cfg.output, cfg.overwrite)
     device = resolve_device(cfg.device)
-    check_precision(cfg.precision, device)
+    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
     started = time.time()
     seed_everything(cfg.seed)
 
