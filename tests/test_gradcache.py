@@ -117,21 +117,14 @@ def test_cached_step_works_with_any_loss_over_the_matrix(tiny_bert, corpus):
     _assert_close(plain, cached, atol=1e-4)
 
 
-def test_gradient_checkpointing_same_loss_and_gradients(tiny_bert, corpus):
-    enc = _encoder(tiny_bert, NO_DROPOUT)
-    seqs = _batch(enc, corpus)
-    plain = _run(enc, lambda: _loss(_embed_fn(enc)(seqs)))
-    enable_gradient_checkpointing(enc.model)
-    checkpointed = _run(enc, lambda: _loss(_embed_fn(enc)(seqs)))
-    _assert_close(plain, checkpointed)
-
-
-def test_gradient_checkpointing_with_dropout_is_exact(tiny_bert, corpus):
+@pytest.mark.parametrize("overrides", [NO_DROPOUT, DROPOUT], ids=["dropout-0", "dropout-0.1"])
+def test_gradient_checkpointing_same_loss_and_gradients(tiny_bert, corpus, overrides):
     """Non-reentrant checkpointing restores the RNG for the recomputation: same masks, same gradients."""
-    enc = _encoder(tiny_bert, DROPOUT)
+    enc = _encoder(tiny_bert, overrides)
     seqs = _batch(enc, corpus)
     plain = _run(enc, lambda: _loss(_embed_fn(enc)(seqs)))
     enable_gradient_checkpointing(enc.model)
+    assert enc.model.is_gradient_checkpointing
     checkpointed = _run(enc, lambda: _loss(_embed_fn(enc)(seqs)))
     _assert_close(plain, checkpointed)
 
