@@ -56,6 +56,8 @@ def test_explicit_choices_are_kept_and_checked(monkeypatch):
         resolve_precision("fp16", CPU)
     with pytest.raises(UserError, match="unknown value 'fp8'"):
         resolve_precision("fp8", CPU)
+    with pytest.raises(UserError, match="unknown value 'auto'"):  # autocast() needs a resolved precision
+        runtime.check_precision("auto", CPU)
 
 
 def test_bf16_on_a_cpu_without_it_warns_once_with_the_measured_slowdown(monkeypatch, caplog):

@@ -51,8 +51,8 @@ def resolve_device(name: str | None = None) -> torch.device:
 
 
 def check_precision(precision: str, device: torch.device) -> None:
-    if precision not in PRECISIONS and precision != "auto":
-        raise UserError(f"--precision: unknown value {precision!r}; choose one of auto, {', '.join(PRECISIONS)}")
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision: unknown value {precision!r}; choose one of {', '.join(PRECISIONS)}")
     if precision == "fp16" and device.type != "cuda":
         raise UserError(f"--precision fp16 needs a CUDA GPU (device is {device.type}); use bf16 or fp32")
 
@@ -118,7 +118,6 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     2080 Ti runs did); fp32 elsewhere (CPUs without native bf16, MPS). An explicit bf16 on a CPU
     without native bf16 runs, with one warning giving the slowdown measured right now.
     """
-    check_precision(precision, device)
     if precision == "auto":
         if device_has_native_bf16(device):
             chosen = "bf16"
@@ -128,6 +127,9 @@ def resolve_precision(precision: str, device: torch.device) -> str:
             chosen = "fp32"
         logger.info("--precision auto: %s on %s", chosen, device)
         return chosen
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision: unknown value {precision!r}; choose one of auto, {', '.join(PRECISIONS)}")
+    check_precision(precision, device)
     if precision == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
         _warn_slow_bf16()
     return precision
