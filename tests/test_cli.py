@@ -28,9 +28,11 @@ def test_train_then_encode_console_script(tiny_bert, strings_file, tmp_path):
                          capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["steps"] == 3
-    assert '"mask_span": 5' in run.stderr  # the resolved configuration is printed
+    assert '"mask_span": 5' in run.stderr and '"mask_unit": "char"' in run.stderr  # resolved configuration
+    assert "of real tokens hidden" in run.stderr  # what the augmentation did, logged
     meta = json.loads((out / "mirrorbert.json").read_text())
     assert meta["pooling"] == "mean"  # sentence preset, BERT-family model
+    assert 0 < meta["training"]["masked_token_share"] < 1 and 0 < meta["training"]["masked_string_share"] < 1
     vec = tmp_path / "v.npy"
     run = subprocess.run([exe, "encode", "--model", str(out), "--input", str(strings_file), "--output", str(vec),
                           "--normalize"], capture_output=True, text=True, env=env)
@@ -64,6 +66,8 @@ def test_bad_inputs_give_one_line_errors(tiny_bert, strings_file, tmp_path, caps
         (["--data", str(strings_file), "--preset", "giant", "--output", str(tmp_path / "o")], "--preset: unknown preset"),
         (["--data", str(strings_file), "--pooling", "max", "--output", str(tmp_path / "o")], "--pooling: unknown pooling"),
         (["--data", str(strings_file), "--precision", "fp8", "--output", str(tmp_path / "o")], "--precision: unknown precision"),
+        (["--data", str(strings_file), "--mask-unit", "word", "--output", str(tmp_path / "o")], "--mask-unit: unknown unit"),
+        (["--data", str(strings_file), "--loss", "triplet", "--output", str(tmp_path / "o")], "--loss: unknown loss"),
         (["--data", str(strings_file), "--output", str(exists)], "already exists; pass --overwrite"),
         (["--data", str(strings_file)], "--output is required"),
         (["--data", str(strings_file), "--output", str(tmp_path / "o"), "--config", str(tmp_path / "no.yaml")], "--config"),
@@ -77,6 +81,7 @@ def test_bad_inputs_give_one_line_errors(tiny_bert, strings_file, tmp_path, caps
     assert code == 2 and "hub is unreachable" in last and "local folder" in last
     code, last = _error(capsys, ["train", "--model", str(tiny_bert), "--data", str(strings_file),
                                  "--output", str(tmp_path / "o"), "--drophead", "0.1", "--mask-span", "1",
+                                 "--mask-unit", "token", "--loss", "ms", "--mask-min-chars", "10",
                                  "--steps", "1", "--no-progress", "--batch-size", "999"])
     assert code == 0
     assert not list(tmp_path.glob("o/.tmp*"))

@@ -79,6 +79,9 @@ def test_presets_match_the_paper():
     assert (phrase.temperature, phrase.mask_span, phrase.epochs, phrase.max_length) == (0.04, 2, 2, 25)
     sent = resolve_config({"preset": "sentence"})
     assert (sent.temperature, sent.mask_span, sent.epochs, sent.max_length) == (0.04, 5, 1, 50)
+    # the paper's k counts characters (the authors' code): one mask token per span, strings > 30 chars
+    assert (phrase.mask_unit, sent.mask_unit, sent.mask_min_chars, sent.loss) == ("char", "char", 30, "infonce")
+    assert resolve_config({"preset": "sentence", "mask_unit": "token"}).mask_unit == "token"
     assert resolve_pooling(sent.pooling, "bert") == "mean" and resolve_pooling(sent.pooling, "roberta") == "cls"
     assert (sent.lr, sent.batch_size, sent.dropout, sent.weight_decay) == (2e-5, 200, 0.1, 0.01)
     assert set(PRESETS) == {"word", "phrase", "sentence"}
@@ -105,6 +108,9 @@ def test_config_file_and_overrides_precedence(tmp_path):
     ({"dropout": 1.5}, "--dropout"),
     ({"batch_size": 1}, "--batch-size"),
     ({"data": "a.txt", "words_top": 3}, "only one of"),
+    ({"mask_unit": "word"}, "--mask-unit: unknown unit"),
+    ({"mask_min_chars": -1}, "--mask-min-chars"),
+    ({"loss": "triplet"}, "--loss: unknown loss"),
 ])
 def test_invalid_values_name_the_option(overrides, message):
     with pytest.raises(UserError, match=message):

@@ -18,6 +18,7 @@ from mirrorbert.errors import UserError
 from mirrorbert.evaluation.command import add_eval_parser
 from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
+from mirrorbert.search_command import add_search_parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -25,14 +26,18 @@ EXIT_INTERRUPTED = 130
 
 def _quiet_third_party() -> None:
     """Hub/transformers chatter (load reports, weight-loading bars) drowns our own progress output."""
+    # Environment variables rather than an import: importing transformers here cost every command,
+    # even a one-line validation error, seconds (transformers reads them when a command imports it).
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        import transformers
-
-        transformers.utils.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-    except Exception:  # transformers missing or very old: nothing to quieten
-        pass
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # already imported (library use, tests): set it directly
+        try:
+            transformers = sys.modules["transformers"]
+            transformers.utils.logging.set_verbosity_error()
+            transformers.utils.logging.disable_progress_bar()
+        except Exception:  # very old transformers: nothing to quieten
+            pass
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
 
 
@@ -59,8 +64,13 @@ def add_train_parser(sub) -> None:
     d.add_argument("--limit", type=int, help="use a random sample of N strings (seeded)")
     d.add_argument("--skip-bad-lines", action="store_true", default=None, help="skip lines that are not UTF-8 instead of stopping")
     m = p.add_argument_group("method")
-    m.add_argument("--temperature", type=float, help="InfoNCE temperature tau")
-    m.add_argument("--mask-span", type=int, help="mask K consecutive tokens in the second view (0: off)")
+    m.add_argument("--temperature", type=float, help="InfoNCE temperature tau (default 0.04; word preset 0.2)")
+    m.add_argument("--loss", help="infonce (default, paper eq. 1) | ms (multi-similarity loss with online triplet "
+                                  "mining, as SapBERT)")
+    m.add_argument("--mask-span", type=int, help="mask a span of K units (--mask-unit) in the second view (0: off; default 0, presets: phrase 2, sentence 5)")
+    m.add_argument("--mask-unit", help="char (default, the authors' code: K characters become one mask token) | "
+                                       "token (our variant: K tokens become K mask tokens)")
+    m.add_argument("--mask-min-chars", type=int, help="char unit: strings of N characters or fewer stay unmasked (default 30)")
     m.add_argument("--dropout", type=float, help="dropout probability (hidden, attention, embeddings)")
     m.add_argument("--drophead", type=float, help="probability of dropping a whole attention head per example")
     m.add_argument("--controlled-dropout", action="store_true", default=None, help="identical dropout masks for both views (ablation)")
@@ -95,6 +105,10 @@ def add_train_parser(sub) -> None:
     h.add_argument("--log-dir", help="write TensorBoard scalars here")
     h.add_argument("--log-every", type=int, help="log metrics every N steps (default 10)")
     h.add_argument("--no-progress", dest="show_progress", action="store_false", default=None, help="no progress bar")
+    e = p.add_argument_group("evaluation after training (model card)")
+    e.add_argument("--eval-after", help="comma-separated eval tasks (e.g. sts,wordsim) run on the trained model before "
+                                        "saving; scores go into mirrorbert.json and README.md (default: none)")
+    e.add_argument("--data-dir", help="evaluation data for --eval-after (default: $MIRRORBERT_DATA)")
     p.set_defaults(func=run_train)
 
 
@@ -107,16 +121,25 @@ def _train_keys() -> tuple[str, ...]:
 
 def run_train(args) -> int:
     from mirrorbert.config import resolve_config
-    from mirrorbert.trainer import train
+    from mirrorbert.data import strings_for_config
 
     cfg = resolve_config({k: getattr(args, k, None) for k in _train_keys()}, config_file=args.config_file)
-    print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
-    result = train(cfg)
+    strings = strings_for_config(cfg)  # data mistakes surface before torch is even imported
+    from mirrorbert.distributed import launched_rank
+    from mirrorbert.trainer import train
+
+    main_rank = launched_rank() == 0  # under torchrun/accelerate only rank 0 speaks
+    if main_rank:
+        print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
+    result = train(cfg, strings)
+    if not main_rank:
+        return EXIT_INTERRUPTED if result.interrupted else 0
     if result.interrupted:
         print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"
               f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(json.dumps({"output": str(result.output), "steps": result.steps, "final_loss": result.final_loss,
+                      "mean_loss_last_epoch": result.info.get("mean_loss_last_epoch"),
                       "wall_time_s": round(result.wall_time_s, 2),
                       "strings_per_s": result.info.get("strings_per_s")}, indent=2))
     return 0
@@ -132,22 +155,23 @@ def add_encode_parser(sub) -> None:
     p.add_argument("--output", required=True, help="where to write the vectors (.npy)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     p.add_argument("--pooling", help="override the saved pooling: cls | mean | first-last")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=64, help="strings per forward pass")
     p.add_argument("--max-length", type=int, help="truncate inputs to N tokens (default: the model's)")
     p.add_argument("--normalize", action="store_true", help="L2-normalise the vectors")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:1 | mps")
     p.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 (GPU only)")
     p.add_argument("--skip-bad-lines", action="store_true", help="skip lines that are not UTF-8")
-    p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True)
+    p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True, help="no progress bar")
     p.set_defaults(func=run_encode)
 
 
 def run_encode(args) -> int:
-    import numpy as np
-
     from mirrorbert.data import read_file
-    from mirrorbert.encoder import Encoder
 
+    if args.max_length is not None and args.max_length < 1:
+        raise UserError(f"--max-length {args.max_length}: must be an integer >= 1")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size {args.batch_size}: must be an integer >= 1")
     output = Path(args.output)
     if output.suffix != ".npy":
         raise UserError(f"--output {output}: expected a .npy file name")
@@ -155,9 +179,18 @@ def run_encode(args) -> int:
         raise UserError(f"--output {output} already exists; pass --overwrite to replace it")
     texts, _ = read_file(args.input, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
                          option="--input")
-    encoder = Encoder.load(args.model, pooling=args.pooling, device=args.device, max_length=args.max_length)
-    vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
-                             show_progress=args.show_progress, precision=args.precision)
+    import numpy as np
+
+    from mirrorbert.distributed import init_from_env, sharded_encoding
+    from mirrorbert.encoder import Encoder
+
+    dist_ctx = init_from_env(args.device)  # under torchrun every process encodes a share of the rows
+    encoder = Encoder.load(args.model, pooling=args.pooling, device=str(dist_ctx.device), max_length=args.max_length)
+    with sharded_encoding(dist_ctx):
+        vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
+                                 show_progress=args.show_progress and dist_ctx.is_main, precision=args.precision)
+    if not dist_ctx.is_main:
+        return 0
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp.npy")
     np.save(tmp, vectors)
@@ -178,17 +211,63 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_train_parser(sub)
     add_encode_parser(sub)
+    add_search_parser(sub)
     add_eval_parser(sub)
     add_pretrain_parser(sub)
     add_gloss_parser(sub)
     add_lexsub_parser(sub)
     add_finetune_sts_parser(sub)
+    for name, subparser in sub.choices.items():
+        _state_defaults(subparser, _train_defaults() if name == "train" else None)
     return parser
+
+
+# Options whose value comes from --preset when one is given.
+PRESET_KEYS = ("temperature", "mask_span", "epochs", "max_length", "pooling")
+
+
+def _train_defaults() -> dict:
+    from dataclasses import fields
+
+    from mirrorbert.config import TrainConfig
+
+    return {f.name: f.default for f in fields(TrainConfig)}
+
+
+def _state_defaults(parser: argparse.ArgumentParser, defaults: dict | None) -> None:
+    """Append "(default: X)" to every option's help that does not state its default yet.
+
+    `train` keeps argparse defaults at None (to tell "not given" from "given"), so its defaults come
+    from TrainConfig instead.
+    """
+    for action in parser._actions:
+        if not action.option_strings or action.help in (None, argparse.SUPPRESS) or action.dest == "help":
+            continue
+        if "default" in action.help.lower() or action.required:
+            continue
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)) or action.nargs == 0:
+            text = "off"
+        else:
+            value = defaults.get(action.dest, action.default) if defaults is not None else action.default
+            text = "none" if value is None or value == [] else str(value)
+            if defaults is not None and action.dest in PRESET_KEYS:
+                text += "; --preset sets its own"
+        action.help = f"{action.help} (default: {text.replace('%', '%%')})"
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # blame the subcommand, with its own usage line, not the top-level parser
+        sub = _subparser(parser, getattr(args, "command", None))
+        (sub or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USER_ERROR
@@ -200,9 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"mirrorbert: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except PermissionError as exc:  # an unreadable input or unwritable output anywhere: name the file
+        print(f"mirrorbert: error: {exc.filename or exc}: permission denied", file=sys.stderr)
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("mirrorbert: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        if "mirrorbert.distributed" in sys.modules:  # a torchrun/accelerate job: leave its process group
+            sys.modules["mirrorbert.distributed"].shutdown()
 
 
 if __name__ == "__main__":

@@ -17,14 +17,16 @@ from mirrorbert.errors import UserError
 POOLINGS = ("cls", "mean", "first-last")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SCHEDULES = ("constant", "linear")
+MASK_UNITS = ("char", "token")
+LOSSES = ("infonce", "ms")
 DEFAULT_MODEL = "bert-base-uncased"
 
 # The paper's settings (Liu et al. 2021, section 3 and appendix). `pooling: None` in the sentence
 # preset means "mean for BERT-family models, [CLS] otherwise", resolved once the model type is known.
 PRESETS: dict[str, dict[str, Any]] = {
     "word": {"temperature": 0.2, "mask_span": 0, "epochs": 2, "max_length": 25, "pooling": "cls"},
-    "phrase": {"temperature": 0.04, "mask_span": 2, "epochs": 2, "max_length": 25, "pooling": "cls"},
-    "sentence": {"temperature": 0.04, "mask_span": 5, "epochs": 1, "max_length": 50, "pooling": None},
+    "phrase": {"temperature": 0.04, "mask_span": 2, "mask_unit": "char", "epochs": 2, "max_length": 25, "pooling": "cls"},
+    "sentence": {"temperature": 0.04, "mask_span": 5, "mask_unit": "char", "epochs": 1, "max_length": 50, "pooling": None},
 }
 # Model types whose sentence-level Mirror-BERT uses mean pooling in the paper's appendix.
 MEAN_POOLING_SENTENCE_MODEL_TYPES = ("bert",)
@@ -56,6 +58,11 @@ class TrainConfig:
     controlled_dropout: bool = False
     pooling: str | None = "cls"
     max_length: int = 50
+    # fidelity to the authors' code: the unit of --mask-span (characters, as the paper's runs, or tokens),
+    # the shortest string masked in char mode, and the loss (InfoNCE or SapBERT's multi-similarity)
+    mask_unit: str = "char"
+    mask_min_chars: int = 30
+    loss: str = "infonce"
     # optimisation
     lr: float = 2e-5
     weight_decay: float = 0.01
@@ -82,6 +89,9 @@ class TrainConfig:
     log_dir: str | None = None
     log_every: int = 10
     show_progress: bool = True
+    # model card: evaluate the trained model before saving (scores go into mirrorbert.json and README.md)
+    eval_after: str | None = None
+    data_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -105,7 +115,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--config {path}: no such file")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--config {path}: not valid UTF-8 (byte {exc.start})") from None
     try:
         if path.suffix.lower() == ".json":
             data = json.loads(text)
@@ -141,7 +154,7 @@ def resolve_config(
     preset = overrides.get("preset", from_file.get("preset"))
     values: dict[str, Any] = {}
     if preset is not None:
-        if preset not in PRESETS:
+        if not isinstance(preset, str) or preset not in PRESETS:
             raise UserError(f"--preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         values.update(PRESETS[preset])
     values.update(from_file)
@@ -156,13 +169,26 @@ def _check(condition: bool, key: str, message: str) -> None:
         raise UserError(f"{option_name(key)}: {message}")
 
 
+# Text-valued fields (None allowed where the default is None); a list or number there is a typo.
+TEXT_FIELDS = ("model", "output", "preset", "data", "column", "field", "lang", "pooling", "schedule", "device",
+               "precision", "checkpoint_dir", "resume", "log_dir")
+
+
 def validate(cfg: TrainConfig) -> None:
+    for key in TEXT_FIELDS:  # first, so the checks below may compare strings safely
+        value = getattr(cfg, key)
+        _check(value is None or isinstance(value, str), key, f"expected text, got {type(value).__name__} {value!r}")
+    _check(isinstance(cfg.model, str) and bool(cfg.model.strip()), "model", "must not be empty")
+    _check(isinstance(cfg.lang, str) and bool(cfg.lang.strip()), "lang", "expected a language tag such as en, fr or zh")
     _check(cfg.preset is None or cfg.preset in PRESETS, "preset", f"unknown preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
     _check(cfg.pooling is None or cfg.pooling in POOLINGS, "pooling", f"unknown pooling {cfg.pooling!r}; choose one of {', '.join(POOLINGS)}")
     _check(cfg.precision in PRECISIONS, "precision", f"unknown precision {cfg.precision!r}; choose one of {', '.join(PRECISIONS)}")
     _check(cfg.schedule in SCHEDULES, "schedule", f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     _check(_is_number(cfg.temperature) and cfg.temperature > 0, "temperature", "must be a positive number")
     _check(_is_int(cfg.mask_span) and cfg.mask_span >= 0, "mask_span", "must be an integer >= 0")
+    _check(cfg.mask_unit in MASK_UNITS, "mask_unit", f"unknown unit {cfg.mask_unit!r}; choose one of {', '.join(MASK_UNITS)}")
+    _check(_is_int(cfg.mask_min_chars) and cfg.mask_min_chars >= 0, "mask_min_chars", "must be an integer >= 0")
+    _check(cfg.loss in LOSSES, "loss", f"unknown loss {cfg.loss!r}; choose one of {', '.join(LOSSES)}")
     for key in ("dropout", "drophead"):
         value = getattr(cfg, key)
         _check(_is_number(value) and 0 <= value < 1, key, "must be in [0, 1)")

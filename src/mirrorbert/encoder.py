@@ -17,7 +17,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from mirrorbert.distributed import combine_rows, encoding_rows
 from mirrorbert.errors import UserError
+from mirrorbert.modelcard import write_model_card
 from mirrorbert.pooling import (
     POOLINGS,
     needs_hidden_states,
@@ -25,64 +27,25 @@ from mirrorbert.pooling import (
     pooling_from_sentence_transformers,
     sentence_transformers_modules,
 )
+from mirrorbert import search as _search
+from mirrorbert.preflight import (  # noqa: F401  (model_load_error etc. re-exported for callers)
+    OFFSET_POSITION_MODEL_TYPES,
+    check_max_length,
+    check_model_reachable,
+    check_tokenizer,
+    check_tokenizer_files,
+    check_weight_files,
+    hub_reachable,
+    max_positions,
+    model_load_error,
+    weights_load_error,
+)
 from mirrorbert.runtime import atomic_output_dir, autocast, check_precision, library_versions, resolve_device
 from mirrorbert.views import pad_batch
 
 logger = logging.getLogger(__name__)
 
 MIRRORBERT_JSON = "mirrorbert.json"
-# Models whose position ids start after the padding index, so two positions are unusable.
-OFFSET_POSITION_MODEL_TYPES = ("roberta", "xlm-roberta", "camembert", "longformer")
-
-
-def model_load_error(name: str, exc: Exception) -> UserError:
-    if Path(name).exists():
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return UserError(f"--model {name}: cannot load the model in this folder: {first}")
-    offline = os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True")
-    text = str(exc).lower()
-    unreachable = offline or any(
-        hint in text for hint in ("connect", "offline", "resolve", "network", "couldn't reach", "cannot find the requested files", "local_files_only", "internet")
-    )
-    if unreachable:
-        return UserError(
-            f"--model {name}: not a local folder and the Hugging Face hub is unreachable from this machine; "
-            "--model also takes a local folder holding a saved model (e.g. --model path/to/model)"
-        )
-    return UserError(f"--model {name}: no such local folder or hub model ({type(exc).__name__})")
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """A quick TCP check, so an offline machine gets an answer in seconds instead of minutes of retries."""
-    import socket
-    from urllib.parse import urlparse
-
-    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
-        return False
-    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        with socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def check_model_reachable(name: str) -> None:
-    """A name that is neither a local folder nor in the local HF cache needs the hub: fail fast if offline."""
-    if Path(name).exists():
-        return
-    from transformers import AutoConfig
-
-    try:
-        AutoConfig.from_pretrained(name, local_files_only=True)
-        return  # cached earlier: loads offline
-    except (OSError, ValueError):
-        pass
-    if not hub_reachable():
-        raise UserError(
-            f"--model {name}: not a local folder and the Hugging Face hub is unreachable from this machine; "
-            "--model also takes a local folder holding a saved model (e.g. --model path/to/model)"
-        )
 
 
 def default_max_length(tokenizer, config) -> int:
@@ -90,10 +53,9 @@ def default_max_length(tokenizer, config) -> int:
     tok_max = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_max, int) and 0 < tok_max < 100_000:
         candidates.append(tok_max)
-    positions = getattr(config, "max_position_embeddings", None)
-    if isinstance(positions, int) and positions > 0:
-        offset = (config.pad_token_id or 0) + 1 if config.model_type in OFFSET_POSITION_MODEL_TYPES else 0
-        candidates.append(positions - offset)
+    positions = max_positions(config)
+    if positions is not None:
+        candidates.append(positions)
     return min(candidates) if candidates else 512
 
 
@@ -112,6 +74,8 @@ class Encoder(torch.nn.Module):
         self.normalize_default = normalize_default
         self.source = source
         self.training_info: dict[str, Any] = {}
+        # The model's pooler head (unused by every pooling here), kept aside and written back on save
+        self.pooler_state: dict[str, torch.Tensor] = detach_pooler(model)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -138,16 +102,22 @@ class Encoder(torch.nn.Module):
             st_cfg = folder / "sentence_bert_config.json"
             if st_cfg.exists():
                 saved_max = json.loads(st_cfg.read_text(encoding="utf-8")).get("max_seq_length")
+            check_weight_files(folder)
+            check_tokenizer_files(folder)
         check_model_reachable(name)
         try:
             config = AutoConfig.from_pretrained(name, **(config_overrides or {}))
             tokenizer = AutoTokenizer.from_pretrained(name)
-            try:
-                model = AutoModel.from_pretrained(name, config=config, add_pooling_layer=False)
-            except TypeError:  # architectures without a pooler head do not take the argument
-                model = AutoModel.from_pretrained(name, config=config)
-        except (OSError, ValueError) as exc:
-            raise model_load_error(name, exc) from None
+            check_tokenizer(tokenizer, name)
+            check_max_length(max_length, config, model=name)  # before the weights: a bad length fails now
+            model = AutoModel.from_pretrained(name, config=config)
+        except Exception as exc:  # noqa: BLE001  damaged weights raise the loader's own error types
+            error = weights_load_error(name, exc)
+            if error is None and isinstance(exc, (OSError, ValueError)):
+                error = model_load_error(name, exc)
+            if error is None:
+                raise
+            raise error from None
         encoder = cls(
             model, tokenizer, pooling=pooling or saved_pooling or "mean",
             max_length=max_length or saved_max, normalize_default=normalize, source=name,
@@ -189,7 +159,7 @@ class Encoder(torch.nn.Module):
     def encode(self, texts: str | Sequence[str], batch_size: int = 64, normalize: bool | None = None,
                show_progress: bool = False, convert_to: str = "numpy", precision: str = "fp32"):
         """Vectors in input order. Sorted by length internally so each batch pads little."""
-        from tqdm.auto import tqdm
+        from mirrorbert.progress import progress_bar
 
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
@@ -200,22 +170,24 @@ class Encoder(torch.nn.Module):
         device = self.device
         check_precision(precision, device)
         normalize = self.normalize_default if normalize is None else normalize
-        out = torch.empty((len(texts), self.dim), dtype=torch.float32)
+        rows = encoding_rows(len(texts))  # all rows, or this process's share under sharded encoding
+        out = torch.empty((len(rows), self.dim), dtype=torch.float32)
         if texts:
-            ids = self.tokenize(texts)
+            ids = self.tokenize([texts[i] for i in rows])
             order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
             was_training = self.training
             self.eval()
             try:
                 with torch.inference_mode():
                     starts = range(0, len(order), batch_size)
-                    for start in tqdm(starts, disable=not show_progress, desc="encode", unit="batch"):
+                    for start in progress_bar(starts, show=show_progress, desc="encode", unit="batch"):
                         index = order[start:start + batch_size]
                         with autocast(device, precision):
                             vectors = self.embed([ids[i] for i in index])
                         out[torch.tensor(index)] = vectors.float().cpu()
             finally:
                 self.train(was_training)
+            out = combine_rows(out, len(texts))
         if normalize:
             out = torch.nn.functional.normalize(out, dim=-1)
         result = out[0] if single else out
@@ -226,6 +198,19 @@ class Encoder(torch.nn.Module):
         va = self.encode(a, batch_size=batch_size, normalize=True) if _is_texts(a) else _unit(np.asarray(a))
         vb = self.encode(b, batch_size=batch_size, normalize=True) if _is_texts(b) else _unit(np.asarray(b))
         return np.atleast_2d(va) @ np.atleast_2d(vb).T
+
+    # ------------------------------------------------------------------ search (mirrorbert.search)
+    def build_index(self, corpus: Sequence[str], batch_size: int = 64, use_faiss: bool | None = None,
+                    show_progress: bool = False) -> _search.SearchIndex:
+        """Encode and L2-normalise a corpus once for many searches (faiss IndexFlatIP too when used)."""
+        return _search.build_index(self, corpus, batch_size=batch_size, use_faiss=use_faiss,
+                                   show_progress=show_progress)
+
+    def search(self, queries: str | Sequence[str], corpus_or_index, top_k: int = 10, batch_size: int = 64,
+               use_faiss: bool | None = None, **kwargs):
+        """Exact cosine top-k: per query a list of Hit(corpus_id, text, score), best first (ties: smaller id)."""
+        return _search.search(self, queries, corpus_or_index, top_k, batch_size=batch_size, use_faiss=use_faiss,
+                              **kwargs)
 
     # ------------------------------------------------------------------ saving
     def write(self, folder: str | Path, training_info: dict[str, Any] | None = None) -> Path:
@@ -238,7 +223,8 @@ class Encoder(torch.nn.Module):
         previous_hidden = config.output_hidden_states
         config.output_hidden_states = needs_hidden_states(self.pooling)
         try:
-            self.model.save_pretrained(folder)
+            state = {**self.model.state_dict(), **self.pooler_state} if self.pooler_state else None
+            self.model.save_pretrained(folder, state_dict=state)
         finally:
             config.output_hidden_states = previous_hidden
         self.tokenizer.save_pretrained(folder)
@@ -259,10 +245,12 @@ class Encoder(torch.nn.Module):
             "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine",
         })
         info = training_info if training_info is not None else self.training_info
-        _write_json(folder / MIRRORBERT_JSON, {
-            "format_version": 1, "pooling": self.pooling, "max_length": self.max_length,
+        meta = {
+            "format_version": 1, "pooling": self.pooling, "dim": self.dim, "max_length": self.max_length,
             "base_model": info.get("config", {}).get("model", self.source), "versions": versions, "training": info,
-        })
+        }
+        _write_json(folder / MIRRORBERT_JSON, meta)
+        write_model_card(folder, meta)
         return folder
 
     def save(self, path: str | Path, training_info: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
@@ -270,6 +258,21 @@ class Encoder(torch.nn.Module):
         with atomic_output_dir(path, overwrite=overwrite) as tmp:
             self.write(tmp, training_info)
         return Path(path)
+
+
+def detach_pooler(model) -> dict[str, torch.Tensor]:
+    """Take the pooler head (BERT/RoBERTa's tanh layer over [CLS]) out of the model, returning its weights.
+
+    No pooling here uses it, so it must not train (nor count as an unused parameter in distributed
+    runs); but a saved folder without it makes `AutoModel.from_pretrained` warn about newly initialised
+    pooler weights. So the weights the model was loaded with are kept and written back by `write`.
+    """
+    pooler = getattr(model, "pooler", None)
+    if not isinstance(pooler, torch.nn.Module):
+        return {}
+    state = {f"pooler.{k}": v.detach().cpu().clone() for k, v in pooler.state_dict().items()}
+    model.pooler = None
+    return state
 
 
 def _is_texts(x) -> bool:

@@ -6,16 +6,19 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from mirrorbert.config import TrainConfig, resolve_pooling, validate
-from mirrorbert.data import TrainingStrings, load_training_strings
-from mirrorbert.encoder import Encoder, model_load_error, check_model_reachable
+from mirrorbert.data import TrainingStrings, strings_for_config
+from mirrorbert.distributed import init_from_env, sharded_encoding
+from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.gradcache import cached_embeddings
-from mirrorbert.loss import mirror_infonce
+from mirrorbert.loss import build_loss, mirror_infonce
+from mirrorbert.modelcard import check_eval_after, evaluate_after_training
+from mirrorbert.preflight import inspect_model
 from mirrorbert.runtime import (
     CheckpointManager,
     InterruptFlag,
@@ -35,21 +38,12 @@ from mirrorbert.runtime import (
     make_grad_scaler,
     peak_memory_bytes,
     replay_rng,
-    resolve_device,
     resolve_precision,
     restore_training_state,
     seed_everything,
     set_threads,
 )
-from mirrorbert.views import (
-    DropHead,
-    dropout_overrides,
-    masked_views,
-    pad_batch,
-    require_mask_token,
-    special_token_ids,
-    tokenize_once,
-)
+from mirrorbert.views import DropHead, SecondViews, dropout_overrides, tokenize_once
 
 logger = logging.getLogger(__name__)
 
@@ -89,21 +83,15 @@ class _Plan:
         return [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)][: self.batches_per_epoch]
 
 
-def load_model_config(name: str):
-    from transformers import AutoConfig
-
-    check_model_reachable(name)
-    try:
-        return AutoConfig.from_pretrained(name)
-    except (OSError, ValueError) as exc:
-        raise model_load_error(name, exc) from None
+def load_model_config(name: str, cfg: TrainConfig | None = None):
+    """The model's config, after the cheap checks (tokenizer, max length, mask token) of `preflight`."""
+    config, _ = inspect_model(name, max_length=cfg.max_length if cfg else None,
+                              need_mask=bool(cfg and cfg.mask_span > 0))
+    return config
 
 
 def _load_strings(cfg: TrainConfig) -> TrainingStrings:
-    return load_training_strings(
-        data=cfg.data, column=cfg.column, field=cfg.field, words_top=cfg.words_top, lang=cfg.lang,
-        random_count=cfg.random_strings, limit=cfg.limit, seed=cfg.seed, skip_bad_lines=cfg.skip_bad_lines,
-    )
+    return strings_for_config(cfg)
 
 
 def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]], controlled_dropout: bool,
@@ -124,18 +112,23 @@ def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]
 
 def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
                      temperature: float, controlled_dropout: bool, device: torch.device, precision: str,
+                     loss_fn=None, gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
                      grad_cache_chunk: int | None = None) -> torch.Tensor:
-    """Loss of one batch (`pad_id` is unused: the tokenizer's own is taken; kept for callers of the first version).
+    """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own).
 
-    With `grad_cache_chunk` the views are embedded that many at a time with cached gradients (gradcache.py):
-    the same loss and gradients at the activation memory of one chunk.
+    `loss_fn` (from `loss.build_loss`) maps the [2B, d] embeddings to the loss; default InfoNCE at
+    `temperature`. `gather` turns this process's rows into the global batch's (several processes), so the
+    loss is eq. 1 over the global batch. With `grad_cache_chunk` the views are embedded that many at a
+    time with cached gradients (gradcache.py): same loss and gradients at the activation memory of one chunk.
     """
     if grad_cache_chunk:
         embeddings = cached_embeddings(lambda chunk: embed_views(encoder, chunk, [], False, device, precision),
                                        first + second, grad_cache_chunk)
     else:
         embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
-    return mirror_infonce(embeddings, temperature)
+    if gather is not None:
+        embeddings = gather(embeddings)
+    return loss_fn(embeddings) if loss_fn is not None else mirror_infonce(embeddings, temperature)
 
 
 def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResult:
@@ -156,15 +149,20 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     if not cfg.output:
         raise UserError("--output is required: the folder to write the trained model to")
     check_output_dir(cfg.output, cfg.overwrite)
-    device = resolve_device(cfg.device)
+    eval_tasks = check_eval_after(cfg.eval_after, cfg.data_dir)
+    dist_ctx = init_from_env(cfg.device)  # one process, or this process's rank under torchrun/accelerate
+    device = dist_ctx.device
     precision = resolve_precision(cfg.precision, device)
     enable_tf32(device)
+    if cfg.grad_cache_chunk and dist_ctx.world_size > 1:
+        raise UserError("--grad-cache-chunk: not supported with several processes yet (DDP's gradient hooks "
+                        "would fire inside the cached replay); use --gradient-checkpointing there")
     strings = strings or _load_strings(cfg)
     seed_everything(cfg.seed)
     started = time.time()
 
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
-    base_config = load_model_config(cfg.model)
+    base_config = load_model_config(cfg.model, cfg)
     pooling = resolve_pooling(cfg.pooling, base_config.model_type)
     overrides = dropout_overrides(base_config, cfg.dropout)
     encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
@@ -172,10 +170,12 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     encoder.train()
     drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
     tokenizer = encoder.tokenizer
-    mask_id = require_mask_token(tokenizer) if cfg.mask_span > 0 else None
-    special = special_token_ids(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     token_ids = tokenize_once(tokenizer, strings.strings, cfg.max_length)
+    second_view_masker = SecondViews(tokenizer, strings.strings, token_ids, cfg.mask_unit, cfg.mask_span,
+                                     cfg.mask_min_chars, cfg.max_length)
+    second_view_masker.warn_if_never_applies()
+    loss_fn = build_loss(cfg.loss, cfg.temperature)
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(encoder.model)
     compiled = cfg.compile and compile_model(
@@ -194,6 +194,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     scaler = make_grad_scaler(device, precision)
     checkpoints = CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints)
     checkpointing = cfg.save_every > 0 or cfg.checkpoint_dir is not None or resume is not None
+    dist_ctx.wrap(encoder)
 
     step, epoch, next_batch, last_checkpoint = 0, 0, 0, None
     if resume is not None:
@@ -205,54 +206,63 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, step, epoch, next_batch)
 
     def save_checkpoint() -> Path:
-        return checkpoints.save(
+        return dist_ctx.on_main(lambda: checkpoints.save(
             step, lambda folder: encoder.write(folder), optimizer, scheduler, scaler,
-            meta={"data_sha256": strings.fingerprint, "config": cfg.to_dict()},
+            meta={"data_sha256": strings.fingerprint, "config": cfg.to_dict(), "world_size": dist_ctx.world_size},
             extra_state={"step": step, "epoch": epoch, "next_batch": next_batch},
-        )
+        ), checkpoints.root / f"step-{step}")
 
-    metrics = MetricLogger(cfg.log_dir)
-    from tqdm.auto import tqdm
+    metrics = MetricLogger(cfg.log_dir if dist_ctx.is_main else None)
+    from mirrorbert.progress import progress_bar
 
-    progress = tqdm(total=plan.total_steps, initial=step, disable=not cfg.show_progress, desc="mirror", unit="step")
+    progress = progress_bar(total=plan.total_steps, initial=step, show=cfg.show_progress and dist_ctx.is_main,
+                            desc="mirror", unit="step")
     loss_value, seen_strings, seen_tokens, loop_start = None, 0, 0, time.time()
+    # final_loss is one (possibly short) batch; the epoch mean is the number to compare runs by
+    epoch_loss_sum, epoch_loss_n, mean_loss_last_epoch = 0.0, 0, None
     interrupted = False
     step_log: list[tuple[float, int, int]] = []
     try:
-        with InterruptFlag() as interrupt:
+        with InterruptFlag() as interrupt, dist_ctx.failure_guard(lambda: last_checkpoint):
             while step < plan.total_steps and not interrupted:
                 batches = plan.epoch_batches(epoch)
-                second_views = masked_views(token_ids, cfg.mask_span, mask_id, special,
-                                            derived_generator(cfg.seed, STREAM_MASK, epoch))
+                second_views = second_view_masker.draw(derived_generator(cfg.seed, STREAM_MASK, epoch))
                 while next_batch < len(batches) and step < plan.total_steps:
                     step_start = time.perf_counter()
-                    index = batches[next_batch]
-                    first = [token_ids[i] for i in index]
-                    second = [second_views[i] for i in index]
+                    index = batches[next_batch]  # the global batch; this process embeds its shard
+                    first = [token_ids[i] for i in dist_ctx.shard(index)]
+                    second = [second_views[i] for i in dist_ctx.shard(index)]
+                    dist_ctx.seed_step(cfg.seed, step)
                     loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
-                                            cfg.controlled_dropout, device, precision, cfg.grad_cache_chunk)
+                                            cfg.controlled_dropout, device, precision, loss_fn,
+                                            lambda rows: dist_ctx.gather_views(rows, len(index)),
+                                            cfg.grad_cache_chunk)
                     check_finite_loss(loss, step + 1, last_checkpoint)
                     backward_and_step(loss, optimizer, scheduler, scaler, max_grad_norm=cfg.max_grad_norm)
                     step += 1
                     next_batch += 1
                     loss_value = loss.item()
-                    step_tokens = sum(len(s) for s in first) + sum(len(s) for s in second)
+                    epoch_loss_sum, epoch_loss_n = epoch_loss_sum + loss_value, epoch_loss_n + 1
+                    step_tokens = sum(len(token_ids[i]) + len(second_views[i]) for i in index)
                     seen_strings += len(index)
                     seen_tokens += step_tokens
                     step_log.append((time.perf_counter() - step_start, len(index), step_tokens))
                     elapsed = max(time.time() - loop_start, 1e-9)
                     progress.update(1)
-                    progress.set_postfix(loss=f"{loss_value:.4f}", strings_s=f"{seen_strings / elapsed:.1f}")
+                    progress.set_postfix(loss=f"{loss_value:.4f}", strings_s=f"{seen_strings / elapsed:.1f}",
+                                         refresh=False)  # shown by the next update, at its refresh rate
                     if step % cfg.log_every == 0 or step == plan.total_steps:
                         metrics.log(step, loss=loss_value, lr=scheduler.get_last_lr()[0],
                                     strings_per_s=seen_strings / elapsed)
-                        logger.debug("step %d loss %.4f", step, loss_value)
+                        logger.debug("step %d loss %.8f", step, loss_value)
                     epoch_done = next_batch >= len(batches)
                     if epoch_done:
                         epoch, next_batch = epoch + 1, 0
+                        mean_loss_last_epoch = epoch_loss_sum / epoch_loss_n
+                        epoch_loss_sum, epoch_loss_n = 0.0, 0
                     if cfg.save_every and step % cfg.save_every == 0:
                         last_checkpoint = save_checkpoint()
-                    if interrupt.raised:
+                    if dist_ctx.any(interrupt.raised):
                         interrupted = True
                         break
                     if epoch_done:  # the next epoch needs its own order and masks
@@ -260,6 +270,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     finally:
         progress.close()
         metrics.close()
+        dist_ctx.unwrap(encoder)
         if drophead is not None:
             drophead.remove()
 
@@ -273,6 +284,11 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         last_checkpoint = save_checkpoint()
 
     elapsed = max(time.time() - loop_start, 1e-9)
+    masking = second_view_masker.stats.shares()
+    logger.info("span masking (%s, k=%d): %.1f%% of real tokens hidden, %.1f%% of strings masked", cfg.mask_unit,
+                cfg.mask_span, 100 * masking["masked_token_share"], 100 * masking["masked_string_share"])
+    if epoch_loss_n:  # stopped inside an epoch (--steps): the mean of that epoch's batches so far
+        mean_loss_last_epoch = epoch_loss_sum / epoch_loss_n
     info = {
         "method": "mirror-bert",
         "config": {**cfg.to_dict(), "pooling": pooling, "batch_size": batch_size},
@@ -281,10 +297,13 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         "steps": step,
         "epochs": round(step / max(1, plan.batches_per_epoch), 3),
         "final_loss": loss_value,
+        "mean_loss_last_epoch": mean_loss_last_epoch,
+        **masking,
         "wall_time_s": round(wall, 2),
         "strings_per_s": round(seen_strings / elapsed, 2),
         "real_tokens_per_s": round(seen_tokens / elapsed, 2),
         "device": str(device),
+        "world_size": dist_ctx.world_size,
         "precision": precision,
         "compiled": bool(compiled),
         "peak_memory_bytes": peak_memory_bytes(device),
@@ -292,7 +311,11 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         "versions": library_versions(),
     }
     encoder.eval()
-    output = encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite)
+    if eval_tasks:
+        with sharded_encoding(dist_ctx):  # every rank evaluates, sharing the encoding work
+            info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
+    output = dist_ctx.on_main(lambda: encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite),
+                              Path(cfg.output))
     logger.info("model written to %s (%d steps, final loss %s)", output, step, loss_value)
     return TrainResult(output, step, loss_value, wall, checkpoint=last_checkpoint, info=info, step_log=step_log)
 

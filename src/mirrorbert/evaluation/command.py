@@ -35,6 +35,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="folder holding the evaluation sets (default: $MIRRORBERT_DATA)")
     p.add_argument("--output", help="write all metrics as JSON to this file")
     p.add_argument("--report", help="write a Markdown report (with PNG plots beside it) to this file")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output/--report file")
     p.add_argument("--plot-dir", help="folder for PNG plots (default: <report stem>_files next to --report)")
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     p.add_argument("--pooling", choices=("cls", "mean", "first-last"), help="override the model's pooling")
@@ -87,8 +88,18 @@ def load_model(
     device: str | None = None,
     max_length: int | None = None,
     backend: str = "auto",
+    option: str = "--model",
 ) -> Any:
-    """An object with the encoder protocol for ``--model``."""
+    """An object with the encoder protocol for ``--model`` (errors name ``option``)."""
+    try:
+        return _load_model(name, pooling, device, max_length, backend)
+    except UserError as exc:
+        if option == "--model":
+            raise
+        raise UserError(str(exc).replace("--model", option)) from None
+
+
+def _load_model(name: str, pooling: str | None, device: str | None, max_length: int | None, backend: str) -> Any:
     if name == GLOVE or name.startswith(GLOVE + ":"):
         from mirrorbert.evaluation.baselines import GloveEncoder
 
@@ -110,7 +121,7 @@ def load_model(
 def run_eval(args: argparse.Namespace) -> int:
     """Run the evaluation described by parsed ``eval`` arguments; 0 if no task failed, 1 otherwise."""
     from mirrorbert.evaluation import datasets
-    from mirrorbert.evaluation.runner import evaluate, parse_tasks
+    from mirrorbert.evaluation.runner import check_task_options, evaluate, parse_tasks
 
     if getattr(args, "list_data", False):
         print(datasets.registry_markdown())
@@ -119,6 +130,11 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UserError("eval: --model is required (a model folder, a hub id, or 'glove')")
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
+    if args.max_length is not None and args.max_length < 1:
+        raise UserError(f"--max-length {args.max_length}: must be an integer >= 1")
+    for option, value in (("--output", args.output), ("--report", args.report)):
+        if value and Path(value).exists() and not getattr(args, "overwrite", False):
+            raise UserError(f"{option} {value} already exists; pass --overwrite to replace it")
     tasks = parse_tasks(args.tasks)
     data_dir = datasets.resolve_data_dir(args.data_dir)
     options: dict[str, dict[str, Any]] = {}
@@ -131,29 +147,38 @@ def run_eval(args: argparse.Namespace) -> int:
         options.setdefault("wordsim", {})["languages"] = [s.strip() for s in args.wordsim_languages.split(",") if s.strip()]
     if args.xling_pairs:
         options.setdefault("wordsim", {})["cross_lingual"] = args.xling_pairs
-    encoder = load_model(args.model, args.pooling, args.device, args.max_length, args.backend)
+    check_task_options(options)  # before any model is loaded
+    from mirrorbert.distributed import init_from_env, sharded_encoding
+
+    dist_ctx = init_from_env(args.device)  # under torchrun the processes share the encoding work
+    device = str(dist_ctx.device) if dist_ctx.enabled else args.device
     reference = None
     if args.reference_model:
         if "isotropy" not in tasks:
             logger.warning("--reference-model is only used by the isotropy task, which is not selected")
         else:
             reference = load_model(
-                args.reference_model, args.reference_pooling, args.device, args.max_length, args.backend
+                args.reference_model, args.reference_pooling, device, args.max_length, args.backend,
+                option="--reference-model",
             )
             options.setdefault("isotropy", {}).setdefault("reference_label", Path(args.reference_model).name)
-    result = evaluate(
-        encoder,
-        tasks=tasks,
-        data_dir=data_dir,
-        output=args.output,
-        report=args.report,
-        plot_dir=args.plot_dir,
-        batch_size=args.batch_size,
-        task_options=options,
-        reference_encoder=reference,
-        model_name=args.model,
-        show_progress=args.progress,
-    )
+    encoder = load_model(args.model, args.pooling, device, args.max_length, args.backend)
+    with sharded_encoding(dist_ctx):  # every process runs every task; only rank 0 writes and prints
+        result = evaluate(
+            encoder,
+            tasks=tasks,
+            data_dir=data_dir,
+            output=args.output if dist_ctx.is_main else None,
+            report=args.report if dist_ctx.is_main else None,
+            plot_dir=args.plot_dir,
+            batch_size=args.batch_size,
+            task_options=options,
+            reference_encoder=reference,
+            model_name=args.model,
+            show_progress=args.progress and dist_ctx.is_main,
+        )
+    if not dist_ctx.is_main:
+        return 1 if any(o.status == "error" for o in result.outcomes.values()) else 0
     print(result.table())
     for outcome in result.outcomes.values():
         if outcome.status == "skipped":
@@ -162,4 +187,7 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"results: {Path(args.output)}")
     if args.report:
         print(f"report: {Path(args.report)}")
+    if all(o.status == "skipped" for o in result.outcomes.values()):
+        raise UserError(f"nothing was evaluated: the data of every selected task is missing from {data_dir} "
+                        "(see `mirrorbert eval --list-data`)")
     return 1 if any(o.status == "error" for o in result.outcomes.values()) else 0

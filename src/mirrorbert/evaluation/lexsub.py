@@ -500,7 +500,7 @@ class LexSubGenerator:
     def rank(self, items: Sequence[LexSubItem], show_progress: bool = False) -> dict[tuple[str, str], list[str]]:
         """Ranked, filtered substitutes (lemmas) per item key."""
         import torch
-        from tqdm.auto import tqdm
+        from mirrorbert.progress import progress_bar
 
         from mirrorbert.gloss.model import mlm_forward, span_mean
 
@@ -509,7 +509,7 @@ class LexSubGenerator:
         emb = self.model.get_input_embeddings().weight
         cand = self.cand_ids.to(self.device)
         bs = cfg.batch_size
-        for b in tqdm(range(0, len(items), bs), desc="lexsub", disable=not show_progress):
+        for b in progress_bar(range(0, len(items), bs), desc="lexsub", show=show_progress):
             chunk = items[b:b + bs]
             fitted = [self._fit(it) for it in chunk]
             enc, tmask = self._encode([" ".join(t) for t, _ in fitted],
@@ -627,11 +627,17 @@ def evaluate_lexsub(
     if limit:
         items = items[:limit]
     dev = resolve_device(device)
+    from mirrorbert.preflight import first_line, inspect_model, weights_load_error
+
+    inspect_model(str(model_path), need_mask=True, mask_option="--model")  # before the weights load
     try:
         tok = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForMaskedLM.from_pretrained(model_path)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--model {model_path}: cannot load a masked LM ({str(exc).splitlines()[0]})") from None
+    except Exception as exc:  # noqa: BLE001  damaged weights raise safetensors' own error type
+        error = weights_load_error(str(model_path), exc)
+        if error is None and not isinstance(exc, (OSError, ValueError)):
+            raise
+        raise error or UserError(f"--model {model_path}: cannot load a masked LM ({first_line(exc)})") from None
     gen = LexSubGenerator(model, tok, wn, device=dev, config=config)
     ranked = gen.rank(items, show_progress=show_progress)
     gold = {it.key: dict(it.gold) for it in items if it.gold}

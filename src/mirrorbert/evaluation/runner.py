@@ -61,6 +61,26 @@ def parse_tasks(tasks: str | Iterable[str] | None) -> list[str]:
     return names
 
 
+def check_task_options(options: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse an option no task function takes (it used to be silently ignored), before any model loads."""
+    import inspect
+
+    unknown = [k for k in options if k not in TASKS]
+    if unknown:
+        raise UserError(f"options given for unknown task(s): {', '.join(unknown)}")
+    for task, values in options.items():
+        params = inspect.signature(get_task(task)).parameters
+        # `**_` is how tasks ignore the runner's common keywords; any other **kwargs takes anything
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD and n != "_" for n, p in params.items()):
+            continue
+        accepted = [n for n, p in list(params.items())[2:]
+                    if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        for key in values:
+            if key not in accepted:
+                raise UserError(f"--option {task}.{key}: the {task} task has no option {key!r} "
+                                f"(its options: {', '.join(accepted)})")
+
+
 @dataclass
 class TaskOutcome:
     """What happened to one task."""
@@ -223,9 +243,7 @@ def evaluate(
         model_name = model_name or str(encoder)
         encoder = load_model(str(encoder))
     options = {k: dict(v) for k, v in (task_options or {}).items()}
-    unknown = [k for k in options if k not in TASKS]
-    if unknown:
-        raise UserError(f"options given for unknown task(s): {', '.join(unknown)}")
+    check_task_options(options)
     if plot_dir is None and report is not None:
         plot_dir = Path(report).with_name(Path(report).stem + "_files")
     outcomes: dict[str, TaskOutcome] = {}

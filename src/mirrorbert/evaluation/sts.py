@@ -217,7 +217,7 @@ def load_sts_year(data_dir: str | Path | None, name: str) -> dict[str, PairSet]:
         if inp.is_file() and gs.is_file():
             subsets[subset] = load_pair_score(inp, gs)
         else:
-            logger.info("%s: subset %s absent, skipped", name, subset)
+            logger.debug("%s: subset %s absent, skipped", name, subset)
     if not subsets:
         datasets.require(data_dir, name)  # raises with the full list of files and the source
     return subsets
@@ -299,6 +299,7 @@ def evaluate_sts(
             raise UserError(f"unknown STS set {name!r}; known: {', '.join(ENGLISH_SETS + OTHER_LANGUAGE_SETS)}")
     out = TaskMetrics()
     messages: list[str] = []
+    absent: list[str] = []
     for name in wanted:
         try:
             if name.upper() in datasets.STS_YEAR_SUBSETS:
@@ -319,7 +320,10 @@ def evaluate_sts(
             messages.append(str(exc))
             if name in ENGLISH_SETS or explicit:
                 out.skipped[name] = str(exc)
-            logger.info("STS set %s skipped: %s", name, exc)
+            absent.append(name)
+            logger.debug("STS set %s skipped: %s", name, exc)
+    if absent:  # one line, not one per optional set (details with -v)
+        logger.info("STS: %d set(s) absent from the data directory, skipped: %s", len(absent), ", ".join(absent))
     for name, (inp, gs) in (extra or {}).items():
         for p in (inp, gs):
             if not Path(p).is_file():

@@ -101,7 +101,7 @@ def cosine_regression_loss(u, v, target):
 def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: int) -> StsRun:
     """Fine-tune a fresh copy of the model on one subset with one seed; score STS-B test."""
     import torch
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
     from mirrorbert.encoder import Encoder
     from mirrorbert.evaluation.sts import score_pairs
@@ -115,7 +115,8 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
     check_precision(cfg.precision, device)
     seed_everything(seed)
     idx = subset_indices(len(train), fraction, seed)
-    encoder = Encoder.load(cfg.model, pooling=cfg.pooling, device=str(device), max_length=cfg.max_length)
+    encoder = Encoder.load(cfg.model, pooling=cfg.pooling, device=str(device))
+    encoder.max_length = min(cfg.max_length, encoder.max_length)  # at most the model's positions, like gloss-pretrain
     encoder.train()
     ids1 = encoder.tokenize([train.s1[i] for i in idx])
     ids2 = encoder.tokenize([train.s2[i] for i in idx])
@@ -127,7 +128,7 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
     scheduler = build_scheduler(optimizer, "linear", int(round(cfg.warmup * total)), total)
     gen = torch.Generator().manual_seed(seed)
     step = 0
-    with tqdm(total=total, disable=not cfg.show_progress, desc=f"sts-b {fraction:g} seed {seed}", unit="step") as bar:
+    with progress_bar(total=total, show=cfg.show_progress, desc=f"sts-b {fraction:g} seed {seed}", unit="step") as bar:
         for _ in range(cfg.epochs):
             order = torch.randperm(len(idx), generator=gen).tolist()
             for b in range(0, len(order), cfg.batch_size):
@@ -140,7 +141,7 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
                 backward_and_step(loss, optimizer, scheduler)
                 step += 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.4f}")
+                bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)
     encoder.eval()
     spearman = 100.0 * score_pairs(encoder, test, batch_size=cfg.eval_batch_size)
     logger.info("STS-B fraction %g seed %d: test Spearman %.2f (%d pairs, %d steps)", fraction, seed, spearman,

@@ -151,12 +151,17 @@ def load_start_model(name: str):
     """Tokenizer and masked LM to start from, with a clear error when they cannot be loaded."""
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
+    from mirrorbert.preflight import first_line, inspect_model, weights_load_error
+
+    inspect_model(name, need_mask=True, mask_option="--model")  # cheap checks before the weights load
     try:
         tok = AutoTokenizer.from_pretrained(name)
         mlm = AutoModelForMaskedLM.from_pretrained(name)
-    except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--model {name}: cannot load a masked LM and its tokenizer ({first})") from None
+    except Exception as exc:  # noqa: BLE001  damaged weights raise safetensors' own error type
+        error = weights_load_error(name, exc)
+        if error is None and not isinstance(exc, (OSError, ValueError)):
+            raise
+        raise error or UserError(f"--model {name}: cannot load a masked LM and its tokenizer ({first_line(exc)})") from None
     return tok, mlm
 
 
@@ -197,7 +202,7 @@ def _cpu_state(module) -> dict[str, Any]:
 def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     """Run GR-BERT pre-training as configured and write the best model to ``cfg.output``."""
     import torch
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
     from mirrorbert.gloss.model import (
         GlossRegularizedMLM,
@@ -339,7 +344,7 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
                 save_best_dir()
 
     metrics = MetricLogger(cfg.log_dir)
-    progress = tqdm(total=total_steps, initial=step, disable=not cfg.show_progress, desc="gloss-pretrain", unit="step")
+    progress = progress_bar(total=total_steps, initial=step, show=cfg.show_progress, desc="gloss-pretrain", unit="step")
     interrupted = False
     loss_value = None
     try:
@@ -367,7 +372,7 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
                     loss_value = float(loss.item())
                     progress.update(1)
                     progress.set_postfix(loss=f"{loss_value:.3f}", gr=f"{out.gr.item():.3f}",
-                                         mlm=f"{out.mlm.item():.3f}", acc=f"{out.accuracy:.2f}")
+                                         mlm=f"{out.mlm.item():.3f}", acc=f"{out.accuracy:.2f}", refresh=False)
                     metrics.log(step, loss=loss_value, gr_loss=float(out.gr.item()), mlm_loss=float(out.mlm.item()),
                                 batch_accuracy=out.accuracy, lr=scheduler.get_last_lr()[0])
                     if next_batch >= len(batches):

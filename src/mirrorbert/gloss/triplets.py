@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from mirrorbert.data import check_utf8_file
 from mirrorbert.errors import UserError
 from mirrorbert.gloss.wordnet import POS_FILES, WordNet, candidate_base_forms
 
@@ -120,11 +121,11 @@ def build_wordnet_triplets(wn: WordNet, show_progress: bool = False) -> list[Tri
     The gloss is the synset's definition (without its examples). Lemmas are returned with
     spaces instead of WordNet's underscores.
     """
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
     out: list[Triplet] = []
     synsets = list(wn.all_synsets())
-    for syn in tqdm(synsets, desc="wordnet triplets", disable=not show_progress):
+    for syn in progress_bar(synsets, desc="wordnet triplets", show=show_progress):
         if not syn.examples or not syn.definition:
             continue
         pos = syn.base_pos
@@ -191,6 +192,7 @@ def load_triplets_tsv(path: str | os.PathLike, wn: WordNet | None = None) -> lis
     p = Path(path)
     if not p.is_file():
         raise UserError(f"triplet file not found: {p}")
+    check_utf8_file(p, "--triplets")  # binary data: one line naming the file, not a UnicodeDecodeError
     exceptions = wn.exceptions if wn is not None else None
     out: list[Triplet] = []
     with open(p, encoding="utf-8", newline="") as fh:

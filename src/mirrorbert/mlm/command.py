@@ -13,7 +13,7 @@ def add_pretrain_parser(sub) -> None:
     p = sub.add_parser(
         "pretrain-mlm",
         help="masked-LM pre-training, from scratch or continued from an MLM",
-        description="Masked-language-model pre-training (15%% of tokens; 80%% [MASK] / 10%% random / 10%% kept) on a "
+        description="Masked-language-model pre-training (15% of tokens; 80% [MASK] / 10% random / 10% kept) on a "
                     "text corpus, one sentence per line, blank lines between documents. From scratch with "
                     "--architecture and --tokenizer, or continued (domain-adaptive) from --model. Writes a Hugging "
                     "Face *ForMaskedLM folder with its tokenizer.",

@@ -36,6 +36,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from mirrorbert.data import check_utf8_file
 from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,8 @@ def check_corpus_files(paths: Sequence[str | Path]) -> list[Path]:
             raise UserError(f"--corpus {path}: no such file")
         if not path.is_file():
             raise UserError(f"--corpus {path}: not a regular file")
+        # the same rule as `train --data`: a binary or mis-encoded corpus is refused, not tokenised as U+FFFD
+        check_utf8_file(path, "--corpus", hint="convert the file to UTF-8 (e.g. iconv -c -f utf-8 -t utf-8)")
         out.append(path)
     return out
 
@@ -243,13 +246,13 @@ def _tokenize_into(
     batch_lines: int,
     show_progress: bool,
 ) -> dict[str, Any]:
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
     files = {s: open(out / f"{s}.tokens", "wb") for s in SPLITS}
     docs = {s: open(out / f"{s}.docs", "wb") for s in SPLITS}
     counts = {s: {"tokens": 0, "sentences": 0, "documents": 0, "words": 0} for s in SPLITS}
     total_bytes = sum(p.stat().st_size for p in paths)
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenising corpus", disable=not show_progress)
+    bar = progress_bar(total=total_bytes, unit="B", unit_scale=True, desc="tokenising corpus", show=show_progress)
     doc_index = -1
     split = "train"
     pending: list[tuple[str, bool, str]] = []  # (text, new document, split)

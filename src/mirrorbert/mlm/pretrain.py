@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from mirrorbert.errors import UserError
-from mirrorbert.mlm.corpus import PackedSequences, epoch_order, prefetch, prepare_corpus
+from mirrorbert.preflight import check_max_length, inspect_model, max_positions, weights_load_error
+from mirrorbert.mlm.corpus import PackedSequences, check_corpus_files, epoch_order, prefetch, prepare_corpus
 from mirrorbert.mlm.masking import IGNORE_INDEX, MaskingConfig, MlmMasker
 from mirrorbert.runtime import (
     CheckpointManager,
@@ -64,7 +65,8 @@ INFO_FILE = "mlm_pretraining.json"
 STREAM_MASK, STREAM_EVAL = 11, 12
 # Data-order settings: a checkpoint can only be resumed when all of these are unchanged.
 RESUME_KEYS = ("seq_length", "batch_size", "grad_accum", "seed", "mlm_probability", "whole_word_mask", "eval_fraction")
-OFFSET_POSITION_MODEL_TYPES = ("roberta", "xlm-roberta", "camembert", "longformer")
+# Positions of the named sizes (BERT's); a longer --seq-length needs a config JSON that says so.
+ARCHITECTURE_POSITIONS = 512
 
 
 @dataclass
@@ -194,7 +196,7 @@ def architecture_config(architecture: str, tokenizer, seq_length: int):
         hidden = size["hidden_size"]
         config = BertConfig(
             hidden_size=hidden, num_hidden_layers=size["num_hidden_layers"], num_attention_heads=hidden // 64,
-            intermediate_size=4 * hidden, max_position_embeddings=max(512, seq_length),
+            intermediate_size=4 * hidden, max_position_embeddings=ARCHITECTURE_POSITIONS,
         )
     else:
         path = Path(architecture)
@@ -214,6 +216,8 @@ def architecture_config(architecture: str, tokenizer, seq_length: int):
             config = AutoConfig.for_model(model_type, **values)
         except (ValueError, TypeError) as exc:
             raise UserError(f"--architecture {path}: {exc}") from None
+    # before any weight is allocated: a sequence longer than the positions cannot run at all
+    check_max_length(seq_length, config, "--seq-length", f"--architecture {architecture}")
     config.vocab_size = len(tokenizer)
     config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if tokenizer.bos_token_id is not None:
@@ -240,12 +244,19 @@ def build_model(cfg: PretrainConfig):
     name = cfg.model
     if Path(name).is_dir() and not (Path(name) / "config.json").exists():
         raise UserError(f"--model {name}: folder has no config.json (not a Hugging Face model folder)")
+    # config, tokenizer, weight-file headers and --seq-length first: cheap, and before the weights load
+    inspect_model(name, max_length=cfg.seq_length, max_length_option="--seq-length", need_mask=True,
+                  mask_option="--model", tokenizer_source=cfg.tokenizer)
     check_model_reachable(name)
     try:
         model = AutoModelForMaskedLM.from_pretrained(name)
         tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else _auto_tokenizer(name)
-    except (OSError, ValueError) as exc:
-        raise model_load_error(name, exc) from None
+    except Exception as exc:  # noqa: BLE001  damaged weights raise safetensors' own error type
+        error = weights_load_error(name, exc) or (
+            model_load_error(name, exc) if isinstance(exc, (OSError, ValueError)) else None)
+        if error is None:
+            raise
+        raise error from None
     embeddings = model.get_input_embeddings().weight.shape[0]
     if len(tokenizer) > embeddings:
         raise UserError(
@@ -260,13 +271,6 @@ def _auto_tokenizer(name: str):
     return AutoTokenizer.from_pretrained(name)
 
 
-def max_positions(config) -> int | None:
-    positions = getattr(config, "max_position_embeddings", None)
-    if not isinstance(positions, int):
-        return None
-    if getattr(config, "model_type", "") in OFFSET_POSITION_MODEL_TYPES:
-        positions -= (config.pad_token_id or 0) + 1
-    return positions
 
 
 def _mlm_head(model) -> torch.nn.Module | None:
@@ -374,6 +378,7 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
     started = time.time()
     seed_everything(cfg.seed)
 
+    check_corpus_files(cfg.corpus)  # a missing or binary corpus fails before the model loads
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
     model, tokenizer, source = build_model(cfg)
     if tokenizer.mask_token_id is None:
@@ -456,9 +461,9 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
         "warmup %d, device %s, %s", source, len(packed), cfg.seq_length, plan.total_steps,
         cfg.batch_size * cfg.grad_accum, tokens_per_step, lr, warmup, device, cfg.precision,
     )
-    from tqdm.auto import tqdm
+    from mirrorbert.progress import progress_bar
 
-    progress = tqdm(total=plan.total_steps, initial=step, disable=not cfg.show_progress, desc="pretrain-mlm",
+    progress = progress_bar(total=plan.total_steps, initial=step, show=cfg.show_progress, desc="pretrain-mlm",
                     unit="step")
     # the running window of the training metrics; carried through checkpoints so a resumed run logs the same
     window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, **(resumed_window or {}), "t": time.time()}
@@ -496,7 +501,7 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
                 rate = run_tokens / max(time.time() - loop_start, 1e-9)
                 progress.update(1)
                 progress.set_postfix(loss=f"{step_loss / max(1, n_targets):.3f}",
-                                     acc=f"{step_correct / max(1, n_targets):.3f}", tok_s=f"{rate:.0f}")
+                                     acc=f"{step_correct / max(1, n_targets):.3f}", tok_s=f"{rate:.0f}", refresh=False)
                 if step % cfg.log_every == 0 or step == plan.total_steps:
                     now = time.time()
                     last_train = {

@@ -1,0 +1,8 @@
+"""`python -m mirrorbert ...` is the `mirrorbert` command (what `torchrun ... -m mirrorbert train` runs)."""
+
+import sys
+
+from mirrorbert.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""Exact nearest-neighbour search: the one implementation behind `Encoder.search` and the evaluation's retrieval.
+
+Entity-linking dictionaries and search corpora reach a million entries, so the query x key score matrix
+is never materialised: queries are processed in blocks and keys in chunks, keeping a running top-k per
+query. Peak extra memory is one ``query_block x chunk_size`` float32 block plus the running top-k.
+
+faiss (``IndexFlatIP``: exact inner product) replaces the numpy/torch path when requested
+(``use_faiss=True``) or, with ``use_faiss=None``, whenever it is importable. Both paths return the same
+neighbours: ties are broken towards the smaller key id (faiss's own order of equal scores is unspecified
+and its rounding differs, so its rows with tied or nearly tied scores are redone with the exact path),
+which makes results deterministic and independent of the chunk size. Scores of the two paths agree up to
+float rounding (about 1e-6).
+
+This module sits at the encoder layer (numpy only; torch and faiss imported when used) so that encoder
+code never imports the evaluation package.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 16384
+DEFAULT_QUERY_BLOCK = 1024
+INDEX_META = "index.json"
+# Scores closer than this (relative, at least absolute) count as tied when checking faiss's order.
+NEAR_TIE = 1e-5
+
+
+def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero) as float32."""
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, eps)
+
+
+def faiss_available() -> bool:
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def wants_faiss(use_faiss: bool | None) -> bool:
+    """True: faiss (an error if missing); None: faiss when importable; False: never."""
+    if use_faiss and not faiss_available():
+        raise UserError("faiss was requested but is not installed (pip install faiss-cpu)")
+    return bool(use_faiss) or (use_faiss is None and faiss_available())
+
+
+# ------------------------------------------------------------------------------------------ exact top-k
+def _select_topk(scores: np.ndarray, index: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k per row of ``scores`` (with key ids ``index``), sorted by score desc then id asc."""
+    n = scores.shape[1]
+    if n > k:
+        # Keep every candidate tied with the k-th score so the id tie-break below stays exact.
+        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        kth = np.take_along_axis(scores, part, axis=1).min(axis=1, keepdims=True)
+        keep = scores >= kth
+        if keep.sum() > keep.shape[0] * k:  # ties at the boundary: fall back to a full sort
+            order = np.lexsort((index, -scores), axis=1)[:, :k]
+        else:
+            scores_p = np.take_along_axis(scores, part, axis=1)
+            index_p = np.take_along_axis(index, part, axis=1)
+            order_p = np.lexsort((index_p, -scores_p), axis=1)
+            return np.take_along_axis(scores_p, order_p, axis=1), np.take_along_axis(index_p, order_p, axis=1)
+    else:
+        order = np.lexsort((index, -scores), axis=1)
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(index, order, axis=1)
+
+
+def chunked_topk(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    k: int,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    query_block: int = DEFAULT_QUERY_BLOCK,
+    use_faiss: bool | None = False,
+    show_progress: bool = False,
+    faiss_index: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` keys by inner product for every query: ``(scores [nq, k], indices [nq, k])``.
+
+    ``k`` is capped at the number of keys. Exact search; see the module docstring for memory and
+    tie-breaking. ``use_faiss``: True forces faiss, None uses it when importable, False never.
+    ``faiss_index``: an already built ``IndexFlatIP`` holding ``keys`` (saves rebuilding it).
+    """
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    keys = np.ascontiguousarray(keys, dtype=np.float32)
+    if queries.ndim != 2 or keys.ndim != 2 or queries.shape[1] != keys.shape[1]:
+        raise ValueError(f"shape mismatch: queries {queries.shape}, keys {keys.shape}")
+    if chunk_size < 1 or query_block < 1:
+        raise ValueError("chunk_size and query_block must be positive")
+    nq, nk = queries.shape[0], keys.shape[0]
+    k = min(int(k), nk)
+    if k < 1 or nq == 0:
+        return np.zeros((nq, max(k, 0)), np.float32), np.zeros((nq, max(k, 0)), np.int64)
+
+    if faiss_index is not None or wants_faiss(use_faiss):
+        index = faiss_index if faiss_index is not None else build_faiss_index(keys, chunk_size)
+        return _faiss_topk(index, queries, keys, k, chunk_size, query_block)
+
+    out_s = np.empty((nq, k), np.float32)
+    out_i = np.empty((nq, k), np.int64)
+    starts = range(0, nq, query_block)
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc="nearest neighbours", unit="block")
+    for q0 in starts:
+        q = queries[q0 : q0 + query_block]
+        best_s = np.full((q.shape[0], 0), -np.inf, np.float32)
+        best_i = np.zeros((q.shape[0], 0), np.int64)
+        for k0 in range(0, nk, chunk_size):
+            cand_s, cand_i = _block_topk(q @ keys[k0 : k0 + chunk_size].T, k, k0)
+            best_s, best_i = _select_topk(
+                np.concatenate([best_s, cand_s], axis=1), np.concatenate([best_i, cand_i], axis=1), k
+            )
+        out_s[q0 : q0 + q.shape[0]] = best_s
+        out_i[q0 : q0 + q.shape[0]] = best_i
+    return out_s, out_i
+
+
+def _block_topk(block: np.ndarray, k: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k of one score block with global ids ``offset + column``, in the exact tie order.
+
+    ``torch.topk`` is several times faster than ``np.argpartition`` but leaves the order of equal
+    scores unspecified; the candidate *set* is still exact unless the k-th and (k+1)-th scores tie,
+    so such rows (rare with real embeddings) are redone with the exact numpy selection.
+    """
+    import torch
+
+    n = block.shape[1]
+    ids = np.arange(offset, offset + n, dtype=np.int64)
+    if n <= k:
+        return _select_topk(block, np.broadcast_to(ids, block.shape), k)
+    vals, cols = torch.topk(torch.from_numpy(block), k + 1, dim=1, sorted=True)
+    vals_np, cols_np = vals.numpy(), cols.numpy()
+    s, c = vals_np[:, :k], cols_np[:, :k]
+    order = np.lexsort((c, -s), axis=1)
+    s, c = np.take_along_axis(s, order, axis=1), np.take_along_axis(c, order, axis=1) + offset
+    tied = np.flatnonzero(vals_np[:, k - 1] == vals_np[:, k])
+    if tied.size:
+        rows = block[tied]
+        s[tied], c[tied] = _select_topk(rows, np.broadcast_to(ids, rows.shape), k)
+    return s, c
+
+
+def build_faiss_index(keys: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE):
+    """An exact inner-product faiss index over ``keys`` (added in chunks)."""
+    import faiss
+
+    keys = np.ascontiguousarray(keys, dtype=np.float32)
+    index = faiss.IndexFlatIP(keys.shape[1])
+    for k0 in range(0, keys.shape[0], chunk_size):
+        index.add(keys[k0 : k0 + chunk_size])
+    return index
+
+
+def _faiss_topk(index, queries: np.ndarray, keys: np.ndarray, k: int, chunk_size: int,
+                query_block: int) -> tuple[np.ndarray, np.ndarray]:
+    """faiss search brought to the numpy path's exact results.
+
+    faiss orders equal scores arbitrarily and rounds differently (about 1e-7), so two keys that tie,
+    or nearly tie, may come out in another order or the k-th place go to another key. One extra
+    neighbour is fetched; every row with two scores closer than ``NEAR_TIE`` among its first k+1
+    (rare with dense embeddings, common with lexical ones) is redone with the exact chunked search.
+    """
+    nk = keys.shape[0]
+    extra = 1 if nk > k else 0
+    scores, ids = index.search(queries, k + extra)
+    scores, ids = scores.astype(np.float32), ids.astype(np.int64)
+    tolerance = NEAR_TIE * np.maximum(1.0, np.abs(scores[:, :1]))
+    near = (np.abs(np.diff(scores, axis=1)) <= tolerance).any(axis=1)
+    s, i = scores[:, :k].copy(), ids[:, :k].copy()
+    redo = np.flatnonzero(near)
+    if redo.size:
+        s[redo], i[redo] = chunked_topk(queries[redo], keys, k, chunk_size=chunk_size, query_block=query_block,
+                                        use_faiss=False)
+    return s, i
+
+
+def cosine_topk(queries: np.ndarray, keys: np.ndarray, k: int, **options: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` keys by cosine similarity (inputs need not be normalised); options as `chunked_topk`."""
+    return chunked_topk(l2_normalize(queries), l2_normalize(keys), k, **options)
+
+
+# ------------------------------------------------------------------------------------------ text search
+class Hit(NamedTuple):
+    """One search result: position of the entry in the corpus, its text and the cosine similarity."""
+
+    corpus_id: int
+    text: str | None
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.corpus_id, "text": self.text, "score": self.score}
+
+
+@dataclass
+class SearchIndex:
+    """L2-normalised corpus vectors with their texts (and a faiss index when faiss is used).
+
+    Corpus ids are row positions. ``save``/``load`` keep the vectors (.npy), the texts (JSON lines) and
+    which model encoded them, so a large corpus is encoded once.
+    """
+
+    vectors: np.ndarray
+    texts: list[str] | None = None
+    faiss_index: Any = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.vectors = np.ascontiguousarray(np.atleast_2d(self.vectors), dtype=np.float32)
+        if self.texts is not None and len(self.texts) != len(self.vectors):
+            raise ValueError(f"{len(self.texts)} texts for {len(self.vectors)} vectors")
+
+    def __len__(self) -> int:
+        return int(self.vectors.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+    @classmethod
+    def from_vectors(cls, vectors: np.ndarray, texts: Sequence[str] | None = None, use_faiss: bool | None = None,
+                     meta: dict[str, Any] | None = None, normalize: bool = True) -> "SearchIndex":
+        """``vectors`` are L2-normalised here unless ``normalize=False`` (already unit length)."""
+        vectors = l2_normalize(np.atleast_2d(vectors)) if normalize else vectors
+        index = cls(vectors, list(texts) if texts is not None else None, meta=dict(meta or {}))
+        if len(index) and wants_faiss(use_faiss):
+            index.faiss_index = build_faiss_index(index.vectors)
+        return index
+
+    def search_vectors(self, queries: np.ndarray, top_k: int, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                       use_faiss: bool | None = None) -> list[list[Hit]]:
+        """Hits for already computed query vectors (normalised here), best first.
+
+        ``use_faiss=None`` searches with the index's faiss index if it has one; True builds one if needed.
+        """
+        if top_k < 1:
+            raise UserError(f"--top-k must be >= 1, not {top_k}")
+        queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
+        if queries.shape[1] != self.dim:
+            raise UserError(f"query vectors have dimension {queries.shape[1]}, the index {self.dim}")
+        use = self.faiss_index is not None if use_faiss is None else wants_faiss(use_faiss)
+        if use and self.faiss_index is None:
+            self.faiss_index = build_faiss_index(self.vectors)
+        scores, ids = chunked_topk(l2_normalize(queries), self.vectors, top_k, chunk_size=chunk_size,
+                                   use_faiss=False, faiss_index=self.faiss_index if use else None)
+        texts = self.texts
+        return [
+            [Hit(int(i), texts[i] if texts is not None else None, float(s)) for s, i in zip(row_s, row_i)]
+            for row_s, row_i in zip(scores, ids)
+        ]
+
+    def save(self, folder: str | Path) -> Path:
+        """Write vectors.npy, texts.jsonl and index.json into ``folder`` (created if needed)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        np.save(folder / "vectors.npy", self.vectors)
+        if self.texts is not None:
+            with open(folder / "texts.jsonl", "w", encoding="utf-8") as fh:
+                for text in self.texts:
+                    fh.write(json.dumps(text, ensure_ascii=False) + "\n")
+        meta = {**self.meta, "format_version": 1, "size": len(self), "dim": self.dim, "normalized": True}
+        (folder / INDEX_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path, use_faiss: bool | None = None) -> "SearchIndex":
+        folder = Path(folder)
+        if not (folder / INDEX_META).is_file() or not (folder / "vectors.npy").is_file():
+            raise UserError(f"{folder}: not a saved search index (no {INDEX_META} / vectors.npy)")
+        meta = json.loads((folder / INDEX_META).read_text(encoding="utf-8"))
+        texts = None
+        if (folder / "texts.jsonl").is_file():
+            with open(folder / "texts.jsonl", encoding="utf-8") as fh:
+                texts = [json.loads(line) for line in fh]
+        return cls.from_vectors(np.load(folder / "vectors.npy"), texts, use_faiss=use_faiss, meta=meta, normalize=False)
+
+
+def build_index(encoder, corpus: Sequence[str], *, batch_size: int = 64, use_faiss: bool | None = None,
+                show_progress: bool = False) -> SearchIndex:
+    """Encode and L2-normalise ``corpus`` with ``encoder`` (anything with ``encode``) into a SearchIndex."""
+    corpus = [corpus] if isinstance(corpus, str) else list(corpus)
+    if not corpus:
+        raise UserError("the search corpus is empty")
+    vectors = encoder.encode(corpus, batch_size=batch_size, normalize=True, show_progress=show_progress)
+    meta = {"model": getattr(encoder, "source", None), "pooling": getattr(encoder, "pooling", None)}
+    return SearchIndex.from_vectors(vectors, corpus, use_faiss=use_faiss, meta=meta)
+
+
+def search(encoder, queries: str | Sequence[str], corpus_or_index: SearchIndex | Sequence[str], top_k: int = 10, *,
+           batch_size: int = 64, use_faiss: bool | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+           show_progress: bool = False) -> list[Hit] | list[list[Hit]]:
+    """The ``top_k`` corpus entries nearest (cosine) to each query; one list of hits for a single string."""
+    if top_k < 1:
+        raise UserError(f"--top-k must be >= 1, not {top_k}")
+    index = corpus_or_index
+    if not isinstance(index, SearchIndex):
+        index = build_index(encoder, index, batch_size=batch_size, use_faiss=use_faiss, show_progress=show_progress)
+    single = isinstance(queries, str)
+    queries = [queries] if single else list(queries)
+    if not queries:
+        return []
+    vectors = encoder.encode(queries, batch_size=batch_size, normalize=True)
+    hits = index.search_vectors(vectors, top_k, chunk_size=chunk_size, use_faiss=use_faiss)
+    return hits[0] if single else hits
+
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE", "DEFAULT_QUERY_BLOCK", "Hit", "SearchIndex", "build_index", "search",
+    "chunked_topk", "cosine_topk", "l2_normalize", "faiss_available",
+]

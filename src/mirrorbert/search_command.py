@@ -1,0 +1,82 @@
+"""`mirrorbert search`: nearest corpus entries for one or more queries, printed as JSON lines."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from mirrorbert.errors import UserError
+
+FAISS_CHOICES = {"auto": None, "yes": True, "no": False}
+
+
+def add_search_parser(sub) -> None:
+    p = sub.add_parser(
+        "search", help="find the corpus entries nearest to queries (exact cosine top-k, JSON lines)",
+        description="Encode a corpus and queries with a model and print, per query, one JSON line "
+                    '{"query": ..., "hits": [{"id": ..., "text": ..., "score": ...}, ...]} (id = corpus line, from 0).',
+    )
+    p.add_argument("--model", required=True, help="trained folder, sentence-transformers folder, HF MLM or hub id")
+    p.add_argument("--corpus", required=True, help="entries to search: .txt (one per line), .csv/.tsv (--column) or .jsonl (--field)")
+    p.add_argument("--column", help="column holding the text in a CSV/TSV corpus (and --queries file)")
+    p.add_argument("--field", help="field holding the text in a JSONL corpus (and --queries file)")
+    p.add_argument("--query", action="append", help="a query string (repeat for several)")
+    p.add_argument("--queries", help="file of queries, one per line (.txt; .csv/.tsv/.jsonl with --column/--field)")
+    p.add_argument("--top-k", type=int, default=10, help="hits per query (default 10)")
+    p.add_argument("--faiss", default="auto", help="use faiss IndexFlatIP: auto (when installed, default) | yes | no; "
+                                                  "results are the same either way")
+    p.add_argument("--pooling", help="override the saved pooling: cls | mean | first-last")
+    p.add_argument("--batch-size", type=int, default=64, help="strings per encoding batch (default 64)")
+    p.add_argument("--max-length", type=int, help="truncate inputs to N tokens (default: the model's)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:1 | mps (default auto)")
+    p.add_argument("--skip-bad-lines", action="store_true", help="skip lines that are not UTF-8")
+    p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True, help="no progress bar")
+    p.set_defaults(func=run_search)
+
+
+def _read_queries(args) -> list[str]:
+    from mirrorbert.data import read_file
+
+    if bool(args.query) == bool(args.queries):
+        raise UserError("give either --query TEXT (repeatable) or --queries FILE")
+    if args.query:
+        return list(args.query)
+    # --column/--field name the corpus's text; a query file of the same kind uses the same name
+    suffix = Path(args.queries).suffix.lower()
+    column = args.column if suffix in (".csv", ".tsv") else None
+    field = args.field if suffix in (".jsonl", ".json") else None
+    queries, _ = read_file(args.queries, column=column, field=field, skip_bad_lines=args.skip_bad_lines,
+                           option="--queries")
+    if not queries:
+        raise UserError(f"--queries {args.queries}: no queries in the file")
+    return queries
+
+
+def run_search(args) -> int:
+    from mirrorbert.data import read_file
+    from mirrorbert.encoder import Encoder
+
+    if args.top_k < 1:
+        raise UserError(f"--top-k must be >= 1, not {args.top_k}")
+    if args.batch_size < 1:
+        raise UserError("--batch-size must be >= 1")
+    if args.faiss not in FAISS_CHOICES:
+        raise UserError(f"--faiss: expected one of {', '.join(FAISS_CHOICES)}, not {args.faiss!r}")
+    use_faiss = FAISS_CHOICES[args.faiss]
+    if use_faiss:
+        from mirrorbert.search import wants_faiss
+
+        wants_faiss(True)  # fails now, not after encoding the corpus
+    queries = _read_queries(args)
+    corpus, _ = read_file(args.corpus, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
+                          option="--corpus")
+    if not corpus:
+        raise UserError(f"--corpus {args.corpus}: no entries in the file")
+    encoder = Encoder.load(args.model, pooling=args.pooling, device=args.device, max_length=args.max_length)
+    index = encoder.build_index(corpus, batch_size=args.batch_size, use_faiss=use_faiss,
+                                show_progress=args.show_progress)
+    results = encoder.search(queries, index, top_k=args.top_k, batch_size=args.batch_size, use_faiss=use_faiss)
+    for query, hits in zip(queries, results):
+        sys.stdout.write(json.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")
+    return 0

@@ -1,0 +1,155 @@
+"""Model card of every saved model, `train --eval-after`, and saving without pooler warnings."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mirrorbert.cli import main
+from mirrorbert.encoder import Encoder
+from mirrorbert.errors import UserError
+from mirrorbert.modelcard import check_eval_after
+from mirrorbert.trainer import train
+from test_trainer import cfg_for
+
+TEXTS = ["a cat sat on the mat", "heart attack", "the bank raised rates"]
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory, corpus):
+    path = tmp_path_factory.mktemp("data") / "strings.txt"
+    path.write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def stsb_only(shared_data, tmp_path_factory) -> Path:
+    """A data dir holding only the first 40 pairs of each STS-B split: `--eval-after sts` runs in a second."""
+    root = tmp_path_factory.mktemp("eval-data")
+    folder = root / "sts" / "STSBenchmark"
+    folder.mkdir(parents=True)
+    for name in ("sts-train.csv", "sts-dev.csv", "sts-test.csv"):
+        lines = (shared_data / "sts" / "STSBenchmark" / name).read_text(encoding="utf-8").splitlines()[:40]
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def test_train_eval_after_puts_scores_in_card_and_json(tiny_bert, data_file, stsb_only, tmp_path, capsys):
+    out = tmp_path / "model"
+    code = main(["train", "--model", str(tiny_bert), "--data", str(data_file), "--output", str(out),
+                 "--batch-size", "4", "--steps", "2", "--max-length", "16", "--temperature", "0.05",
+                 "--mask-span", "1", "--pooling", "mean", "--lr", "1e-3", "--no-progress",
+                 "--eval-after", "sts", "--data-dir", str(stsb_only)])
+    assert code == 0, capsys.readouterr().err
+    meta = json.loads((out / "mirrorbert.json").read_text(encoding="utf-8"))
+    evaluation = meta["training"]["eval_after"]
+    assert evaluation["tasks"] == ["sts"] and evaluation["data_dir"] == str(stsb_only)
+    metrics = evaluation["metrics"]
+    assert "sts/stsb" in metrics and "sts/primary" in metrics
+
+    # the recorded score is the one an independent evaluation of the saved model gives
+    from mirrorbert.evaluation.sts import evaluate_sts
+
+    again = evaluate_sts(Encoder.load(out, device="cpu"), stsb_only, sets=["stsb"])
+    assert metrics["sts/stsb"] == pytest.approx(again["stsb"], abs=1e-6)
+
+    card = (out / "README.md").read_text(encoding="utf-8")
+    data = meta["training"]["data"]
+    for expected in (
+        f'base_model: "{tiny_bert}"', "library_name: sentence-transformers", "Mirror-BERT",
+        "| temperature | 0.05 |", "| mask_span | 1 |", "| dropout | 0.1 |", "| pooling | mean |",
+        "output dimension 32", "| batch_size | 4 |", "| lr | 0.001 |", "| steps | 2 |",
+        f"{data['strings']} strings", data["sha256"],
+        "## Evaluation", f"| sts | stsb | {metrics['sts/stsb'] * 100:.2f} |",
+        f"SentenceTransformer({str(out)!r})", f"AutoModel.from_pretrained({str(out)!r})",
+        "@inproceedings{liu-etal-2021-fast", "Liu, Fangyu and Vuli{\\'c}, Ivan and Korhonen, Anna and Collier, Nigel",
+        "Fast, Effective, and Self-Supervised: Transforming Masked Language Models into Universal Lexical and Sentence Encoders",
+    ):
+        assert expected in card, expected
+
+
+def test_card_without_training_and_its_transformers_snippet_runs(tiny_bert, tmp_path):
+    enc = Encoder.load(tiny_bert, pooling="mean", device="cpu")
+    out = enc.save(tmp_path / "plain")
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "no training recorded" in card and "## Training" not in card and "## Evaluation" not in card
+    # the card's transformers snippet gives the encoder's vectors (with the model name filled in)
+    snippet = card.split("With transformers (the same vectors):")[1].split("```python")[1].split("```")[0]
+    scope: dict = {}
+    exec(snippet.replace("path/to/model", str(out)).replace('["a sentence", "another one"]', repr(TEXTS)), scope)
+    np.testing.assert_allclose(scope["vectors"].numpy(), enc.encode(TEXTS), atol=1e-5)
+
+
+@pytest.mark.parametrize("tasks, data_dir, message", [
+    ("sts,nope", None, "unknown task"),
+    ("sts", "/no/such/dir", "data directory not found"),
+])
+def test_eval_after_is_validated_before_training(tmp_path, data_file, capsys, tasks, data_dir, message):
+    with pytest.raises(UserError, match=message):
+        check_eval_after(tasks, data_dir)
+    args = ["train", "--model", str(tmp_path / "no-model"), "--data", str(data_file), "--output", str(tmp_path / "o"),
+            "--eval-after", tasks] + (["--data-dir", data_dir] if data_dir else [])
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("mirrorbert: error: --eval-after") and message in err[-1]
+    assert not (tmp_path / "o").exists()
+
+
+def _load_log(path) -> str:
+    """What transformers logs while AutoModel loads ``path`` (at warning level, whatever was set before)."""
+    import transformers
+    from transformers import AutoModel
+
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    hf_logger = transformers.utils.logging.get_logger()
+    previous = transformers.utils.logging.get_verbosity()
+    transformers.utils.logging.set_verbosity_warning()
+    hf_logger.addHandler(handler)
+    try:
+        model = AutoModel.from_pretrained(path)
+    finally:
+        hf_logger.removeHandler(handler)
+        transformers.utils.logging.set_verbosity(previous)
+    return buffer.getvalue(), model
+
+
+def test_saved_model_loads_without_newly_initialized_pooler(tiny_bert, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    # the source MLM has no pooler: loading it with AutoModel reports one (the capture works)
+    log, _ = _load_log(tiny_bert)
+    assert "pooler.dense.weight" in log and "newly initialized" in log
+    enc = Encoder.load(tiny_bert, pooling="cls", device="cpu")
+    assert enc.model.pooler is None and not any("pooler" in n for n, _ in enc.named_parameters())
+    out = enc.save(tmp_path / "saved")
+    log, model = _load_log(out)
+    assert "MISSING" not in log and "newly initialized" not in log and "pooler" not in log
+    st = SentenceTransformer(str(out), device="cpu").encode(TEXTS)
+    np.testing.assert_allclose(st, Encoder.load(out, device="cpu").encode(TEXTS), atol=1e-5)
+
+
+def test_pooler_weights_of_the_source_are_kept(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    torch.manual_seed(3)
+    source = BertModel(config)  # with a pooler, like bert-base-uncased's checkpoint
+    source.save_pretrained(tmp_path / "src")
+    from tiny_models import make_tiny_bert
+
+    make_tiny_bert(tmp_path / "tok")  # borrow a tokenizer
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(tmp_path / "tok").save_pretrained(tmp_path / "src")
+    Encoder.load(tmp_path / "src", pooling="cls", device="cpu").save(tmp_path / "out")
+    log, reloaded = _load_log(tmp_path / "out")
+    assert "pooler" not in log
+    assert torch.equal(reloaded.pooler.dense.weight, source.pooler.dense.weight)
