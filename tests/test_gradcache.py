@@ -159,7 +159,7 @@ def test_train_with_grad_cache_and_checkpointing_gives_the_same_weights(tiny_ber
     assert abs(plain.final_loss - cached.final_loss) < 1e-5
     start = Encoder.load(tiny_bert).model.state_dict()
     wa = load_file(str(plain.output / "model.safetensors"))
-    moved = max((wa[key] - start[key]).abs().max().item() for key in wa)
+    moved = max((wa[key] - start[key]).abs().max().item() for key in wa if key in start)
     assert moved > 1e-4
     for other in (cached, ckpt):
         wb = load_file(str(other.output / "model.safetensors"))
