@@ -2,25 +2,16 @@
 # The main job: Mirror-BERT sentence-level tuning of $MODEL (default bert-base-uncased, from the hub) on the
 # paper's 10k STS-B training sentences with the paper's sentence preset, and STS-B dev Spearman before and
 # after. Creates .venv on first use. Nothing existing is overwritten: each run writes a new folder in runs/.
-#   MODEL=path/to/mlm ./scripts/quickstart.sh           # a local model (needed where the hub is unreachable)
+# Where the hub is unreachable and MODEL is not set, it says so in one line and runs the same job on an offline
+# reference MLM: a bert-mini pre-trained here on the offline corpus within about 10 minutes (QUICKSTART_BUDGET_S,
+# default 600), cached in runs/quickstart-reference-mlm/ so a second run reuses it.
+#   MODEL=path/to/mlm ./scripts/quickstart.sh           # a local model
 #   MIRRORBERT_DATA=/data ./scripts/quickstart.sh       # data directory (default ../shared/data)
 #   TRAIN_ARGS="--steps 20 --precision bf16" ./scripts/quickstart.sh   # extra `mirrorbert train` options
 set -euo pipefail
 cd "$(dirname "$0")/.."
-MODEL="${MODEL:-bert-base-uncased}"
 DATA_DIR="${MIRRORBERT_DATA:-$(cd .. && pwd)/shared/data}"
-OUT="${OUT:-runs/mirror-bert-sentence-$(date +%Y%m%d-%H%M%S)}"
-MB=.venv/bin/mirrorbert
-export TOKENIZERS_PARALLELISM=false
-
 TRAIN_DATA="$DATA_DIR/corpora/stsbenchmark_train_10k_sents_random_sampled.txt"
-
-hint() {
-  echo "quickstart: could not load --model $MODEL. Where the Hugging Face hub is unreachable, pass a local" >&2
-  echo "  masked-LM folder instead, e.g.: MODEL=path/to/mlm ./scripts/quickstart.sh" >&2
-  echo "  (one can be built offline with: mirrorbert pretrain-mlm --help)" >&2
-  exit 2
-}
 
 # The data first, with its own message: a missing data directory is not the model's fault.
 if [ ! -d "$DATA_DIR" ]; then
@@ -34,7 +25,30 @@ if [ ! -f "$TRAIN_DATA" ]; then
 fi
 
 bash scripts/setup_env.sh
+mkdir -p runs
+if [[ -z "${MODEL:-}" ]]; then
+  # bert-base-uncased where it can be had, else the offline reference MLM (one line on stderr says which;
+  # the pre-training log goes to runs/quickstart-reference-mlm.log)
+  if ! MODEL="$(.venv/bin/python -m mirrorbert.mlm.reference --model "${QUICKSTART_DEFAULT_MODEL:-bert-base-uncased}" \
+      --data-dir "$DATA_DIR" --work runs/quickstart-reference-mlm --corpus-script scripts/build_reference_corpus.py \
+      --budget-s "${QUICKSTART_BUDGET_S:-600}" --architecture "${QUICKSTART_ARCH:-bert-mini}" \
+      2> >(tee runs/quickstart-reference-mlm.log | grep --line-buffered '^quickstart:' >&2))"; then
+    sleep 1; tail -n 5 runs/quickstart-reference-mlm.log >&2; exit 2
+  fi
+  MODEL="$(printf '%s\n' "$MODEL" | tail -n 1)"
+fi
+OUT="${OUT:-runs/mirror-bert-sentence-$(date +%Y%m%d-%H%M%S)}"
+MB=.venv/bin/mirrorbert
+export TOKENIZERS_PARALLELISM=false
 mkdir -p "$(dirname "$OUT")"
+
+hint() {
+  echo "quickstart: could not load --model $MODEL. Where the Hugging Face hub is unreachable, pass a local" >&2
+  echo "  masked-LM folder instead, e.g.: MODEL=path/to/mlm ./scripts/quickstart.sh" >&2
+  echo "  (one can be built offline with: mirrorbert pretrain-mlm --help)" >&2
+  exit 2
+}
+
 echo "== STS-B dev before Mirror-BERT ($MODEL, mean pooling)"
 ERR="$OUT.before.err"
 if ! $MB eval --model "$MODEL" --pooling mean --tasks sts --sts-sets stsb --data-dir "$DATA_DIR" \

@@ -151,7 +151,8 @@ def _train(model, data, out, **kw):
 
 def test_train_with_grad_cache_and_checkpointing_gives_the_same_weights(tiny_bert, data_file, tmp_path):
     """Adam turns float-rounding differences of tiny gradients into updates of up to ~lr, so the weights
-    are compared at a tolerance well below what the 3 steps moved them (checked too)."""
+    are compared at half of lr: a wrong gradient moves many weights by ~lr per step (3 steps here). With
+    packing the chunks are packed differently from the full batch, so the float noise is a little larger."""
     common = dict(dropout=0.0, lr=1e-4)
     plain = _train(tiny_bert, data_file, tmp_path / "plain", **common)
     cached = _train(tiny_bert, data_file, tmp_path / "cached", grad_cache_chunk=4, **common)
@@ -160,11 +161,11 @@ def test_train_with_grad_cache_and_checkpointing_gives_the_same_weights(tiny_ber
     start = Encoder.load(tiny_bert).model.state_dict()
     wa = load_file(str(plain.output / "model.safetensors"))
     moved = max((wa[key] - start[key]).abs().max().item() for key in wa if key in start)
-    assert moved > 1e-4
+    assert moved > 2e-4
     for other in (cached, ckpt):
         wb = load_file(str(other.output / "model.safetensors"))
         for key in wa:
-            assert torch.allclose(wa[key], wb[key], atol=2e-5, rtol=0), key
+            assert torch.allclose(wa[key], wb[key], atol=5e-5, rtol=0), key
     assert cached.info["peak_memory_bytes"] > 0
     assert cached.info["config"]["grad_cache_chunk"] == 4
 

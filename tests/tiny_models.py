@@ -116,3 +116,68 @@ def make_tiny_roberta(out: Path, hidden: int = 32, layers: int = 2, heads: int =
 
 def write_json(path: Path, obj) -> None:
     Path(path).write_text(json.dumps(obj, indent=2), encoding="utf-8")
+
+
+def _save_tiny(out: Path, model_class, config, tok, seed: int) -> Path:
+    import torch
+
+    torch.manual_seed(seed)
+    model_class(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _bert_style_tokenizer(out: Path):
+    """The WordPiece tokenizer of `make_tiny_bert` (BERT, ELECTRA and DistilBERT share the format)."""
+    from transformers import AutoTokenizer
+
+    make_tiny_bert(Path(out) / "_tokenizer_source", hidden=8, layers=1, heads=1)
+    return AutoTokenizer.from_pretrained(Path(out) / "_tokenizer_source")
+
+
+def make_tiny_electra(out: Path, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
+    """An ElectraForMaskedLM (the generator layout) with a separate, smaller embedding size."""
+    from transformers import ElectraConfig, ElectraForMaskedLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = _bert_style_tokenizer(out / "src")
+    config = ElectraConfig(
+        vocab_size=len(tok), embedding_size=hidden // 2, hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, intermediate_size=hidden * 2, max_position_embeddings=64,
+        type_vocab_size=2, pad_token_id=tok.pad_token_id,
+    )
+    return _save_tiny(out, ElectraForMaskedLM, config, tok, seed)
+
+
+def make_tiny_distilbert(out: Path, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
+    """A DistilBertForMaskedLM (no token types, its own attention layout)."""
+    from transformers import DistilBertConfig, DistilBertForMaskedLM, DistilBertTokenizerFast
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    source = _bert_style_tokenizer(out / "src")
+    tok = DistilBertTokenizerFast(tokenizer_object=source.backend_tokenizer, unk_token="[UNK]", sep_token="[SEP]",
+                                  pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]")
+    tok.model_max_length = 64
+    config = DistilBertConfig(
+        vocab_size=len(tok), dim=hidden, n_layers=layers, n_heads=heads, hidden_dim=hidden * 2,
+        max_position_embeddings=64, pad_token_id=tok.pad_token_id,
+    )
+    return _save_tiny(out, DistilBertForMaskedLM, config, tok, seed)
+
+
+def make_tiny_xlm_roberta(out: Path, hidden: int = 32, layers: int = 2, heads: int = 2, seed: int = 0) -> Path:
+    """An XLMRobertaForMaskedLM: the RoBERTa layout (positions after the padding index), its own type."""
+    from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaForMaskedLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    make_tiny_roberta(out / "src" / "_tokenizer_source", hidden=8, layers=1, heads=1)
+    tok = AutoTokenizer.from_pretrained(out / "src" / "_tokenizer_source")
+    config = XLMRobertaConfig(
+        vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        intermediate_size=hidden * 2, max_position_embeddings=64, type_vocab_size=1,
+        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    )
+    return _save_tiny(out, XLMRobertaForMaskedLM, config, tok, seed)

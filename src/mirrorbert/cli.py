@@ -14,14 +14,18 @@ import sys
 from pathlib import Path
 
 from mirrorbert import __version__
+from mirrorbert.config import PACKING_MODES
 from mirrorbert.errors import UserError
 from mirrorbert.evaluation.command import add_eval_parser
 from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
+from mirrorbert.reproduce.command import add_reproduce_parser
 from mirrorbert.search_command import add_search_parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+PACKING_HELP = ("auto | on | off: pack several strings into each row instead of padding (BERT, RoBERTa, "
+                "XLM-R, ELECTRA, DistilBERT; other models run padded); default auto = on wherever supported")
 
 
 def _quiet_third_party() -> None:
@@ -90,6 +94,7 @@ def add_train_parser(sub) -> None:
     h.add_argument("--device", help="auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:1 | mps")
     h.add_argument("--precision", help="auto (default: bf16 where native, i.e. Ampere+ GPUs and CPUs with "
                    "AVX512-BF16/AMX; fp16 on older GPUs; else fp32) | fp32 | bf16 | fp16 (GPU only)")
+    h.add_argument("--packing", help=PACKING_HELP)
     h.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice, usually all cores)")
     h.add_argument("--compile", action="store_true", default=None,
                    help="torch.compile the model (default: off; falls back to eager with a warning if it fails)")
@@ -160,6 +165,7 @@ def add_encode_parser(sub) -> None:
     p.add_argument("--normalize", action="store_true", help="L2-normalise the vectors")
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:1 | mps")
     p.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 (GPU only)")
+    p.add_argument("--packing", default="auto", choices=PACKING_MODES, help=PACKING_HELP)
     p.add_argument("--skip-bad-lines", action="store_true", help="skip lines that are not UTF-8")
     p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True, help="no progress bar")
     p.set_defaults(func=run_encode)
@@ -183,12 +189,14 @@ def run_encode(args) -> int:
 
     from mirrorbert.distributed import init_from_env, sharded_encoding
     from mirrorbert.encoder import Encoder
+    from mirrorbert.packing import packing_flag
 
     dist_ctx = init_from_env(args.device)  # under torchrun every process encodes a share of the rows
     encoder = Encoder.load(args.model, pooling=args.pooling, device=str(dist_ctx.device), max_length=args.max_length)
     with sharded_encoding(dist_ctx):
         vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
-                                 show_progress=args.show_progress and dist_ctx.is_main, precision=args.precision)
+                                 show_progress=args.show_progress and dist_ctx.is_main, precision=args.precision,
+                                 packing=packing_flag(args.packing))
     if not dist_ctx.is_main:
         return 0
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -217,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gloss_parser(sub)
     add_lexsub_parser(sub)
     add_finetune_sts_parser(sub)
+    add_reproduce_parser(sub)
     for name, subparser in sub.choices.items():
         _state_defaults(subparser, _train_defaults() if name == "train" else None)
     return parser

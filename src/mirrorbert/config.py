@@ -17,6 +17,7 @@ from mirrorbert.errors import UserError
 POOLINGS = ("cls", "mean", "first-last")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SCHEDULES = ("constant", "linear")
+PACKING_MODES = ("auto", "on", "off")  # --packing (packing.py)
 MASK_UNITS = ("char", "token")
 LOSSES = ("infonce", "ms")
 DEFAULT_MODEL = "bert-base-uncased"
@@ -76,6 +77,8 @@ class TrainConfig:
     # hardware
     device: str = "auto"
     precision: str = "auto"
+    # packing (packing.py): several views per row instead of padding; auto = on wherever supported
+    packing: str = "auto"
     # speed and memory (issue 9): CPU threads, torch.compile, activation checkpointing, GradCache chunks
     threads: int | None = None
     compile: bool = False
@@ -183,6 +186,7 @@ def validate(cfg: TrainConfig) -> None:
     _check(cfg.preset is None or cfg.preset in PRESETS, "preset", f"unknown preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
     _check(cfg.pooling is None or cfg.pooling in POOLINGS, "pooling", f"unknown pooling {cfg.pooling!r}; choose one of {', '.join(POOLINGS)}")
     _check(cfg.precision in PRECISIONS, "precision", f"unknown precision {cfg.precision!r}; choose one of {', '.join(PRECISIONS)}")
+    _check(cfg.packing in PACKING_MODES, "packing", f"unknown mode {cfg.packing!r}; choose one of {', '.join(PACKING_MODES)}")
     _check(cfg.schedule in SCHEDULES, "schedule", f"unknown schedule {cfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
     _check(_is_number(cfg.temperature) and cfg.temperature > 0, "temperature", "must be a positive number")
     _check(_is_int(cfg.mask_span) and cfg.mask_span >= 0, "mask_span", "must be an integer >= 0")

@@ -41,7 +41,8 @@ from mirrorbert.preflight import (  # noqa: F401  (model_load_error etc. re-expo
     weights_load_error,
 )
 from mirrorbert.runtime import atomic_output_dir, autocast, check_precision, library_versions, resolve_device
-from mirrorbert.views import pad_batch
+from mirrorbert.batching import pad_batch
+from mirrorbert.packing import packed_embed, use_packing
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class Encoder(torch.nn.Module):
         self.normalize_default = normalize_default
         self.source = source
         self.training_info: dict[str, Any] = {}
+        self.packing: bool | None = None  # default of `embed`: None = packed wherever supported (packing.py)
         # The model's pooler head (unused by every pooling here), kept aside and written back on save
         self.pooler_state: dict[str, torch.Tensor] = detach_pooler(model)
 
@@ -142,13 +144,17 @@ class Encoder(torch.nn.Module):
         )
         return pool(outputs, attention_mask, self.pooling)
 
-    def embed(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+    def embed(self, sequences: Sequence[Sequence[int]], packing: bool | None = None) -> torch.Tensor:
         """Pooled vectors of already tokenised sequences, in order, on the model's device.
 
         The one entry point that training (both views), cached-gradient chunks, distributed shards and
-        `encode` share, so a change of batching (padding or packing) happens in one place.
+        `encode` share, so a change of batching (padding or packing) happens in one place. `packing`:
+        None = this encoder's default (`self.packing`, itself None = auto: packed wherever supported and
+        cheaper than padding this batch).
         """
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        if use_packing(self.model, self.packing if packing is None else packing, sequences):
+            return packed_embed(self.model, sequences, self.pooling, pad_id)
         batch = {k: v.to(self.device) for k, v in pad_batch(sequences, pad_id).items()}
         return self(**batch)
 
@@ -157,8 +163,12 @@ class Encoder(torch.nn.Module):
         return [list(ids) for ids in encoded["input_ids"]]
 
     def encode(self, texts: str | Sequence[str], batch_size: int = 64, normalize: bool | None = None,
-               show_progress: bool = False, convert_to: str = "numpy", precision: str = "fp32"):
-        """Vectors in input order. Sorted by length internally so each batch pads little."""
+               show_progress: bool = False, convert_to: str = "numpy", precision: str = "fp32",
+               packing: bool | None = None):
+        """Vectors in input order. Sorted by length internally so each batch pads (or packs) little.
+
+        packing: None = the encoder's default (auto: packed wherever supported), True/False = on/off.
+        """
         from mirrorbert.progress import progress_bar
 
         single = isinstance(texts, str)
@@ -183,7 +193,7 @@ class Encoder(torch.nn.Module):
                     for start in progress_bar(starts, show=show_progress, desc="encode", unit="batch"):
                         index = order[start:start + batch_size]
                         with autocast(device, precision):
-                            vectors = self.embed([ids[i] for i in index])
+                            vectors = self.embed([ids[i] for i in index], packing=packing)
                         out[torch.tensor(index)] = vectors.float().cpu()
             finally:
                 self.train(was_training)

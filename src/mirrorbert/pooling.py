@@ -36,6 +36,30 @@ def pool(outputs, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
     raise ValueError(f"unknown pooling {mode!r}")
 
 
+def pool_views(outputs, view_of_token: torch.Tensor, first_token: torch.Tensor, n_views: int,
+               mode: str) -> torch.Tensor:
+    """`pool` for packed rows holding several views: `view_of_token` (rows, length) names each token's
+    view (-1 for padding), `first_token` (views,) is the flat index of each view's first token."""
+    if mode == "first-last":
+        hidden = outputs.hidden_states
+        if hidden is None:
+            raise ValueError("first-last pooling needs output_hidden_states=True")
+        tokens = (hidden[1] + hidden[-1]) / 2
+    elif mode in ("cls", "mean"):
+        tokens = outputs.last_hidden_state
+    else:
+        raise ValueError(f"unknown pooling {mode!r}")
+    flat = tokens.reshape(-1, tokens.shape[-1])
+    if mode == "cls":
+        return flat.index_select(0, first_token)
+    owner = view_of_token.reshape(-1)
+    real = (owner >= 0).nonzero().squeeze(1)
+    owner = owner.index_select(0, real)
+    sums = flat.new_zeros((n_views, flat.shape[-1])).index_add_(0, owner, flat.index_select(0, real))
+    counts = torch.bincount(owner, minlength=n_views).clamp(min=1).to(sums.dtype)
+    return sums / counts.unsqueeze(-1)
+
+
 def sentence_transformers_modules(mode: str, dim: int, num_layers: int) -> list[dict]:
     """Describe `mode` as stock sentence-transformers modules so SentenceTransformer(path) reproduces it.
 

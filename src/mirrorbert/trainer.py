@@ -18,6 +18,7 @@ from mirrorbert.errors import UserError
 from mirrorbert.gradcache import cached_embeddings
 from mirrorbert.loss import build_loss, mirror_infonce
 from mirrorbert.modelcard import check_eval_after, evaluate_after_training
+from mirrorbert.packing import packing_flag
 from mirrorbert.preflight import inspect_model
 from mirrorbert.runtime import (
     CheckpointManager,
@@ -167,6 +168,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     overrides = dropout_overrides(base_config, cfg.dropout)
     encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
                            config_overrides=overrides)
+    encoder.packing = packing_flag(cfg.packing)
     encoder.train()
     drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
     tokenizer = encoder.tokenizer

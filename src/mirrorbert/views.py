@@ -10,8 +10,10 @@ the RNG state, which works for any architecture without touching its modules.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -223,22 +225,6 @@ class SecondViews:
         return views
 
 
-def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad only to the longest sequence of this batch."""
-    longest = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), longest), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attention_mask[row, : len(seq)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
-
-
-def pair_batch(first: Sequence[Sequence[int]], second: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Both views in one tensor: rows [x_1..x_B, xbar_1..xbar_B], so one forward pass encodes all 2B."""
-    return pad_batch(list(first) + list(second), pad_id)
-
-
 # ----------------------------------------------------------------------------- drophead
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Self-attention blocks whose output is the concatenation of per-head contexts (BERT-like layout)."""
@@ -251,11 +237,28 @@ def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
+# Which view each token of the running forward pass belongs to, set by packed execution (several views
+# per row); None means one view per row (padded execution).
+_HEAD_GROUPS: ContextVar[tuple[torch.Tensor, int] | None] = ContextVar("mirrorbert_drophead_groups", default=None)
+
+
+@contextmanager
+def drophead_groups(view_of_token: torch.Tensor, n_views: int) -> Iterator[None]:
+    """Make DropHead draw one head mask per view: `view_of_token` is (rows, length), -1 for padding."""
+    token = _HEAD_GROUPS.set((view_of_token, n_views))
+    try:
+        yield
+    finally:
+        _HEAD_GROUPS.reset(token)
+
+
 class DropHead:
     """Drop whole attention heads per example (Zhou et al. 2020), rescaling the kept ones by 1/(1-p).
 
     Implemented as forward hooks on the self-attention blocks, acting on the per-head context vectors
-    before the output projection; active only in training mode.
+    before the output projection; active only in training mode. In packed execution the mask is drawn
+    per view (same draws, in the same order, as the padded batch of those views) and spread over the
+    view's tokens.
     """
 
     def __init__(self, model: torch.nn.Module, p: float):
@@ -277,8 +280,14 @@ class DropHead:
         context = output[0] if isinstance(output, tuple) else output
         batch, length, width = context.shape
         heads = module.num_attention_heads
-        keep = torch.full((batch, 1, heads, 1), 1.0 - self.p, device=context.device, dtype=context.dtype)
+        groups = _HEAD_GROUPS.get()
+        n_views = batch if groups is None else groups[1]
+        keep = torch.full((n_views, 1, heads, 1), 1.0 - self.p, device=context.device, dtype=context.dtype)
         mask = torch.bernoulli(keep) / (1.0 - self.p)
+        if groups is not None:  # (views, heads) -> (rows, length, heads, 1); padding keeps its heads
+            per_view = torch.cat([mask.view(n_views, heads), mask.new_ones(1, heads)])
+            view_of_token = groups[0].masked_fill(groups[0] < 0, n_views)
+            mask = per_view[view_of_token].unsqueeze(-1)
         dropped = (context.view(batch, length, heads, width // heads) * mask).view(batch, length, width)
         return (dropped, *output[1:]) if isinstance(output, tuple) else dropped
 
@@ -286,3 +295,12 @@ class DropHead:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+
+
+def __getattr__(name: str):
+    """`views.pad_batch`/`views.pair_batch` moved to `mirrorbert.batching`; kept importable for old callers."""
+    if name in ("pad_batch", "pair_batch"):
+        from mirrorbert import batching
+
+        return getattr(batching, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

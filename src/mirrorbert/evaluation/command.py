@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from mirrorbert.config import PACKING_MODES
 from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="extra keyword argument of a task (VALUE parsed as JSON when possible); repeatable, "
         "e.g. --option bel.predictions_path=preds.jsonl --option sts.include_dev=false",
     )
+    p.add_argument("--packing", default="auto", choices=PACKING_MODES,
+                   help="auto | on | off: encode several strings per row instead of padding (BERT, RoBERTa, "
+                   "XLM-R, ELECTRA, DistilBERT; others run padded); default auto = on wherever supported")
     p.add_argument("--progress", action="store_true", help="show progress bars while encoding")
     p.add_argument("--list-data", action="store_true", help="print the data registry (files, sources) and exit")
     p.set_defaults(func=run_eval)
@@ -89,17 +93,19 @@ def load_model(
     max_length: int | None = None,
     backend: str = "auto",
     option: str = "--model",
+    packing: str = "auto",
 ) -> Any:
     """An object with the encoder protocol for ``--model`` (errors name ``option``)."""
     try:
-        return _load_model(name, pooling, device, max_length, backend)
+        return _load_model(name, pooling, device, max_length, backend, packing)
     except UserError as exc:
         if option == "--model":
             raise
         raise UserError(str(exc).replace("--model", option)) from None
 
 
-def _load_model(name: str, pooling: str | None, device: str | None, max_length: int | None, backend: str) -> Any:
+def _load_model(name: str, pooling: str | None, device: str | None, max_length: int | None, backend: str,
+                packing: str = "auto") -> Any:
     if name == GLOVE or name.startswith(GLOVE + ":"):
         from mirrorbert.evaluation.baselines import GloveEncoder
 
@@ -114,8 +120,11 @@ def _load_model(name: str, pooling: str | None, device: str | None, max_length: 
             encoder.model.max_seq_length = max_length
         return encoder
     from mirrorbert.encoder import Encoder
+    from mirrorbert.packing import packing_flag
 
-    return Encoder.load(name, pooling=pooling, device=device, max_length=max_length)
+    encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length)
+    encoder.packing = packing_flag(packing)
+    return encoder
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -159,10 +168,10 @@ def run_eval(args: argparse.Namespace) -> int:
         else:
             reference = load_model(
                 args.reference_model, args.reference_pooling, device, args.max_length, args.backend,
-                option="--reference-model",
+                option="--reference-model", packing=args.packing,
             )
             options.setdefault("isotropy", {}).setdefault("reference_label", Path(args.reference_model).name)
-    encoder = load_model(args.model, args.pooling, device, args.max_length, args.backend)
+    encoder = load_model(args.model, args.pooling, device, args.max_length, args.backend, packing=args.packing)
     with sharded_encoding(dist_ctx):  # every process runs every task; only rank 0 writes and prints
         result = evaluate(
             encoder,

@@ -108,7 +108,7 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
     from mirrorbert.runtime import (
         autocast, backward_and_step, build_optimizer, build_scheduler, check_precision, resolve_device, seed_everything,
     )
-    from mirrorbert.views import pad_batch
+    from mirrorbert.batching import pad_batch
 
     started = time.time()
     device = resolve_device(cfg.device)

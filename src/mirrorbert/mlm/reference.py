@@ -1,0 +1,152 @@
+"""The quickstart's offline fallback: a small reference MLM pre-trained here within a time budget.
+
+Where the default model (bert-base-uncased) cannot be downloaded, ``./scripts/quickstart.sh`` still runs
+its main job on a model it can have: a BERT pre-trained from scratch on the offline reference corpus
+(``scripts/build_reference_corpus.py``; GCIDE is used when installed, skipped otherwise). The token budget
+is sized to the machine: a few calibration steps measure tokens/s, and the run gets the tokens that fit
+in what is left of the time budget (default 10 minutes). The model is cached under the work folder, so
+a second quickstart reuses it.
+
+    python -m mirrorbert.mlm.reference --model bert-base-uncased --data-dir ../shared/data \
+        --work runs/quickstart-reference-mlm --corpus-script scripts/build_reference_corpus.py
+    # prints the model to use (the default if reachable, else the reference MLM's folder)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
+TOKENIZER = "tokenizers/bert-base-uncased"
+
+
+@dataclass
+class ReferencePlan:
+    """How the fallback MLM is pre-trained (the settings of scripts/train_reference_mlm.sh, time-bounded)."""
+
+    architecture: str = "bert-mini"
+    budget_s: float = 600.0  # corpus + calibration + pre-training
+    threads: int | None = 2
+    batch_size: int = 64
+    seq_length: int = 128
+    lr: float = 1e-3
+    calibration_steps: int = 4
+    min_steps: int = 8
+    device: str = "auto"
+
+
+def model_dir(work: Path, plan: ReferencePlan) -> Path:
+    return Path(work) / f"{plan.architecture}-{int(plan.budget_s)}s"
+
+
+def script_corpus_builder(script: Path, data_dir: Path) -> Callable[[Path], None]:
+    """Build the corpus with scripts/build_reference_corpus.py (without GCIDE where it is not installed)."""
+
+    def build(corpus: Path) -> None:
+        cmd = [sys.executable, str(script), "--data-dir", str(data_dir), "--output", str(corpus)]
+        if not DEFAULT_GCIDE.is_file():
+            logger.info("GCIDE (Debian package dict-gcide) is not installed: the corpus is built without it")
+            cmd.append("--skip-gcide")
+        corpus.parent.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if done.returncode != 0:
+            raise UserError(f"building the reference corpus failed: {done.stdout.strip().splitlines()[-1:]}")
+
+    return build
+
+
+def ensure_reference_mlm(work: Path, data_dir: Path, build_corpus: Callable[[Path], None],
+                         plan: ReferencePlan | None = None) -> Path:
+    """The cached reference MLM under ``work``, pre-training it within ``plan.budget_s`` first if absent."""
+    from mirrorbert.mlm.pretrain import PretrainConfig, pretrain
+
+    plan = plan or ReferencePlan()
+    out = model_dir(work, plan)
+    if (out / "config.json").is_file():
+        logger.info("reusing the reference MLM %s", out)
+        return out
+    tokenizer = Path(data_dir) / TOKENIZER
+    if not tokenizer.is_dir():
+        raise UserError(f"reference MLM: tokenizer not found at {tokenizer} (the data directory's {TOKENIZER})")
+    start = time.monotonic()
+    work = Path(work)
+    corpus = work / "corpus.txt"
+    if not corpus.is_file():
+        build_corpus(corpus)
+    common = dict(corpus=[str(corpus)], architecture=plan.architecture, tokenizer=str(tokenizer),
+                  batch_size=plan.batch_size, seq_length=plan.seq_length, lr=plan.lr, threads=plan.threads,
+                  cache_dir=str(work / "cache"), device=plan.device, show_progress=False, eval_every=10**9, seed=0,
+                  overwrite=True)
+    step_tokens = plan.batch_size * plan.seq_length
+    calibration = work / "calibration"
+    # The calibration run also tokenises the corpus into the cache the real run reuses.
+    cal = pretrain(PretrainConfig(output=str(calibration), max_tokens=step_tokens * plan.calibration_steps, **common))
+    shutil.rmtree(calibration, ignore_errors=True)
+    rate = max(cal.tokens_per_s, 1.0)
+    left = plan.budget_s - (time.monotonic() - start)
+    max_tokens = max(step_tokens * plan.min_steps, int(rate * left))
+    logger.info("reference MLM: %.0f tokens/s measured; %.0f s left of the budget -> %d tokens", rate, left, max_tokens)
+    result = pretrain(PretrainConfig(output=str(out), max_tokens=max_tokens, **common))
+    (out / "quickstart_reference.json").write_text(json.dumps(
+        {"plan": asdict(plan), "calibration_tokens_per_s": rate, "max_tokens": max_tokens, "steps": result.steps,
+         "eval_loss": result.eval_loss, "eval_accuracy": result.eval_accuracy,
+         "wall_time_s": round(time.monotonic() - start, 1)}, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def model_or_fallback(model: str, work: Path, data_dir: Path, build_corpus: Callable[[Path], None],
+                      plan: ReferencePlan | None = None, say: Callable[[str], None] = print) -> str:
+    """``model`` if it can be loaded here, else (in one line of ``say``) the offline reference MLM."""
+    from mirrorbert.encoder import check_model_reachable
+
+    try:
+        check_model_reachable(model)
+        return model
+    except UserError:
+        plan = plan or ReferencePlan()
+        folder = model_dir(work, plan)
+        cached = (folder / "config.json").is_file()
+        say(f"quickstart: {model} cannot be downloaded here (Hugging Face hub unreachable); using the offline "
+            f"reference MLM {folder} instead ({'cached' if cached else f'a {plan.architecture} pre-trained now on the offline corpus, about {plan.budget_s / 60:.0f} min'})")
+        return str(ensure_reference_mlm(work, data_dir, build_corpus, plan))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mirrorbert.mlm.reference", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="bert-base-uncased", help="the model wanted (default bert-base-uncased)")
+    p.add_argument("--data-dir", required=True, help="data directory (corpora, WordNet, STS-B, tokenizer)")
+    p.add_argument("--work", default="runs/quickstart-reference-mlm", help="cache folder (default runs/quickstart-reference-mlm)")
+    p.add_argument("--corpus-script", default="scripts/build_reference_corpus.py", help="the corpus builder script")
+    p.add_argument("--architecture", default="bert-mini", help="bert-tiny | bert-mini | ... (default bert-mini)")
+    p.add_argument("--budget-s", type=float, default=600.0, help="time budget of corpus + pre-training (default 600)")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("mirrorbert.mlm.corpus").setLevel(logging.WARNING)
+    plan = ReferencePlan(architecture=args.architecture, budget_s=args.budget_s, threads=args.threads)
+    try:
+        chosen = model_or_fallback(args.model, Path(args.work), Path(args.data_dir),
+                                   script_corpus_builder(Path(args.corpus_script), Path(args.data_dir)), plan,
+                                   say=lambda line: print(line, file=sys.stderr, flush=True))
+    except UserError as exc:
+        print(f"mirrorbert: error: {exc}", file=sys.stderr)
+        return 2
+    print(chosen)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""`mirrorbert reproduce` command line (the logic lives in runner.py, cells.py and report.py)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from typing import Any
+
+from mirrorbert.errors import UserError
+from mirrorbert.reproduce.cells import PAPERS
+
+
+def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "reproduce", help="run the Mirror-BERT / GR-BERT papers' experiments and write a report",
+        description="Runs the experiments of the Mirror-BERT paper (and, with --paper grbert|all, the GR-BERT "
+                    "paper) that the data directory allows, for one base MLM, with the paper's settings; writes "
+                    "OUTPUT/report.md, OUTPUT/results.json and PNG plots. Results are cached per cell: a rerun "
+                    "computes only what is missing.",
+    )
+    p.add_argument("--model", required=True, help="the base masked LM (local folder or hub id)")
+    p.add_argument("--output", required=True, help="folder for report.md, results.json, plots/, cells/ (the cache)")
+    p.add_argument("--data-dir", help="evaluation/training data directory (default: $MIRRORBERT_DATA)")
+    p.add_argument("--paper", default="mirror", choices=sorted(PAPERS), help="which paper's experiments (default mirror)")
+    p.add_argument("--experiments", help="comma list of experiments (default: all of --paper): "
+                                         + ", ".join(PAPERS["all"]))
+    p.add_argument("--seeds", default="0", help="comma list of training seeds; several give mean ± std (default 0)")
+    p.add_argument("--quick", action="store_true", help="smoke test: few strings, few steps, small evaluation limits")
+    p.add_argument("--train-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a `mirrorbert train` option in every Mirror cell, e.g. lr=5e-5 (repeatable; default none)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps (default auto)")
+    p.add_argument("--eval-batch-size", type=int, default=64, help="encoding batch size of the evaluations (default 64)")
+    p.add_argument("--keep-models", action="store_true", help="keep the trained models in OUTPUT/models (default: "
+                                                              "delete each once its cells are done)")
+    p.set_defaults(func=run_reproduce)
+    return p
+
+
+def _parse_value(text: str) -> Any:
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_train_options(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--train-option {item!r}: expected KEY=VALUE, e.g. lr=5e-5")
+        out[key.strip().replace("-", "_")] = _parse_value(value.strip())
+    return out
+
+
+def run_reproduce(args: argparse.Namespace) -> int:
+    from mirrorbert.reproduce.runner import ReproduceConfig, reproduce
+
+    try:
+        seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
+    except ValueError:
+        raise UserError(f"--seeds {args.seeds!r}: expected a comma list of integers, e.g. 0,1,2") from None
+    experiments = [e.strip() for e in args.experiments.split(",") if e.strip()] if args.experiments else None
+    cfg = ReproduceConfig(
+        model=args.model, output=args.output, data_dir=args.data_dir, paper=args.paper, experiments=experiments,
+        seeds=seeds, quick=args.quick, device=args.device, eval_batch_size=args.eval_batch_size,
+        train_options=parse_train_options(args.train_option), keep_models=args.keep_models,
+        command="mirrorbert " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"]
+        else "mirrorbert reproduce " + shlex.join(["--model", args.model, "--output", args.output]),
+    )
+    if not args.verbose:  # the per-cell progress lines are the output; the tasks' own chatter is for -v
+        for name in ("mirrorbert.evaluation", "mirrorbert.trainer", "mirrorbert.gloss", "mirrorbert.data"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    result = reproduce(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"report: {result.report}")
+    print(f"results: {result.report.with_name('results.json')}")
+    return 0

@@ -1,0 +1,253 @@
+"""results.json, report.md and PNG plots of a `mirrorbert reproduce` run.
+
+Every cell appears as ours | paper | Δ when the base model is one of the paper's (and the paper has
+that cell), ours only otherwise; values x100 as in the project's other reports (the paper prints
+fractions: .556 is 55.6 here). Over several seeds a value is mean ± sample standard deviation.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import statistics
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mirrorbert.reproduce.cells import EXPERIMENT_INFO
+from mirrorbert.reproduce.paper import load_paper_numbers, paper_value
+
+if TYPE_CHECKING:
+    from mirrorbert.reproduce.runner import CellResult, ReproduceResult
+
+logger = logging.getLogger(__name__)
+
+
+def aggregate(results: list[CellResult], base_model: str | None) -> OrderedDict[str, dict[str, Any]]:
+    """Cell id -> metrics over seeds (mean, std, values) with the paper's value and Δ where it has one."""
+    cells: OrderedDict[str, dict[str, Any]] = OrderedDict()
+    for r in results:
+        entry = cells.setdefault(r.cell, {"experiment": r.experiment, "state": r.state, "x": r.x, "runs": []})
+        entry["runs"].append(r)
+    for cell_id, entry in cells.items():
+        runs: list[CellResult] = entry.pop("runs")
+        ok = [r for r in runs if r.status == "ok"]
+        metrics: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        for name in dict.fromkeys(k for r in ok for k in r.metrics):
+            values = [r.metrics[name] for r in ok if name in r.metrics]
+            m: dict[str, Any] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
+                                 "values": values}
+            cell = paper_value(entry["experiment"], base_model, entry["state"], name)
+            if cell is not None:
+                m.update(paper=cell.value, delta=m["mean"] - cell.value, paper_table=cell.table, paper_id=cell.id)
+            metrics[name] = m
+        entry.update(
+            metrics=metrics,
+            status="ok" if ok else runs[0].status,
+            message="; ".join(sorted({r.message for r in runs if r.message})),
+            seeds=[r.seed for r in runs],
+            wall_s=sum(r.wall_s for r in runs if not r.cached) or sum(r.wall_s for r in runs),
+            cached=all(r.cached for r in runs),
+            skipped=dict(kv for r in runs for kv in r.skipped.items()),
+            artifacts=dict(kv for r in runs for kv in r.artifacts.items()),
+            commands=runs[0].commands, data=runs[0].data, data_note=runs[0].data_note,
+        )
+    return cells
+
+
+def _x100(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value * 100:.{digits}f}"
+
+
+def _ours(m: dict[str, Any]) -> str:
+    s = _x100(m["mean"])
+    return s if m["std"] is None else f"{s} ± {_x100(m['std'])}"
+
+
+def _plot_curves(cells: dict[str, dict[str, Any]], experiment: str, path: Path, xlabel: str) -> Path | None:
+    series: dict[str, list[tuple[float, float, float]]] = {}
+    for entry in cells.values():
+        if entry["experiment"] != experiment or entry["x"] is None:
+            continue
+        for name, m in entry["metrics"].items():
+            series.setdefault(f"{entry['state']}: {name}", []).append((entry["x"], m["mean"] * 100, (m["std"] or 0) * 100))
+    if not series:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for label, points in series.items():
+        points.sort()
+        xs, ys, es = zip(*points)
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("score x100")
+    if experiment == "datasize":
+        ax.set_xscale("log")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_before_after(cells: dict[str, dict[str, Any]], path: Path) -> Path | None:
+    """One bar pair per (experiment, metric) that has both a 'before' and an 'after' cell."""
+    pairs: list[tuple[str, float, float]] = []
+    by_key = {(e["experiment"], cid.split("/", 2)[2] if cid.count("/") >= 2 else ""): e for cid, e in cells.items()}
+    for cid, entry in cells.items():
+        if entry["state"] != "before":
+            continue
+        rest = cid.split("/", 2)[2] if cid.count("/") >= 2 else ""
+        after = next((e for (exp, r), e in by_key.items() if exp == entry["experiment"] and r == rest
+                      and e["state"].startswith("after")), None)
+        if after is None:
+            continue
+        for name, m in entry["metrics"].items():
+            if name in after["metrics"] and name not in ("stsb_dev",):
+                pairs.append((f"{entry['experiment']}\n{name}", m["mean"] * 100, after["metrics"][name]["mean"] * 100))
+    if not pairs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    pairs = pairs[:24]
+    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(pairs) + 2), 3.8))
+    idx = np.arange(len(pairs))
+    ax.bar(idx - 0.2, [p[1] for p in pairs], 0.4, label="before")
+    ax.bar(idx + 0.2, [p[2] for p in pairs], 0.4, label="after Mirror-BERT")
+    ax.set_xticks(idx, [p[0] for p in pairs], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("score x100")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _compare_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """One row per (cell, metric): ours | paper | Δ."""
+    lines = ["| cell | metric | ours | paper | Δ |", "|---|---|---:|---:|---:|"]
+    for cid, e in rows:
+        if e["status"] != "ok":
+            lines.append(f"| {cid} | {e['status']}: {e['message']} | | | |")
+            continue
+        for name, m in e["metrics"].items():
+            delta = "-" if "delta" not in m else f"{m['delta'] * 100:+.1f}"
+            lines.append(f"| {cid} | {name} | {_ours(m)} | {_x100(m.get('paper'))} | {delta} |")
+    return lines
+
+
+def _wide_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Ours only: one row per cell, one column per metric."""
+    names = list(dict.fromkeys(n for _, e in rows for n in e["metrics"]))
+    lines = ["| cell | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for cid, e in rows:
+        if e["status"] != "ok":
+            lines.append(f"| {cid} | {e['status']}: {e['message']} |" + " |" * (len(names) - 1))
+            continue
+        lines.append(f"| {cid} | " + " | ".join(_ours(e["metrics"][n]) if n in e["metrics"] else "-" for n in names) + " |")
+    return lines
+
+
+def results_json(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: dict[str, str],
+                 data_dir: Path) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "model": run.config.model, "base_model": run.base_model, "paper_comparison": run.base_model is not None,
+        "command": run.config.command, "config": asdict(run.config), "data_dir": str(data_dir), "versions": versions,
+        "created": _dt.datetime.now().isoformat(timespec="seconds"),
+        "scale": "fractions (x100 in the report); paper values as printed in the paper",
+        "computed_cells": run.computed, "wall_s": run.wall_s,
+        "cells": cells, "skipped": [asdict(s) for s in run.skipped],
+        "paper_numbers": {"file": "mirrorbert/reproduce/paper_numbers.json",
+                          "unverified": load_paper_numbers()["unverified"]},
+    }
+
+
+def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: dict[str, str], data_dir: Path,
+             plots: dict[str, Path], out: Path) -> str:
+    compare = run.base_model is not None
+    lines = [f"# Reproduction report: `{run.config.model}`", ""]
+    lines += [f"- command: `{run.config.command or 'mirrorbert reproduce'}`",
+              f"- papers: {run.config.paper}; seeds: {', '.join(map(str, run.config.seeds))}"
+              + ("; **--quick smoke test: not a result**" if run.config.quick else ""),
+              f"- base model: " + (f"**{run.base_model}**, one of the paper's: cells show ours | paper | Δ"
+                                   if compare else "not one of the paper's base models (bert-base-uncased, roberta-base, "
+                                   "mBERT, PubMedBERT at base size): ours only"),
+              f"- data directory: `{data_dir}`",
+              "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+              f"- {run.computed} cell runs computed now, {len(run.results) - run.computed} reused from the cache; "
+              f"this run took {run.wall_s:.0f} s",
+              "- values x100; the paper's numbers come from `paper_numbers.json` (source and table of each)", ""]
+    if "before_after" in plots:
+        lines += [f"![before vs after]({os.path.relpath(plots['before_after'], out)})", ""]
+    experiments = list(dict.fromkeys(e["experiment"] for e in cells.values()))
+    experiments += [s.experiment for s in run.skipped if s.experiment not in experiments]
+    for exp in dict.fromkeys(experiments):
+        table, title = EXPERIMENT_INFO.get(exp, ("", exp))
+        lines += [f"## {title} ({table})", ""]
+        rows = [(cid, e) for cid, e in cells.items() if e["experiment"] == exp]
+        if rows:
+            lines += _compare_table(rows) if compare else _wide_table(rows)
+            lines.append("")
+            notes = list(dict.fromkeys(f"{cid}: {e['data_note']}" for cid, e in rows if e["data_note"]))
+            if notes:
+                lines += ["Tuned on:", ""] + [f"- {n}" for n in notes] + [""]
+        parts = list(dict.fromkeys(part for _, e in rows for part in e["skipped"]))
+        missing = [s for s in run.skipped if s.experiment == exp]
+        if parts or missing:
+            lines += ["Skipped:", ""]
+            if parts:
+                lines.append(f"- evaluation sets absent: {', '.join(parts)} (see [Skipped data](#skipped-data))")
+            lines += [f"- {s.what}: needs {s.needs}" for s in missing]
+            lines.append("")
+        for cid, e in rows:
+            for label, rel in e["artifacts"].items():
+                lines += [f"![{cid}: {label}]({Path(rel).as_posix()})", ""]
+        if exp in plots:
+            lines += [f"![{title}]({os.path.relpath(plots[exp], out)})", ""]
+    absent = dict(kv for e in cells.values() for kv in e["skipped"].items())
+    if absent:
+        lines += ["## Skipped data", ""] + [f"- **{k}**: {v}" for k, v in absent.items()] + [""]
+    lines += ["## Cell details", "", "| cell | seeds | wall s | cached | data (sha256) | commands |", "|---|---|---:|---|---|---|"]
+    for cid, e in cells.items():
+        data = "<br>".join(f"{k} `{v[:12]}`" for k, v in e["data"].items())
+        cmds = "<br>".join(f"`{c}`" for c in e["commands"])
+        seeds = ",".join("-" if s is None else str(s) for s in e["seeds"])
+        lines.append(f"| {cid} | {seeds} | {e['wall_s']:.1f} | {'yes' if e['cached'] else 'no'} | {data} | {cmds} |")
+    lines += ["", "## Paper numbers not recorded", ""]
+    lines += [f"- {u['what']}: {u['why']}" for u in load_paper_numbers()["unverified"]]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def write_report(run: ReproduceResult, data_dir: Path, out: Path, versions: dict[str, str]) -> Path:
+    cells = aggregate(run.results, run.base_model)
+    plots: dict[str, Path] = {}
+    for exp, xlabel in (("datasize", "training strings"), ("frequency", "frequency bucket (1 = most frequent 10k)")):
+        p = _plot_curves(cells, exp, out / "plots" / f"{exp}.png", xlabel)
+        if p:
+            plots[exp] = p
+    p = _plot_before_after(cells, out / "plots" / "before_after.png")
+    if p:
+        plots["before_after"] = p
+    (out / "results.json").write_text(json.dumps(results_json(run, cells, versions, data_dir), indent=1,
+                                                 ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    report = out / "report.md"
+    report.write_text(markdown(run, cells, versions, data_dir, plots, out) + "\n", encoding="utf-8")
+    logger.info("report written to %s", report)
+    return report

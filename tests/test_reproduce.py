@@ -1,0 +1,152 @@
+"""`mirrorbert reproduce`: the cells run end to end on a tiny model, the cache makes a rerun free, the
+report has every table, and the paper-numbers file holds the paper's values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mirrorbert.errors import UserError
+from mirrorbert.reproduce import ReproduceConfig, reproduce
+from mirrorbert.reproduce import runner as runner_module
+from mirrorbert.reproduce.cells import EXPERIMENT_INFO, MIRROR_EXPERIMENTS
+from mirrorbert.reproduce.paper import detect_base_model, load_paper_numbers, paper_value
+
+
+def _head(src: Path, dst: Path, n: int) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, encoding="utf-8") as f:
+        lines = [next(f, "") for _ in range(n)]
+    dst.write_text("".join(lines), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def tiny_data(shared_data, tmp_path_factory) -> Path:
+    """A few lines of each shared set, in the shared layout (STS12-16, BC5CDR, most BLI pairs absent)."""
+    root = tmp_path_factory.mktemp("data")
+    heads = {
+        "sts/STSBenchmark/sts-train.csv": 60, "sts/STSBenchmark/sts-dev.csv": 60, "sts/STSBenchmark/sts-test.csv": 80,
+        "sts/SICK/SICK_test_annotated.txt": 80, "wordsim/multisimlex.tsv": 120, "qnli/dev.tsv": 80,
+        "bel/ncbi/test_dictionary.txt": 300, "bel/ncbi/test_queries.txt": 40,
+        "bli/en-fr/yacle.train.freq.5k.en-fr.tsv": 60, "bli/en-fr/yacle.test.freq.2k.en-fr.tsv": 30,
+        "corpora/en_words_top_10k.txt": 300, "corpora/stsbenchmark_train_10k_sents_random_sampled.txt": 300,
+    }
+    for rel, n in heads.items():
+        _head(shared_data / rel, root / rel, n)
+    return root
+
+
+def _config(model: Path, data: Path, out: Path, **kw) -> ReproduceConfig:
+    kw.setdefault("experiments", list(MIRROR_EXPERIMENTS))
+    # BLI's extra target vocabulary (20k wordfreq words) would dominate a smoke test's time
+    return ReproduceConfig(model=str(model), output=str(out), data_dir=str(data), quick=True, device="cpu",
+                           eval_batch_size=32, **kw)
+
+
+@pytest.mark.slow  # ~25 s of CPU (every Mirror-BERT cell trains and evaluates twice), longer on a busy machine
+def test_reproduce_quick_end_to_end_and_cache(tiny_bert, tiny_data, tmp_path, monkeypatch):
+    from mirrorbert.evaluation import bli
+
+    monkeypatch.setattr(bli, "frequent_words", lambda lang, n: [])  # keep the BLI cell fast and offline
+    out = tmp_path / "run"
+    lines: list[str] = []
+    result = reproduce(_config(tiny_bert, tiny_data, out, seeds=(0, 1)), progress=lines.append)
+    assert result.computed == len(result.results) > 20
+    assert all(r.status == "ok" for r in result.results), [(r.cell, r.message) for r in result.results if r.status != "ok"]
+    assert any("running" in line for line in lines) and any("est." in line for line in lines)
+
+    report = (out / "report.md").read_text(encoding="utf-8")
+    for exp in MIRROR_EXPERIMENTS:  # every table has its section
+        assert EXPERIMENT_INFO[exp][1] in report, exp
+    assert "sts12" in report and "needs" in report  # STS12-16 absent here: listed as skipped with their files
+    assert "qnli/after-stsb-sentences" in report  # no QNLI training sentences: says which data was used
+    assert "not one of the paper's base models" in report  # a tiny model: ours only, no paper column
+    assert (out / "plots" / "datasize.png").is_file() and (out / "plots" / "frequency.png").is_file()
+    assert "isotropy_cosine.png" in report
+
+    data = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    after = data["cells"]["sts/after"]
+    assert after["seeds"] == [0, 1] and len(after["metrics"]["stsb"]["values"]) == 2
+    assert after["metrics"]["stsb"]["std"] is not None
+    assert "is_word" in data["cells"]["isotropy/no-aug/word"]["metrics"]
+    assert "is_sentence" in data["cells"]["isotropy/after/sentence"]["metrics"]
+    assert data["cells"]["sts/before"]["seeds"] == [None]  # the base model's evaluation does not depend on a seed
+    assert {s["experiment"] for s in data["skipped"]} >= {"bli", "qnli"}
+
+    # A rerun computes nothing: every cell comes from the cache.
+    calls = []
+    monkeypatch.setattr(runner_module, "compute_cell", lambda *a, **k: calls.append(a) or pytest.fail("recomputed"))
+    again = reproduce(_config(tiny_bert, tiny_data, out, seeds=(0, 1)), progress=lambda _: None)
+    assert calls == [] and again.computed == 0 and all(r.cached for r in again.results)
+
+    # An interrupted run resumes: a lost cell file is the only thing computed.
+    monkeypatch.undo()
+    monkeypatch.setattr(bli, "frequent_words", lambda lang, n: [])
+    (out / "cells" / "sts__after--s1.json").unlink()
+    resumed = reproduce(_config(tiny_bert, tiny_data, out, seeds=(0, 1)), progress=lambda _: None)
+    assert resumed.computed == 1
+
+
+def test_reproduce_validates_options(tiny_bert, tiny_data, tmp_path):
+    with pytest.raises(UserError, match="--experiments"):
+        reproduce(_config(tiny_bert, tiny_data, tmp_path, experiments=["nope"]))
+    with pytest.raises(UserError, match="--train-option"):
+        reproduce(_config(tiny_bert, tiny_data, tmp_path, train_options={"no_such_option": 1}))
+
+
+def test_cli_reproduce_writes_report(tiny_bert, tiny_data, tmp_path, monkeypatch):
+    from mirrorbert.cli import main
+
+    # pretend the tiny model is bert-base-uncased: the report then sets each cell beside the paper's
+    monkeypatch.setattr(runner_module, "detect_base_model", lambda model: "bert-base-uncased")
+    out = tmp_path / "cli"
+    rc = main(["reproduce", "--model", str(tiny_bert), "--data-dir", str(tiny_data), "--output", str(out),
+               "--experiments", "sts,qnli", "--quick", "--device", "cpu", "--train-option", "lr=5e-5"])
+    assert rc == 0
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "--lr 5e-05" in report  # the override reaches the training command shown per cell
+    assert "| cell | metric | ours | paper | Δ |" in report
+    assert "| sts/before | stsb |" in report and "| 46.4 |" in report  # Table 3, BERT-mp STS-B: .464
+    cells = json.loads((out / "results.json").read_text(encoding="utf-8"))["cells"]
+    stsb = cells["sts/before"]["metrics"]["stsb"]
+    assert stsb["paper"] == pytest.approx(0.464) and stsb["delta"] == pytest.approx(stsb["mean"] - 0.464)
+    assert main(["reproduce", "--model", str(tiny_bert), "--data-dir", str(tiny_data), "--output", str(out),
+                 "--seeds", "a,b"]) == 2
+
+
+def test_paper_numbers_file_has_the_papers_values():
+    doc = load_paper_numbers()
+    assert doc["sources"] and doc["unverified"]
+    for cell in doc["cells"].values():
+        assert cell.table and cell.source in doc["sources"] and 0 <= cell.value <= 1
+    # Table 3 (STS): BERT-mp before, + Mirror after; RoBERTa + Mirror average
+    assert paper_value("sts", "bert-base-uncased", "before", "avg").value == pytest.approx(0.493)
+    assert paper_value("sts", "bert-base-uncased", "after", "stsb").value == pytest.approx(0.764)
+    assert paper_value("sts", "roberta-base", "after", "avg").value == pytest.approx(0.753)
+    # Table 1 (Multi-SimLex en) and Table 10 (random strings)
+    assert paper_value("wordsim", "bert-base-uncased", "after", "msimlex_en").value == pytest.approx(0.556)
+    assert paper_value("random-strings", "bert-base-uncased", "random-strings", "msimlex_en").value == pytest.approx(0.393)
+    # Table 2 (BEL, PubMedBERT + Mirror, NCBI acc@1), Table 8 (controlled dropout), Table 9 (isotropy)
+    assert paper_value("bel", "pubmedbert", "after", "ncbi_acc@1").value == pytest.approx(0.909)
+    assert paper_value("ablation", "roberta-base", "controlled-dropout-no-span-mask", "sts12").value == pytest.approx(0.452)
+    assert paper_value("isotropy", "bert-base-uncased", "after", "is_word").value == pytest.approx(0.599)
+    assert paper_value("sts", None, "after", "avg") is None
+
+
+def test_detect_base_model(tmp_path, tiny_bert):
+    def folder(name: str, **config) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        return d
+
+    assert detect_base_model("bert-base-uncased") == "bert-base-uncased"
+    assert detect_base_model("FacebookAI/roberta-base") == "roberta-base"
+    assert detect_base_model("google-bert/bert-base-multilingual-cased") == "mbert"
+    assert detect_base_model(str(folder("pm", _name_or_path="microsoft/BiomedNLP-PubMedBERT-base-uncased-abstract",
+                                        num_hidden_layers=12, hidden_size=768))) == "pubmedbert"
+    # a small model named after the tokenizer it borrows is not the paper's model
+    assert detect_base_model(str(folder("mini-bert-base-uncased", num_hidden_layers=4, hidden_size=256))) is None
+    assert detect_base_model(str(tiny_bert)) is None
