@@ -143,7 +143,7 @@ def data_file(tmp_path_factory):
 def _train(folder, data, out, packing_mode, **kw):
     cfg = dict(model=str(folder), data=str(data), output=str(out), batch_size=6, max_length=24, steps=4,
                show_progress=False, lr=1e-3, temperature=0.05, mask_span=1, pooling="mean", dropout=0.0,
-               packing=packing_mode, seed=3)
+               packing=packing_mode, seed=3, precision="fp32")
     cfg.update(kw)
     return train(TrainConfig(**cfg))
 

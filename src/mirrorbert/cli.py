@@ -93,8 +93,17 @@ def add_train_parser(sub) -> None:
     o.add_argument("--seed", type=int, help="random seed (default 42)")
     h = p.add_argument_group("hardware and bookkeeping")
     h.add_argument("--device", help="auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:1 | mps")
-    h.add_argument("--precision", help="fp32 | bf16 | fp16 (GPU only)")
+    h.add_argument("--precision", help="auto (default: bf16 where native, i.e. Ampere+ GPUs and CPUs with "
+                   "AVX512-BF16/AMX; fp16 on older GPUs; else fp32) | fp32 | bf16 | fp16 (GPU only)")
     h.add_argument("--packing", help=PACKING_HELP)
+    h.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice, usually all cores)")
+    h.add_argument("--compile", action="store_true", default=None,
+                   help="torch.compile the model (default: off; falls back to eager with a warning if it fails)")
+    h.add_argument("--gradient-checkpointing", action="store_true", default=None,
+                   help="recompute activations in backward: less memory, ~30%% more time (default: off)")
+    h.add_argument("--grad-cache-chunk", type=int,
+                   help="GradCache: run the encoder N views at a time with cached embedding gradients, so "
+                        "big batches fit in small memory with every in-batch negative kept (default 0: off)")
     h.add_argument("--save-every", type=int, help="write a checkpoint every N steps (0: only at the end/interrupt)")
     h.add_argument("--checkpoint-dir", help="where checkpoints go (default: <output>.checkpoints)")
     h.add_argument("--keep-checkpoints", type=int, help="how many checkpoints to keep (default 2)")

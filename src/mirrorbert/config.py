@@ -17,7 +17,7 @@ from mirrorbert.errors import UserError
 from mirrorbert.typed_config import check_types, coerce_mapping
 
 POOLINGS = ("cls", "mean", "first-last")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SCHEDULES = ("constant", "linear")
 PACKING_MODES = ("auto", "on", "off")  # --packing (packing.py)
 MASK_UNITS = ("char", "token")
@@ -78,9 +78,14 @@ class TrainConfig:
     seed: int = 42
     # hardware
     device: str = "auto"
-    precision: str = "fp32"
+    precision: str = "auto"
     # packing (packing.py): several views per row instead of padding; auto = on wherever supported
     packing: str = "auto"
+    # speed and memory (issue 9): CPU threads, torch.compile, activation checkpointing, GradCache chunks
+    threads: int | None = None
+    compile: bool = False
+    gradient_checkpointing: bool = False
+    grad_cache_chunk: int | None = None
     # bookkeeping
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -209,6 +214,11 @@ def validate(cfg: TrainConfig) -> None:
         _check(value is None or (_is_int(value) and value >= 1), key, "must be an integer >= 1")
     for key in ("warmup_steps", "save_every", "seed"):
         _check(_is_int(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be an integer >= 0")
+    _check(cfg.threads is None or (_is_int(cfg.threads) and cfg.threads >= 1), "threads", "must be an integer >= 1")
+    _check(cfg.grad_cache_chunk is None or (_is_int(cfg.grad_cache_chunk) and cfg.grad_cache_chunk >= 0),
+           "grad_cache_chunk", "must be an integer >= 0 (0: off)")
+    _check(not (cfg.grad_cache_chunk and cfg.controlled_dropout), "grad_cache_chunk",
+           "cannot be combined with --controlled-dropout (its two views must run as paired passes)")
     sources = [cfg.data is not None, cfg.words_top is not None, cfg.random_strings is not None]
     _check(sum(sources) <= 1, "data", "give only one of --data, --words-top, --random-strings")
     _check(not (cfg.column and cfg.field), "column", "--column is for CSV/TSV, --field for JSONL; not both")

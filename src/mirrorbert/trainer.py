@@ -17,6 +17,7 @@ from mirrorbert.distributed import init_from_env, sharded_encoding
 from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.checkpoints import check_resume_config
+from mirrorbert.gradcache import cached_embeddings
 from mirrorbert.loss import build_loss, mirror_infonce
 from mirrorbert.modelcard import check_eval_after, evaluate_after_training
 from mirrorbert.packing import packing_flag
@@ -30,14 +31,19 @@ from mirrorbert.runtime import (
     build_optimizer,
     build_scheduler,
     check_finite_loss,
-    check_precision,
+    compile_model,
+    enable_gradient_checkpointing,
+    enable_tf32,
     derived_generator,
     library_versions,
     load_checkpoint,
     make_grad_scaler,
+    peak_memory_bytes,
     replay_rng,
+    resolve_precision,
     restore_training_state,
     seed_everything,
+    set_threads,
 )
 from mirrorbert.safety import guard_run, weights_size
 from mirrorbert.views import DropHead, SecondViews, dropout_overrides, tokenize_once
@@ -113,14 +119,20 @@ def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]
 
 def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
                      temperature: float, controlled_dropout: bool, device: torch.device, precision: str,
-                     loss_fn=None, gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+                     loss_fn=None, gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                     grad_cache_chunk: int | None = None) -> torch.Tensor:
     """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own).
 
     `loss_fn` (from `loss.build_loss`) maps the [2B, d] embeddings to the loss; default InfoNCE at
     `temperature`. `gather` turns this process's rows into the global batch's (several processes), so the
-    loss is eq. 1 over the global batch.
+    loss is eq. 1 over the global batch. With `grad_cache_chunk` the views are embedded that many at a
+    time with cached gradients (gradcache.py): same loss and gradients at the activation memory of one chunk.
     """
-    embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
+    if grad_cache_chunk:
+        embeddings = cached_embeddings(lambda chunk: embed_views(encoder, chunk, [], False, device, precision),
+                                       first + second, grad_cache_chunk)
+    else:
+        embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
     if gather is not None:
         embeddings = gather(embeddings)
     return loss_fn(embeddings) if loss_fn is not None else mirror_infonce(embeddings, temperature)
@@ -131,7 +143,8 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
     validate(cfg)
     if not cfg.output:
         raise UserError("--output is required: the folder to write the trained model to")
-    with contextlib.ExitStack() as locks:  # path rules, writability and locks, before anything is loaded
+    with set_threads(cfg.threads), contextlib.ExitStack() as locks:
+        # path rules, writability and locks, before anything is loaded
         guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
                   inputs={"--model": cfg.model, "--data": cfg.data, "--resume": cfg.resume,
                           "--data-dir": cfg.data_dir},
@@ -140,11 +153,22 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         return _train(cfg, strings)
 
 
+def _compile_warm_up(encoder: Encoder, sample: list[list[int]], device: torch.device, precision: str) -> None:
+    """One forward and backward so torch.compile compiles (or fails) now; no trace in RNG or gradients."""
+    with replay_rng():
+        embed_views(encoder, sample, sample, False, device, precision).float().sum().backward()
+    encoder.zero_grad(set_to_none=True)
+
+
 def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     eval_tasks = check_eval_after(cfg.eval_after, cfg.data_dir)
     dist_ctx = init_from_env(cfg.device)  # one process, or this process's rank under torchrun/accelerate
     device = dist_ctx.device
-    check_precision(cfg.precision, device)
+    precision = resolve_precision(cfg.precision, device)
+    enable_tf32(device)
+    if cfg.grad_cache_chunk and dist_ctx.world_size > 1:
+        raise UserError("--grad-cache-chunk: not supported with several processes yet (DDP's gradient hooks "
+                        "would fire inside the cached replay); use --gradient-checkpointing there")
     strings = strings or _load_strings(cfg)
     seed_everything(cfg.seed)
     started = time.time()
@@ -167,6 +191,10 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
                                      cfg.mask_min_chars, cfg.max_length)
     second_view_masker.warn_if_never_applies()
     loss_fn = build_loss(cfg.loss, cfg.temperature)
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(encoder.model)
+    compiled = cfg.compile and compile_model(
+        encoder.model, warm_up=lambda: _compile_warm_up(encoder, token_ids[:2], device, precision))
 
     batch_size = cfg.batch_size
     if batch_size > len(token_ids):
@@ -178,7 +206,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
 
     optimizer = build_optimizer(encoder, cfg.lr, cfg.weight_decay)
     scheduler = build_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, plan.total_steps)
-    scaler = make_grad_scaler(device, cfg.precision)
+    scaler = make_grad_scaler(device, precision)
     checkpoints = CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints)
     checkpointing = cfg.save_every > 0 or cfg.checkpoint_dir is not None or resume is not None
     dist_ctx.wrap(encoder)
@@ -221,8 +249,9 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
                     second = [second_views[i] for i in dist_ctx.shard(index)]
                     dist_ctx.seed_step(cfg.seed, step)
                     loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
-                                            cfg.controlled_dropout, device, cfg.precision, loss_fn,
-                                            lambda rows: dist_ctx.gather_views(rows, len(index)))
+                                            cfg.controlled_dropout, device, precision, loss_fn,
+                                            lambda rows: dist_ctx.gather_views(rows, len(index)),
+                                            cfg.grad_cache_chunk)
                     check_finite_loss(loss, step + 1, last_checkpoint)
                     backward_and_step(loss, optimizer, scheduler, scaler, max_grad_norm=cfg.max_grad_norm)
                     step += 1
@@ -290,7 +319,10 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         "real_tokens_per_s": round(seen_tokens / elapsed, 2),
         "device": str(device),
         "world_size": dist_ctx.world_size,
-        "precision": cfg.precision,
+        "precision": precision,
+        "compiled": bool(compiled),
+        "peak_memory_bytes": peak_memory_bytes(device),
+        "peak_memory_measure": "cuda max_memory_allocated" if device.type == "cuda" else "process peak RSS",
         "versions": library_versions(),
     }
     encoder.eval()

@@ -61,7 +61,7 @@ def add_gloss_parser(subparsers: Any) -> argparse.ArgumentParser:
     o.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
     h = p.add_argument_group("hardware and bookkeeping")
     h.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:1 | mps")
-    h.add_argument("--precision", default=d.precision, help="fp32 | bf16 | fp16 (GPU only) (default bf16)")
+    h.add_argument("--precision", default=d.precision, help="auto (bf16 where native, else fp32; fp16 on older GPUs) | fp32 | bf16 | fp16 (GPU only) (default auto)")
     h.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size, help="batch size of the held-out evaluation")
     h.add_argument("--save-every", type=int, default=d.save_every, help="checkpoint every N steps (0: epoch ends/interrupt only)")
     h.add_argument("--checkpoint-dir", help="where checkpoints go (default: <output>.checkpoints)")

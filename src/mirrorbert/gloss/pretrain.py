@@ -18,7 +18,7 @@ import logging
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ class GlossPretrainConfig:
     max_grad_norm: float = 1.0
     seed: int = 42
     device: str = "auto"
-    precision: str = "bf16"
+    precision: str = "auto"  # bf16 where native (GPUs, AVX512-BF16/AMX CPUs), else fp32/fp16
     eval_batch_size: int = 64
     save_every: int = 0
     checkpoint_dir: str | None = None
@@ -243,18 +243,18 @@ def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
         build_optimizer,
         build_scheduler,
         check_finite_loss,
-        check_precision,
         derived_generator,
         library_versions,
         load_checkpoint,
         make_grad_scaler,
         resolve_device,
+        resolve_precision,
         restore_training_state,
         seed_everything,
     )
 
     device = resolve_device(cfg.device)
-    check_precision(cfg.precision, device)
+    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
     started = time.time()
     train_t, held_t, inventory, stats = prepare_triplets(cfg)
     fingerprint = _fingerprint(train_t)

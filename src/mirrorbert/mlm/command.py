@@ -48,7 +48,7 @@ def add_pretrain_parser(sub) -> None:
     h = p.add_argument_group("hardware and bookkeeping")
     h.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:1 | mps")
     h.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice, usually all cores)")
-    h.add_argument("--precision", default="fp32", help="fp32 | bf16 (autocast, CPU or GPU) | fp16 (GPU only)")
+    h.add_argument("--precision", default="fp32", help="fp32 (default) | auto (bf16 where native, else fp32; fp16 on older GPUs) | bf16 (autocast, CPU or GPU) | fp16 (GPU only)")
     h.add_argument("--eval-every", type=int, default=500, help="held-out evaluation every N steps (default 500)")
     h.add_argument("--eval-sequences", type=int, default=256, help="held-out sequences per evaluation (default 256)")
     h.add_argument("--save-every", type=int, default=0, help="write a checkpoint every N steps (0: only on interrupt)")

@@ -39,15 +39,16 @@ from mirrorbert.runtime import (
     backward_and_step,
     build_optimizer,
     build_scheduler,
-    check_precision,
     default_checkpoint_dir,
     derived_generator,
     library_versions,
     load_checkpoint,
     make_grad_scaler,
     resolve_device,
+    resolve_precision,
     restore_training_state,
     seed_everything,
+    set_threads,
     write_json_atomic,
 )
 from mirrorbert.safety import guard_run, weights_size
@@ -372,26 +373,20 @@ def evaluate(model, head, packed: PackedSequences | None, masker: MlmMasker, cfg
 def pretrain(cfg: PretrainConfig) -> PretrainResult:
     """Run MLM pre-training as configured and write an HF `*ForMaskedLM` folder to `cfg.output`."""
     validate(cfg)
-    previous_threads = torch.get_num_threads()
-    if cfg.threads is not None:
-        # On a CPU shared with other jobs, fewer threads than cores avoids OpenMP spin-wait contention.
-        torch.set_num_threads(cfg.threads)
-    try:
-        with contextlib.ExitStack() as locks:  # path rules, writability and locks, before anything is loaded
-            guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
-                      inputs={"--corpus": list(cfg.corpus), "--model": cfg.model, "--tokenizer": cfg.tokenizer,
-                              "--resume": cfg.resume},
-                      checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,
-                      extra_outputs=[("--log-dir", cfg.log_dir), ("--cache-dir", cfg.resolved_cache_dir())],
-                      model_bytes=weights_size(cfg.model))
-            return _pretrain(cfg)
-    finally:
-        torch.set_num_threads(previous_threads)
+    with set_threads(cfg.threads), contextlib.ExitStack() as locks:
+        # path rules, writability and locks, before anything is loaded
+        guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
+                  inputs={"--corpus": list(cfg.corpus), "--model": cfg.model, "--tokenizer": cfg.tokenizer,
+                          "--resume": cfg.resume},
+                  checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,
+                  extra_outputs=[("--log-dir", cfg.log_dir), ("--cache-dir", cfg.resolved_cache_dir())],
+                  model_bytes=weights_size(cfg.model))
+        return _pretrain(cfg)
 
 
 def _pretrain(cfg: PretrainConfig) -> PretrainResult:
     device = resolve_device(cfg.device)
-    check_precision(cfg.precision, device)
+    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
     started = time.time()
     seed_everything(cfg.seed)
 
