@@ -58,7 +58,11 @@ def aggregate(results: list[CellResult], base_model: str | None) -> OrderedDict[
 
 
 def _x100(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value * 100:.{digits}f}"
+    """x100 with `digits` decimals; tiny values (isotropy scores of 1e-9) keep 3 significant digits."""
+    if value is None:
+        return "-"
+    scaled = value * 100
+    return f"{scaled:.3g}" if 0 < abs(scaled) < 1 else f"{scaled:.{digits}f}"
 
 
 def _ours(m: dict[str, Any]) -> str:
