@@ -97,10 +97,6 @@ def load_model_config(name: str, cfg: TrainConfig | None = None):
     return config
 
 
-def _load_strings(cfg: TrainConfig) -> TrainingStrings:
-    return strings_for_config(cfg)
-
-
 def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]], controlled_dropout: bool,
                 device: torch.device, precision: str) -> torch.Tensor:
     """Rows [f(x_1)..f(x_B), f(xbar_1)..f(xbar_B)]; normally one forward pass over both views.
@@ -169,7 +165,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     if cfg.grad_cache_chunk and dist_ctx.world_size > 1:
         raise UserError("--grad-cache-chunk: not supported with several processes yet (DDP's gradient hooks "
                         "would fire inside the cached replay); use --gradient-checkpointing there")
-    strings = strings or _load_strings(cfg)
+    strings = strings or strings_for_config(cfg)
     seed_everything(cfg.seed)
     started = time.time()
 
@@ -245,8 +241,9 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
                 while next_batch < len(batches) and step < plan.total_steps:
                     step_start = time.perf_counter()
                     index = batches[next_batch]  # the global batch; this process embeds its shard
-                    first = [token_ids[i] for i in dist_ctx.shard(index)]
-                    second = [second_views[i] for i in dist_ctx.shard(index)]
+                    local = dist_ctx.shard(index)
+                    first = [token_ids[i] for i in local]
+                    second = [second_views[i] for i in local]
                     dist_ctx.seed_step(cfg.seed, step)
                     loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
                                             cfg.controlled_dropout, device, precision, loss_fn,

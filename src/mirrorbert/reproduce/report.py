@@ -189,7 +189,7 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
     lines += [f"- command: `{run.config.command or 'mirrorbert reproduce'}`",
               f"- papers: {run.config.paper}; seeds: {', '.join(map(str, run.config.seeds))}"
               + ("; **--quick smoke test: not a result**" if run.config.quick else ""),
-              f"- base model: " + (f"**{run.base_model}**, one of the paper's: cells show ours | paper | Δ"
+              "- base model: " + (f"**{run.base_model}**, one of the paper's: cells show ours | paper | Δ"
                                    if compare else "not one of the paper's base models (bert-base-uncased, roberta-base, "
                                    "mBERT, PubMedBERT at base size): ours only"),
               f"- data directory: `{data_dir}`",
