@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mirrorbert.errors import UserError
+from mirrorbert.errors import UserError, first_line
 from mirrorbert.typed_config import check_types, coerce_mapping
 
 POOLINGS = ("cls", "mean", "first-last")
@@ -134,8 +134,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
 
             data = yaml.safe_load(text)
     except Exception as exc:  # both parsers raise many types; the message is what matters
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"--config {path}: cannot parse: {first_line}") from None
+        raise UserError(f"--config {path}: cannot parse: {first_line(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -7,3 +7,9 @@ class UserError(Exception):
 
 class DatasetMissing(UserError):
     """An evaluation set is absent from the data directory; the task is reported as skipped."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type name when empty), for one-line error reports."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -34,7 +34,7 @@ from mirrorbert.checkpoints import (
     verify_checkpoint,
     write_manifest,
 )
-from mirrorbert.errors import UserError
+from mirrorbert.errors import UserError, first_line
 from mirrorbert.safety import MARKER, check_replaceable, fix_folder_mode, mark_folder
 
 logger = logging.getLogger(__name__)
@@ -174,23 +174,19 @@ def _warn_slow_bf16() -> None:
                    "just ran %.1fx slower than fp32 here. Use --precision fp32 (or auto).", slowdown)
 
 
-def set_threads(threads: int | None) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def set_threads(threads: int | None) -> Iterator[None]:
     """Use N CPU threads inside the block (None: leave torch's choice) and restore the previous count.
 
     On a CPU shared with other jobs, fewer threads than cores avoids OpenMP spin-wait contention.
     """
-
-    @contextlib.contextmanager
-    def scope() -> Iterator[None]:
-        previous = torch.get_num_threads()
-        if threads is not None:
-            torch.set_num_threads(threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(previous)
-
-    return scope()
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def enable_tf32(device: torch.device) -> bool:
@@ -231,7 +227,7 @@ def compile_model(model: torch.nn.Module, warm_up=None) -> bool:
             warm_up()
     except Exception as exc:  # inductor/dynamo raise many types; any of them means "run eager"
         model._compiled_call_impl = None  # undo nn.Module.compile
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         logger.warning("--compile: torch.compile failed (%s: %s); continuing without it", type(exc).__name__, first[:200])
         return False
     logger.info("--compile: model compiled; warm-up took %.1f s", time.perf_counter() - start)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from mirrorbert.checkpoints import check_resume_config
-from mirrorbert.errors import UserError
+from mirrorbert.errors import UserError, first_line
 from mirrorbert.preflight import check_max_length, inspect_model, max_positions, weights_load_error
 from mirrorbert.mlm.corpus import PackedSequences, check_corpus_files, epoch_order, prefetch, prepare_corpus
 from mirrorbert.mlm.masking import IGNORE_INDEX, MaskingConfig, MlmMasker
@@ -189,7 +189,7 @@ def load_tokenizer(path: str):
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise UserError(f"--tokenizer {path}: cannot load a tokenizer from this folder: {first}") from None
 
 
