@@ -288,8 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     _quiet_third_party()
+    finished = False
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        finished = True
+        return status
     except UserError as exc:
         print(f"mirrorbert: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -301,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     finally:
         if "mirrorbert.distributed" in sys.modules:  # a torchrun/accelerate job: leave its process group
-            sys.modules["mirrorbert.distributed"].shutdown()
+            sys.modules["mirrorbert.distributed"].shutdown(synchronize=finished)
 
 
 if __name__ == "__main__":

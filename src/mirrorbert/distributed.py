@@ -337,9 +337,20 @@ def init_from_env(device: str | None = "auto") -> DistContext:
     return ctx
 
 
-def shutdown() -> None:
-    """Leave the process group cleanly (NCCL warns otherwise); a no-op when none was created."""
+def shutdown(synchronize: bool = False) -> None:
+    """Leave the process group cleanly (NCCL warns otherwise); a no-op when none was created.
+
+    With `synchronize` (a command that finished normally) every process first meets the others at a
+    barrier: tearing gloo down while a peer is still finishing its last collective aborted a process
+    ("terminate called without an active exception") now and then. After an error there is no barrier,
+    since a failed peer would never arrive.
+    """
     if dist.is_available() and dist.is_initialized():
+        if synchronize:
+            try:
+                dist.barrier()
+            except Exception as exc:  # noqa: BLE001  a peer already gone: leave anyway
+                logger.warning("distributed: no barrier before leaving the process group (%s)", exc)
         dist.destroy_process_group()
 
 
