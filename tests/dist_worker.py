@@ -25,6 +25,7 @@ from mirrorbert.distributed import init_from_env, sharded_encoding
 from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.loss import mirror_infonce
+from mirrorbert.packing import unsupported_reason
 from mirrorbert.trainer import embed_views
 from mirrorbert.views import tokenize_once
 
@@ -43,6 +44,8 @@ def main(model: str, outdir: str) -> int:
     # 1. gradients
     reference = copy.deepcopy(encoder)
     ctx.wrap(encoder)
+    if ctx.is_main:  # packing must see through the DDP wrapper (it once fell back to padding here)
+        print("PACKABLE " + json.dumps(unsupported_reason(encoder.model)), flush=True)
     worst = {}
     for controlled in (False, True):
         reference.zero_grad()

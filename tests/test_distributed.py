@@ -148,6 +148,7 @@ def test_gathered_gradients_equal_one_process_holding_the_global_batch(worker_ru
         assert diffs["loss_diff"] < TOLERANCE, passes
         # the factor matters: a missing W (or an extra one) would be off by half the gradient scale
         assert diffs["grad_diff"] < TOLERANCE * max(1.0, diffs["grad_scale"]), (passes, diffs)
+    assert "PACKABLE null" in result.stdout, [line for line in result.stdout.splitlines() if "PACKABLE" in line]
 
 
 @pytest.mark.slow  # reason: shares the launch above
@@ -204,6 +205,8 @@ def test_two_processes_give_the_losses_and_weights_of_one(train_runs):
     info_two = json.loads((root / "two" / "out" / "mirrorbert.json").read_text())["training"]
     assert info_two["world_size"] == 2 and info_one["world_size"] == 1
     assert abs(info_one["final_loss"] - info_two["final_loss"]) < TOLERANCE
+    for rank in (0, 1):  # under DDP the steps still run packed where the model supports it
+        assert "packing off" not in rank_log(train_runs["logs"], rank, "stderr")
 
 
 @pytest.mark.slow  # reason: shares the launches of the test above

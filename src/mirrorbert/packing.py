@@ -55,8 +55,14 @@ def packing_flag(mode: str | bool | None) -> bool | None:
     return {"auto": None, "on": True, "off": False}[mode]
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model inside a DistributedDataParallel wrapper (whose forward takes *args)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why this model cannot run packed, or None when it can."""
+    model = unwrapped(model)
     config = model.config
     model_type = getattr(config, "model_type", type(model).__name__)
     if model_type not in PACKABLE_MODEL_TYPES:
@@ -194,7 +200,7 @@ def packed_embed(model: torch.nn.Module, sequences: Sequence[Sequence[int]], poo
         "position_ids": packed.position_ids,
         "attention_mask": packed.attention_mask(attention, next(model.parameters()).dtype),
     }
-    if "token_type_ids" in inspect.signature(model.forward).parameters:
+    if "token_type_ids" in inspect.signature(unwrapped(model).forward).parameters:
         inputs["token_type_ids"] = torch.zeros_like(packed.input_ids)
     with drophead_groups(packed.view_of_token, packed.n_views):
         outputs = model(**inputs, output_hidden_states=needs_hidden_states(pooling), return_dict=True)
