@@ -94,6 +94,10 @@ def test_reproduce_validates_options(tiny_bert, tiny_data, tmp_path):
         reproduce(_config(tiny_bert, tiny_data, tmp_path, experiments=["nope"]))
     with pytest.raises(UserError, match="--train-option"):
         reproduce(_config(tiny_bert, tiny_data, tmp_path, train_options={"no_such_option": 1}))
+    with pytest.raises(UserError, match="--gr-option: unknown or runner-set option.*arch"):
+        reproduce(_config(tiny_bert, tiny_data, tmp_path, gr_options={"arch": "sc"}))
+    with pytest.raises(UserError, match="--epochs must be >= 1"):
+        reproduce(_config(tiny_bert, tiny_data, tmp_path, gr_options={"epochs": 0}))
 
 
 def test_cli_reproduce_writes_report(tiny_bert, tiny_data, tmp_path, monkeypatch):
@@ -150,3 +154,30 @@ def test_detect_base_model(tmp_path, tiny_bert):
     # a small model named after the tokenizer it borrows is not the paper's model
     assert detect_base_model(str(folder("mini-bert-base-uncased", num_hidden_layers=4, hidden_size=256))) is None
     assert detect_base_model(str(tiny_bert)) is None
+
+
+@pytest.mark.slow  # ~40 s of CPU: two GR-BERT gloss pre-trainings, lexical substitution, three STS-B fine-tunings
+def test_reproduce_grbert_quick_end_to_end(tiny_bert, tiny_data, shared_data, tmp_path):
+    """--paper grbert: base MLM vs GR-MT vs GR-SC in every table; --gr-option reaches the pre-training."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for entry in tiny_data.iterdir():
+        (data / entry.name).symlink_to(entry)
+    for name in ("lexsub", "wordnet"):  # read-only sets: the quick limits keep them cheap
+        (data / name).symlink_to(shared_data / name)
+    out = tmp_path / "gr"
+    cfg = _config(tiny_bert, data, out, experiments=None, paper="grbert", gr_options={"lr": 1e-4})
+    result = reproduce(cfg, progress=lambda _: None)
+    assert all(r.status == "ok" for r in result.results), [(r.cell, r.message) for r in result.results if r.status != "ok"]
+    cells = {r.cell for r in result.results}
+    for arch in ("base", "gr-mt", "gr-sc"):
+        assert f"gr-sts/{arch}" in cells and f"gr-supervised/{arch}" in cells
+        assert {f"lexsub/{arch}/none/LS07", f"lexsub/{arch}/none/LS14"} <= cells
+    report = (out / "report.md").read_text(encoding="utf-8")
+    for exp in ("lexsub", "gr-sts", "gr-supervised"):
+        assert EXPERIMENT_INFO[exp][1] in report, exp
+    assert "mirrorbert gloss-pretrain" in report and "--lr 0.0001" in report
+    metrics = json.loads((out / "results.json").read_text(encoding="utf-8"))["cells"]["lexsub/gr-mt/none/LS07"]["metrics"]
+    assert {"best_p", "oot_p", "p_at_1"} <= set(metrics)
+    again = reproduce(cfg, progress=lambda _: None)
+    assert again.computed == 0

@@ -30,6 +30,9 @@ def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="smoke test: few strings, few steps, small evaluation limits")
     p.add_argument("--train-option", action="append", default=[], metavar="KEY=VALUE",
                    help="override a `mirrorbert train` option in every Mirror cell, e.g. lr=5e-5 (repeatable; default none)")
+    p.add_argument("--gr-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a `mirrorbert gloss-pretrain` option of the GR-BERT models, e.g. epochs=1 "
+                        "(repeatable; default none: the GR-BERT paper's settings)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps (default auto)")
     p.add_argument("--eval-batch-size", type=int, default=64, help="encoding batch size of the evaluations (default 64)")
     p.add_argument("--keep-models", action="store_true", help="keep the trained models in OUTPUT/models (default: "
@@ -47,12 +50,12 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def parse_train_options(items: list[str]) -> dict[str, Any]:
+def parse_options(items: list[str], flag: str = "--train-option") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise UserError(f"--train-option {item!r}: expected KEY=VALUE, e.g. lr=5e-5")
+            raise UserError(f"{flag} {item!r}: expected KEY=VALUE, e.g. lr=5e-5")
         out[key.strip().replace("-", "_")] = _parse_value(value.strip())
     return out
 
@@ -68,7 +71,8 @@ def run_reproduce(args: argparse.Namespace) -> int:
     cfg = ReproduceConfig(
         model=args.model, output=args.output, data_dir=args.data_dir, paper=args.paper, experiments=experiments,
         seeds=seeds, quick=args.quick, device=args.device, eval_batch_size=args.eval_batch_size,
-        train_options=parse_train_options(args.train_option), keep_models=args.keep_models,
+        train_options=parse_options(args.train_option), gr_options=parse_options(args.gr_option, "--gr-option"),
+        keep_models=args.keep_models,
         command="mirrorbert " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"]
         else "mirrorbert reproduce " + shlex.join(["--model", args.model, "--output", args.output]),
     )

@@ -17,7 +17,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,10 @@ TASK_DATA = {
     "isotropy": ("sts/STSBenchmark",), "lexsub": ("lexsub", "wordnet"), "finetune-sts": ("sts/STSBenchmark",),
 }
 
+#: gloss-pretrain options the runner sets per cell (--seeds, the GR cells' arch, the paths), not --gr-option.
+GR_OPTIONS_FIXED = {"model", "output", "data_dir", "overwrite", "device", "show_progress", "arch", "seed", "resume",
+                    "checkpoint_dir", "log_dir", "export_triplets"}
+
 
 @dataclass
 class ReproduceConfig:
@@ -46,6 +50,7 @@ class ReproduceConfig:
     device: str = "auto"
     eval_batch_size: int = 64
     train_options: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides for every Mirror cell
+    gr_options: dict[str, Any] = field(default_factory=dict)  # GlossPretrainConfig overrides for the GR-BERT models
     keep_models: bool = False
     command: str = ""  # the command line, for the report
 
@@ -64,6 +69,17 @@ class ReproduceConfig:
         bad = sorted(set(self.train_options) - FIELD_NAMES)
         if bad:
             raise UserError(f"--train-option: unknown option(s) {', '.join(bad)}")
+        from mirrorbert.gloss.pretrain import GlossPretrainConfig
+
+        # the runner sets these itself (per cell) or they would break the cache and the report
+        gr_fields = {f.name for f in fields(GlossPretrainConfig)} - GR_OPTIONS_FIXED
+        bad = sorted(set(self.gr_options) - gr_fields)
+        if bad:
+            raise UserError(f"--gr-option: unknown or runner-set option(s) {', '.join(bad)}")
+        try:  # the values, before hours of work
+            GlossPretrainConfig(model=self.model, output="-", **self.gr_options).validate()
+        except TypeError as exc:
+            raise UserError(f"--gr-option: {exc}") from None
         return chosen
 
 
@@ -194,6 +210,7 @@ class _Context:
                                 "precision": "bf16" if torch.cuda.is_available() else "fp32"}
         if self.quick:
             opts.update(limit=self.quick.gr_triplets, epochs=1, steps=self.quick.steps, batch_size=self.quick.batch_size)
+        opts.update(self.cfg.gr_options)
         return opts
 
 
