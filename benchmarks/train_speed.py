@@ -9,7 +9,8 @@ comparison is of the training step itself), fed exactly the batches our trainer 
 Per model size (`--sizes`, default BERT-base 12x768 and L4/H512 4x512) and precision, for mirrorbert
 packed, mirrorbert padded and the peer: real (non-padding) tokens/s and strings/s (median over
 `--repeats`, sides alternating so machine drift hits all), the projected wall time of one full epoch
-over the corpus, the fraction of the FLOP limit reached (6 x non-embedding parameters FLOPs per real
+over the corpus, the fraction of the FLOP limit reached (and, from the peer's, the ratio to the peer that an
+implementation running at 100% of the matmul peak would reach: the ceiling of any speed-up) (6 x non-embedding parameters FLOPs per real
 token plus attention over each view's own tokens, against a matmul peak measured in this run with a large
 torch.matmul of that precision), and peak memory (RSS high-water of the side's own process on CPU,
 torch.cuda.max_memory_allocated on GPU). Each side runs in a fresh subprocess so its memory peak is its
@@ -283,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                     summary["projected_epoch_s"] = round(n_tokens / summary["real_tokens_per_s"], 1)
                     entry[side] = summary
                 peer_name = "sentence_transformers_mnrl"
+                if peer_name in entry:  # what an implementation at 100% of the matmul peak would reach vs the peer
+                    entry["ratio_ceiling_vs_peer"] = round(1 / entry[peer_name]["fraction_of_matmul_peak"], 3)
                 for side in sides:
                     if side != peer_name and peer_name in entry:
                         for key in ("strings_per_s", "real_tokens_per_s"):
