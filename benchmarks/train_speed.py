@@ -1,4 +1,4 @@
-"""Training throughput: Mirror-BERT packed and padded (`mirrorbert.train`) vs the sentence-transformers recipe.
+"""Training throughput: Mirror-BERT grouped, packed and padded (`mirrorbert.train`) vs the sentence-transformers recipe.
 
 All sides Mirror-tune the same randomly initialised BERT (only speed is measured) on the paper's 10k
 STS-B training sentences, batch 200 strings, max length 50, on the same device and precision. The peer is
@@ -6,8 +6,9 @@ what users would otherwise write: sentence-transformers' MultipleNegativesRankin
 i.e. the unsupervised SimCSE recipe, driven by a plain optimisation loop (no Trainer overhead, so the
 comparison is of the training step itself), fed exactly the batches our trainer draws.
 
-Per model size (`--sizes`, default BERT-base 12x768 and L4/H512 4x512) and precision, for mirrorbert
-packed, mirrorbert padded and the peer: real (non-padding) tokens/s and strings/s (median over
+Per model size (`--sizes`, default BERT-base 12x768 and L4/H512 4x512) and precision, for mirrorbert with
+`--packing grouped` (length groups, the CPU default), `on` (packed rows, the GPU default) and `off`
+(padded), and the peer: real (non-padding) tokens/s and strings/s (median over
 `--repeats`, sides alternating so machine drift hits all), the projected wall time of one full epoch
 over the corpus, the fraction of the FLOP limit reached (and, from the peer's, the ratio to the peer that an
 implementation running at 100% of the matmul peak would reach: the ceiling of any speed-up) (6 x non-embedding parameters FLOPs per real
@@ -192,7 +193,8 @@ def epoch_tokens(model: Path, data: Path, max_length: int) -> tuple[int, int]:
     return len(strings), 2 * sum(len(ids) for ids in lengths)
 
 
-SIDES = ("mirrorbert_packed", "mirrorbert_padded", "sentence_transformers_mnrl")
+SIDES = ("mirrorbert_grouped", "mirrorbert_packed", "mirrorbert_padded", "sentence_transformers_mnrl")
+PACKING_OF_SIDE = {"mirrorbert_grouped": "grouped", "mirrorbert_packed": "on", "mirrorbert_padded": "off"}
 
 
 def run_side(side: str, args, model: Path, data: Path, precision: str) -> dict:
@@ -214,7 +216,7 @@ def child(args) -> int:
     else:
         with tempfile.TemporaryDirectory() as tmp:
             result = ours(model, data, Path(tmp) / "out", args.steps, precision, args.batch_size, args.max_length,
-                          packing="on" if args.child == "mirrorbert_packed" else "off", device=args.device)
+                          packing=PACKING_OF_SIDE[args.child], device=args.device)
     result["peak_memory_mb"] = peak_memory_mb(args.device)
     print(json.dumps(result))
     return 0

@@ -85,6 +85,12 @@ def test_reproduce_quick_end_to_end_and_cache(tiny_bert, tiny_data, tmp_path, mo
     monkeypatch.undo()
     monkeypatch.setattr(bli, "frequent_words", lambda lang, n: [])
     (out / "cells" / "sts__after--s1.json").unlink()
+    # --report-only computes nothing: the lost cell is listed as not run, the others come from the cache
+    partial = reproduce(_config(tiny_bert, tiny_data, out, seeds=(0, 1), report_only=True), progress=lambda _: None)
+    assert partial.computed == 0 and not (out / "cells" / "sts__after--s1.json").exists()
+    assert [(r.cell, r.seed) for r in partial.results if r.status == "not run"] == [("sts/after", 1)]
+    listed = json.loads((out / "results.json").read_text(encoding="utf-8"))["cells"]["sts/after"]
+    assert "no cached result (--report-only)" in listed["message"] and len(listed["metrics"]["stsb"]["values"]) == 1
     resumed = reproduce(_config(tiny_bert, tiny_data, out, seeds=(0, 1)), progress=lambda _: None)
     assert resumed.computed == 1
 

@@ -25,8 +25,10 @@ from mirrorbert.search_command import add_search_parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
-PACKING_HELP = ("auto | on | off: pack several strings into each row instead of padding (BERT, RoBERTa, "
-                "XLM-R, ELECTRA, DistilBERT; other models run padded); default auto = on wherever supported")
+PACKING_HELP = ("auto | on | grouped | off: how a batch avoids padding. on: several strings per row with "
+                "block-diagonal attention (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT); grouped: strings sorted by "
+                "length and run in small padded groups (any model, least memory); off: padded to the batch's longest. "
+                "Default auto = on wherever supported, grouped for other models")
 
 
 def _quiet_third_party() -> None:

@@ -19,7 +19,7 @@ from mirrorbert.typed_config import check_types, coerce_mapping
 POOLINGS = ("cls", "mean", "first-last")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 SCHEDULES = ("constant", "linear")
-PACKING_MODES = ("auto", "on", "off")  # --packing (packing.py)
+PACKING_MODES = ("auto", "on", "grouped", "off")  # --packing (packing.py)
 MASK_UNITS = ("char", "token")
 LOSSES = ("infonce", "ms")
 DEFAULT_MODEL = "bert-base-uncased"
@@ -79,7 +79,8 @@ class TrainConfig:
     # hardware
     device: str = "auto"
     precision: str = "auto"
-    # packing (packing.py): several views per row instead of padding; auto = on wherever supported
+    # packing (packing.py): packed rows (on), length groups (grouped) or padding (off); auto = packed
+    # wherever supported, length groups for other models
     packing: str = "auto"
     # speed and memory (issue 9): CPU threads, torch.compile, activation checkpointing, GradCache chunks
     threads: int | None = None

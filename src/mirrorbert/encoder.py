@@ -42,7 +42,7 @@ from mirrorbert.preflight import (  # noqa: F401  (model_load_error etc. re-expo
 )
 from mirrorbert.runtime import atomic_output_dir, autocast, check_precision, library_versions, resolve_device
 from mirrorbert.batching import pad_batch
-from mirrorbert.packing import packed_embed, use_packing
+from mirrorbert.packing import choose_layout, grouped_embed, packed_embed
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class Encoder(torch.nn.Module):
         self.normalize_default = normalize_default
         self.source = source
         self.training_info: dict[str, Any] = {}
-        self.packing: bool | None = None  # default of `embed`: None = packed wherever supported (packing.py)
+        self.packing: bool | str | None = None  # default of `embed`: None = auto (packing.choose_layout)
         # The model's pooler head (unused by every pooling here), kept aside and written back on save
         self.pooler_state: dict[str, torch.Tensor] = detach_pooler(model)
 
@@ -144,17 +144,23 @@ class Encoder(torch.nn.Module):
         )
         return pool(outputs, attention_mask, self.pooling)
 
-    def embed(self, sequences: Sequence[Sequence[int]], packing: bool | None = None) -> torch.Tensor:
+    def embed(self, sequences: Sequence[Sequence[int]], packing: bool | str | None = None) -> torch.Tensor:
         """Pooled vectors of already tokenised sequences, in order, on the model's device.
 
         The one entry point that training (both views), cached-gradient chunks, distributed shards and
-        `encode` share, so a change of batching (padding or packing) happens in one place. `packing`:
-        None = this encoder's default (`self.packing`, itself None = auto: packed wherever supported and
-        cheaper than padding this batch).
+        `encode` share, so a change of batching (padding, length groups or packing) happens in one place.
+        `packing`: None = this encoder's default (`self.packing`, itself None = auto, see
+        `packing.choose_layout`), True = packed rows, "grouped" = length groups, False = padded.
         """
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        if use_packing(self.model, self.packing if packing is None else packing, sequences):
+        layout = choose_layout(self.model, self.packing if packing is None else packing, sequences)
+        if layout == "packed":
             return packed_embed(self.model, sequences, self.pooling, pad_id)
+        if layout == "grouped":
+            return grouped_embed(lambda group: self._embed_padded(group, pad_id), sequences)
+        return self._embed_padded(sequences, pad_id)
+
+    def _embed_padded(self, sequences: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
         batch = {k: v.to(self.device) for k, v in pad_batch(sequences, pad_id).items()}
         return self(**batch)
 
@@ -164,10 +170,11 @@ class Encoder(torch.nn.Module):
 
     def encode(self, texts: str | Sequence[str], batch_size: int = 64, normalize: bool | None = None,
                show_progress: bool = False, convert_to: str = "numpy", precision: str = "fp32",
-               packing: bool | None = None):
+               packing: bool | str | None = None):
         """Vectors in input order. Sorted by length internally so each batch pads (or packs) little.
 
-        packing: None = the encoder's default (auto: packed wherever supported), True/False = on/off.
+        packing: None = the encoder's default (auto), True = packed rows, "grouped" = length groups, False =
+        padded (see `embed`).
         """
         from mirrorbert.progress import progress_bar
 

@@ -66,8 +66,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         "e.g. --option bel.predictions_path=preds.jsonl --option sts.include_dev=false",
     )
     p.add_argument("--packing", default="auto", choices=PACKING_MODES,
-                   help="auto | on | off: encode several strings per row instead of padding (BERT, RoBERTa, "
-                   "XLM-R, ELECTRA, DistilBERT; others run padded); default auto = on wherever supported")
+                   help="auto | on | grouped | off: packed rows, length groups or padding while encoding "
+                   "(see `mirrorbert train --help`); default auto = on wherever supported, grouped for other models")
     p.add_argument("--progress", action="store_true", help="show progress bars while encoding")
     p.add_argument("--list-data", action="store_true", help="print the data registry (files, sources) and exit")
     p.set_defaults(func=run_eval)

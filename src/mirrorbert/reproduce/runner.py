@@ -52,6 +52,7 @@ class ReproduceConfig:
     train_options: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides for every Mirror cell
     gr_options: dict[str, Any] = field(default_factory=dict)  # GlossPretrainConfig overrides for the GR-BERT models
     keep_models: bool = False
+    report_only: bool = False  # write the report from the cached cells; list the others as not run
     command: str = ""  # the command line, for the report
 
     def validate(self) -> list[str]:
@@ -400,6 +401,9 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
         if cached is not None:
             progress(f"{label}: cached")
             result = cached
+        elif cfg.report_only:
+            result = CellResult(cell.id, cell.experiment, cell.state, seed, key, {}, status="not run",
+                                message="no cached result (--report-only)")
         else:
             trains = cell.train is not None or cell.gr_arch is not None
             known = durations[trains] or durations[not trains]
@@ -417,7 +421,7 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
             _write_json(path, asdict(result))
             progress(f"{label}: done in {_fmt_s(result.wall_s)}" + (f" ({result.status}: {result.message})" if result.status != "ok" else ""))
         results.append(result)
-        if cell.train is not None and not cfg.keep_models:
+        if cell.train is not None and not cfg.keep_models and not cfg.report_only:
             folder = ctx.trained_model_dir(cell, seed)
             users[folder] -= 1
             if users[folder] == 0 and folder.exists():
