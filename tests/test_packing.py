@@ -85,10 +85,11 @@ def test_pack_layout_positions_and_owners():
 
 @pytest.mark.parametrize("pooling", POOLINGS)
 @pytest.mark.parametrize("budget", ["small", "default"])
-def test_packed_embeddings_equal_padded(arch, pooling, budget, monkeypatch):
+def test_packed_and_grouped_embeddings_equal_padded(arch, pooling, budget, monkeypatch):
     name, folder = arch
-    if budget == "small":
+    if budget == "small":  # several rows and several length groups
         monkeypatch.setattr(packing, "ROW_BUDGET", SMALL_BUDGET)
+        monkeypatch.setattr(packing, "GROUP_BUDGET", SMALL_BUDGET)
     enc = load(folder, pooling)
     enc.eval()
     assert packing.unsupported_reason(enc.model) is None, name
@@ -96,10 +97,13 @@ def test_packed_embeddings_equal_padded(arch, pooling, budget, monkeypatch):
     with torch.no_grad():
         padded = enc.embed(ids, packing=False)
         packed = enc.embed(ids, packing=True)
+        grouped = enc.embed(ids, packing="grouped")
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grouped, padded, atol=1e-5, rtol=0)  # and in input order
     if budget == "small":
         rows = plan_rows([len(s) for s in ids], SMALL_BUDGET)
         assert 1 < len(rows) < len(ids)
+        assert len(length_groups([len(s) for s in ids])) > 2
 
 
 def test_auto_layout_per_batch(tiny_bert_folder):
@@ -123,19 +127,6 @@ def test_length_groups_sort_and_bound_the_padded_size():
     for g in groups:
         assert len(g) * max(lengths[i] for i in g) <= 24 or len(g) == 1
     assert groups == [[6, 2, 0], [5, 8], [3, 4], [7], [1]]
-
-
-@pytest.mark.parametrize("pooling", POOLINGS)
-def test_grouped_embeddings_equal_padded(arch, pooling, small_rows):
-    _, folder = arch
-    enc = load(folder, pooling)
-    enc.eval()
-    ids = enc.tokenize(TEXTS)
-    assert len(length_groups([len(s) for s in ids])) > 2
-    with torch.no_grad():
-        padded = enc.embed(ids, packing=False)
-        grouped = enc.embed(ids, packing="grouped")
-    torch.testing.assert_close(grouped, padded, atol=1e-5, rtol=0)  # and in input order
 
 
 def _step(enc, first, second, packing_on):
