@@ -179,6 +179,9 @@ def test_reproduce_grbert_quick_end_to_end(tiny_bert, tiny_data, shared_data, tm
     for arch in ("base", "gr-mt", "gr-sc"):
         assert f"gr-sts/{arch}" in cells and f"gr-supervised/{arch}" in cells
         assert {f"lexsub/{arch}/none/LS07", f"lexsub/{arch}/none/LS14"} <= cells
+    lexsub = [r.cell for r in result.results if r.experiment == "lexsub"]  # cheap tables first, whole columns
+    assert lexsub[:3] == ["lexsub/base/none/LS07", "lexsub/gr-mt/none/LS07", "lexsub/gr-sc/none/LS07"]
+    assert lexsub[-1] == "lexsub/gr-sc/emb+valid/LS14"
     report = (out / "report.md").read_text(encoding="utf-8")
     for exp in ("lexsub", "gr-sts", "gr-supervised"):
         assert EXPERIMENT_INFO[exp][1] in report, exp

@@ -362,14 +362,15 @@ def build_cells(
                 cells.append(Cell(f"frequency/bucket-{b + 1}", exp, "bucket", spec, train={"preset": "word", "data": str(path)},
                                   data_note=f"en words ranked {b * size + 1}-{b * size + len(bucket)} by wordfreq", x=b + 1))
         elif exp == "lexsub":
-            for arch in (None, "mt", "sc"):
-                name = "base" if arch is None else f"gr-{arch}"
+            # The cheap comparisons first (LS07 before the 6x larger CoInCo, no post-processing before the
+            # costly candidate validation), all three models each: a stopped run still has whole columns.
+            for dataset in LEXSUB_SETS:
+                if not (data_dir / "lexsub" / dataset).is_dir():
+                    skipped.append(Skipped(exp, dataset, f"{data_dir}/lexsub/{dataset} (LexSubCon layout)"))
+                    continue
                 for post, post_opts in LEXSUB_POST.items():
-                    for dataset in LEXSUB_SETS:
-                        if not (data_dir / "lexsub" / dataset).is_dir():
-                            if arch is None and post == "none":
-                                skipped.append(Skipped(exp, dataset, f"{data_dir}/lexsub/{dataset} (LexSubCon layout)"))
-                            continue
+                    for arch in (None, "mt", "sc"):
+                        name = "base" if arch is None else f"gr-{arch}"
                         opts = {"dataset": dataset, "post": list(post_opts)}
                         if quick:
                             opts["limit"] = quick.lexsub_items
