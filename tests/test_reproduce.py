@@ -4,6 +4,7 @@ report has every table, and the paper-numbers file holds the paper's values."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,12 @@ def test_reproduce_quick_end_to_end_and_cache(tiny_bert, tiny_data, tmp_path, mo
     assert "no cached result (--report-only)" in listed["message"] and len(listed["metrics"]["stsb"]["values"]) == 1
     resumed = reproduce(_config(tiny_bert, tiny_data, out, seeds=(0, 1)), progress=lambda _: None)
     assert resumed.computed == 1
+
+    # A copied (or moved) output folder keeps its cache, files derived into it included (BEL name samples).
+    moved = tmp_path / "moved"
+    shutil.copytree(out / "cells", moved / "cells")
+    again = reproduce(_config(tiny_bert, tiny_data, moved, seeds=(0, 1), report_only=True), progress=lambda _: None)
+    assert [r.cell for r in again.results if r.status == "not run"] == []
 
 
 def test_reproduce_validates_options(tiny_bert, tiny_data, tmp_path):

@@ -222,10 +222,13 @@ def cell_hash(ctx: _Context, cell: Cell, seed: int | None) -> str:
     train = ctx.train_overrides(cell, seed) if cell.train is not None else None
     if train and train.get("data"):
         data["train"] = fingerprint(Path(train["data"]))
-    return _hash({"cell": cell.spec(), "model": model_identity(ctx.cfg.model), "seed": seed, "train": train,
-                  "gr": ctx.gr_options(cell.gr_arch, seed or 0) if cell.gr_arch else None, "data": data,
-                  "quick": asdict(ctx.quick) if ctx.quick else None, "eval_batch_size": ctx.cfg.eval_batch_size,
-                  "mirrorbert": __version__})
+    payload = json.dumps({"cell": cell.spec(), "model": model_identity(ctx.cfg.model), "seed": seed, "train": train,
+                          "gr": ctx.gr_options(cell.gr_arch, seed or 0) if cell.gr_arch else None, "data": data,
+                          "quick": asdict(ctx.quick) if ctx.quick else None, "eval_batch_size": ctx.cfg.eval_batch_size,
+                          "mirrorbert": __version__}, sort_keys=True, default=str)
+    # Files the runner derives into OUTPUT (name samples, word lists) are hashed by content above; their
+    # path must not count, or a moved or copied output folder would recompute everything.
+    return _hash(payload.replace(json.dumps(str(ctx.out))[1:-1], "<output>"))
 
 
 def _train_command(overrides: dict[str, Any], output: Path) -> str:
