@@ -228,7 +228,8 @@ def cell_hash(ctx: _Context, cell: Cell, seed: int | None) -> str:
                           "mirrorbert": __version__}, sort_keys=True, default=str)
     # Files the runner derives into OUTPUT (name samples, word lists) are hashed by content above; their
     # path must not count, or a moved or copied output folder would recompute everything.
-    return _hash(payload.replace(json.dumps(str(ctx.out))[1:-1], "<output>"))
+    payload = payload.replace(json.dumps(str(ctx.out))[1:-1], "<output>")
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]  # = _hash of the dict when nothing was replaced
 
 
 def _train_command(overrides: dict[str, Any], output: Path) -> str:
