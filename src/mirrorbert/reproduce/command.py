@@ -32,7 +32,7 @@ def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="override a `mirrorbert train` option in every Mirror cell, e.g. lr=5e-5 (repeatable; default none)")
     p.add_argument("--gr-option", action="append", default=[], metavar="KEY=VALUE",
                    help="override a `mirrorbert gloss-pretrain` option of the GR-BERT models, e.g. epochs=1 "
-                        "(repeatable; default none: the GR-BERT paper's settings)")
+                        "(repeatable; default none: gloss-pretrain's defaults)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps (default auto)")
     p.add_argument("--eval-batch-size", type=int, default=64, help="encoding batch size of the evaluations (default 64)")
     p.add_argument("--report-only", action="store_true",
