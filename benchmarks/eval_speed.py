@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from mirrorbert.encoder import Encoder
     from mirrorbert.evaluation.sts import load_set
     from mirrorbert.runtime import resolve_device
-    from train_speed import matmul_peak_gflops  # this folder is on sys.path when run as a script
+    from train_speed import matmul_peak_gflops, model_flops  # this folder is on sys.path when run as a script
 
     model = args.model or default_model()
     device = resolve_device(args.device)
@@ -77,11 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ours = Encoder.load(model, device=str(device))
     lengths = [len(ids) for ids in ours.tokenize(sentences)]
-    config = ours.model.config
-    non_embedding = sum(p.numel() for n, p in ours.model.named_parameters()
-                        if not n.startswith(("embeddings.", "pooler.")))
-    forward_flops = (2 * non_embedding * sum(lengths)
-                     + 4 * config.num_hidden_layers * config.hidden_size * sum(n * n for n in lengths))
+    forward_flops = model_flops(ours.model, lengths, passes=1)
     peak = matmul_peak_gflops(args.precision, str(device))
     theirs = SentenceTransformer(model, device=str(device))
     if args.precision != "fp32":

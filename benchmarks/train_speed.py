@@ -7,13 +7,12 @@ i.e. the unsupervised SimCSE recipe, driven by a plain optimisation loop (no Tra
 comparison is of the training step itself), fed exactly the batches our trainer draws.
 
 Per model size (`--sizes`, default BERT-base 12x768 and L4/H512 4x512) and precision, for mirrorbert with
-`--packing grouped` (length groups, the CPU default), `on` (packed rows, the GPU default) and `off`
-(padded), and the peer: real (non-padding) tokens/s and strings/s (median over
-`--repeats`, sides alternating so machine drift hits all), the projected wall time of one full epoch
-over the corpus, the fraction of the FLOP limit reached (and, from the peer's, the ratio to the peer that an
-implementation running at 100% of the matmul peak would reach: the ceiling of any speed-up) (6 x non-embedding parameters FLOPs per real
-token plus attention over each view's own tokens, against a matmul peak measured in this run with a large
-torch.matmul of that precision), and peak memory (RSS high-water of the side's own process on CPU,
+`--packing on` (packed rows, the default), `grouped` (length groups) and `off` (padded), and the peer:
+real (non-padding) tokens/s and strings/s (median over `--repeats`, sides alternating so machine drift
+hits all), the projected wall time of one full epoch over the corpus, the fraction of the FLOP limit
+reached (6 x non-embedding parameters FLOPs per real token plus attention over each view's own tokens,
+against a matmul peak measured in this run with a large torch.matmul of that precision), the ceiling of
+any speed-up (the ratio to the peer of an implementation at 100% of that peak), and peak memory (RSS high-water of the side's own process on CPU,
 torch.cuda.max_memory_allocated on GPU). Each side runs in a fresh subprocess so its memory peak is its
 own. The first step of each side is a warm-up and is not timed.
 
@@ -163,24 +162,30 @@ def matmul_peak_gflops(precision: str, device: str, seconds: float = 1.0) -> flo
     return round(2 * n**3 / best / 1e9, 1)
 
 
-def useful_flops(model: Path, batches: list[list[str]], max_length: int) -> dict:
-    """FLOPs a training step needs at the limit: 6 x non-embedding parameters per real token, plus
-    attention scores and weighted sums over each view's own tokens (forward 4 x n x d per token and layer,
-    x3 with backward); padding and cross-view attention are not useful work."""
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
+def non_embedding_params(encoder) -> int:
+    """Parameters of the transformer layers: the ones every token multiplies (embeddings are lookups)."""
+    return sum(p.numel() for n, p in encoder.named_parameters() if not n.startswith(("embeddings.", "pooler.")))
 
-    config = AutoConfig.from_pretrained(model)
+
+def model_flops(encoder, lengths: list[int], passes: int) -> int:
+    """Useful FLOPs of sequences of these lengths: per pass (forward = 1, forward + backward = 3) 2 x
+    non-embedding parameters per real token plus attention scores and weighted sums over each sequence's
+    own tokens (4 x n x d per token and layer); padding and cross-sequence attention are not useful work."""
+    config = encoder.config
+    attention = 4 * config.num_hidden_layers * config.hidden_size * sum(n * n for n in lengths)
+    return passes * (2 * non_embedding_params(encoder) * sum(lengths) + attention)
+
+
+def useful_flops(model: Path, batches: list[list[str]], max_length: int) -> dict:
+    """FLOPs per real token a training step needs at the limit (`model_flops`, forward and backward)."""
+    from transformers import AutoModel, AutoTokenizer
+
     encoder = AutoModel.from_pretrained(model, add_pooling_layer=False)
-    non_embedding = sum(p.numel() for n, p in encoder.named_parameters() if not n.startswith("embeddings."))
     tok = AutoTokenizer.from_pretrained(model)
-    tokens = squares = 0
-    for chunk in batches:
-        lengths = [len(ids) for ids in tok(chunk, truncation=True, max_length=max_length)["input_ids"]]
-        tokens += 2 * sum(lengths)  # two views of equal length
-        squares += 2 * sum(n * n for n in lengths)
-    attention = 12 * config.num_hidden_layers * config.hidden_size * squares
-    return {"non_embedding_params": non_embedding,
-            "flops_per_real_token": (6 * non_embedding * tokens + attention) / tokens}
+    lengths = [len(ids) for chunk in batches for ids in tok(chunk, truncation=True, max_length=max_length)["input_ids"]]
+    lengths *= 2  # two views of equal length
+    return {"non_embedding_params": non_embedding_params(encoder),
+            "flops_per_real_token": model_flops(encoder, lengths, passes=3) / sum(lengths)}
 
 
 def epoch_tokens(model: Path, data: Path, max_length: int) -> tuple[int, int]:

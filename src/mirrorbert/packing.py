@@ -86,9 +86,6 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 # 14-19% less peak memory; with one thread they were 3-8% faster. 768 and 1024 were close behind.
 GROUP_BUDGET = 512
 
-#: Execution layouts, from the API's `packing` value: True -> packed, "grouped", False -> padded.
-LAYOUTS = ("packed", "grouped", "padded")
-
 
 def choose_layout(model: torch.nn.Module, requested: bool | str | None,
                   sequences: Sequence[Sequence[int]] | None = None) -> str:
@@ -100,9 +97,8 @@ def choose_layout(model: torch.nn.Module, requested: bool | str | None,
     """
     if requested is False:
         return "padded"
-    one_group = sequences is not None and len(length_groups([len(s) for s in sequences])) <= 1
     if requested == "grouped":
-        return "padded" if one_group else "grouped"  # one group is exactly the padded batch
+        return _grouped_unless_one_group(sequences)
     reason = unsupported_reason(model)
     if reason is None:
         if requested is True or sequences is None or packing_is_cheaper(model.config, sequences):
@@ -112,13 +108,14 @@ def choose_layout(model: torch.nn.Module, requested: bool | str | None,
         _fallback_logged.add(model)
         log = logger.warning if requested else logger.info
         log("packing off, running length-grouped padded batches: %s", reason)
-    return "padded" if one_group else "grouped"
+    return _grouped_unless_one_group(sequences)
 
 
-def use_packing(model: torch.nn.Module, requested: bool | str | None,
-                sequences: Sequence[Sequence[int]] | None = None) -> bool:
-    """Whether `choose_layout` packs this batch."""
-    return choose_layout(model, requested, sequences) == "packed"
+def _grouped_unless_one_group(sequences: Sequence[Sequence[int]] | None) -> str:
+    """One length group is exactly the padded batch."""
+    if sequences is not None and len(length_groups([len(s) for s in sequences])) <= 1:
+        return "padded"
+    return "grouped"
 
 
 def length_groups(lengths: Sequence[int], budget: int | None = None) -> list[list[int]]:

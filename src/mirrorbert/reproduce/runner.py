@@ -154,8 +154,13 @@ def model_identity(model: str) -> str:
     return h.hexdigest()
 
 
-def _hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def _hash(obj: Any, output: Path | None = None) -> str:
+    """Short SHA-256 of `obj` as sorted JSON; paths inside `output` count relative to it, so a moved or
+    copied output folder keeps its keys (what the runner derives there is fingerprinted by content)."""
+    text = json.dumps(obj, sort_keys=True, default=str)
+    if output is not None:
+        text = text.replace(json.dumps(str(output))[1:-1], "<output>")
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _model_type(model: str) -> str:
@@ -222,14 +227,10 @@ def cell_hash(ctx: _Context, cell: Cell, seed: int | None) -> str:
     train = ctx.train_overrides(cell, seed) if cell.train is not None else None
     if train and train.get("data"):
         data["train"] = fingerprint(Path(train["data"]))
-    payload = json.dumps({"cell": cell.spec(), "model": model_identity(ctx.cfg.model), "seed": seed, "train": train,
-                          "gr": ctx.gr_options(cell.gr_arch, seed or 0) if cell.gr_arch else None, "data": data,
-                          "quick": asdict(ctx.quick) if ctx.quick else None, "eval_batch_size": ctx.cfg.eval_batch_size,
-                          "mirrorbert": __version__}, sort_keys=True, default=str)
-    # Files the runner derives into OUTPUT (name samples, word lists) are hashed by content above; their
-    # path must not count, or a moved or copied output folder would recompute everything.
-    payload = payload.replace(json.dumps(str(ctx.out))[1:-1], "<output>")
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]  # = _hash of the dict when nothing was replaced
+    return _hash({"cell": cell.spec(), "model": model_identity(ctx.cfg.model), "seed": seed, "train": train,
+                  "gr": ctx.gr_options(cell.gr_arch, seed or 0) if cell.gr_arch else None, "data": data,
+                  "quick": asdict(ctx.quick) if ctx.quick else None, "eval_batch_size": ctx.cfg.eval_batch_size,
+                  "mirrorbert": __version__}, output=ctx.out)
 
 
 def _train_command(overrides: dict[str, Any], output: Path) -> str:
