@@ -197,3 +197,18 @@ def test_reproduce_grbert_quick_end_to_end(tiny_bert, tiny_data, shared_data, tm
     assert {"best_p", "oot_p", "p_at_1"} <= set(metrics)
     again = reproduce(cfg, progress=lambda _: None)
     assert again.computed == 0
+
+
+@pytest.mark.parametrize("option, message", [
+    ("epochs", "--gr-option 'epochs': expected KEY=VALUE"),
+    ("arch=sc", "--gr-option: unknown or runner-set option(s) arch"),
+    ("epochs=0", "--epochs must be >= 1"),
+])
+def test_cli_bad_gr_option_is_one_line_before_any_work(tiny_bert, tiny_data, tmp_path, capsys, option, message):
+    from mirrorbert.cli import main
+
+    rc = main(["reproduce", "--model", str(tiny_bert), "--data-dir", str(tiny_data), "--output", str(tmp_path / "out"),
+               "--paper", "grbert", "--gr-option", option])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("mirrorbert: error: ") and message in err[0], err
+    assert not (tmp_path / "out" / "cells").exists()  # refused before any cell ran
