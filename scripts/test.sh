@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The test command: builds .venv if needed, then runs the whole suite (tiny local models, no network).
+# The test command: builds .venv if needed, then runs the default suite (tiny local models, no network;
+# tests marked `slow` are left out: `./scripts/test.sh -m slow` runs those, `-m ""` everything; CI runs both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export MIRRORBERT_DATA="${MIRRORBERT_DATA:-$(cd .. && pwd)/shared/data}"
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q -m "not slow" "$@"

@@ -1,5 +1,6 @@
 """Training-string readers and configuration resolution."""
 
+import dataclasses
 import json
 
 import pytest
@@ -85,6 +86,32 @@ def test_presets_match_the_paper():
     assert resolve_pooling(sent.pooling, "bert") == "mean" and resolve_pooling(sent.pooling, "roberta") == "cls"
     assert (sent.lr, sent.batch_size, sent.dropout, sent.weight_decay) == (2e-5, 200, 0.1, 0.01)
     assert set(PRESETS) == {"word", "phrase", "sentence"}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_python_config_applies_the_preset_like_the_cli(preset):
+    """`TrainConfig(preset=...)` in Python resolves through the same code as the CLI and config files."""
+    from mirrorbert.config import TrainConfig
+
+    assert TrainConfig(preset=preset) == resolve_config({"preset": preset})
+    for key, value in PRESETS[preset].items():
+        assert getattr(TrainConfig(preset=preset), key) == value, key
+    # explicit arguments win over the preset, as on the command line
+    mine = TrainConfig(preset=preset, temperature=0.5, max_length=7, pooling="mean")
+    assert (mine.temperature, mine.max_length, mine.pooling) == (0.5, 7, "mean")
+    assert mine == resolve_config({"preset": preset, "temperature": 0.5, "max_length": 7, "pooling": "mean"})
+    # positional arguments follow the field order; a copy keeps what was resolved
+    assert TrainConfig("m", None, False, preset).temperature == PRESETS[preset]["temperature"]
+    assert dataclasses.replace(mine, seed=3).temperature == 0.5
+
+
+def test_config_file_preset_resolves_like_python(tmp_path):
+    from mirrorbert.config import TrainConfig
+
+    yml = tmp_path / "c.yaml"
+    yml.write_text("preset: word\nmax-length: 12\n")
+    assert resolve_config({}, config_file=yml) == TrainConfig(preset="word", max_length=12)
+    assert resolve_config({"preset": "phrase"}, config_file=yml) == TrainConfig(preset="phrase", max_length=12)
 
 
 def test_config_file_and_overrides_precedence(tmp_path):

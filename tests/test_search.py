@@ -75,6 +75,46 @@ def test_faiss_equals_exact_path_on_tie_heavy_count_vectors():
     np.testing.assert_array_equal(csls_fast[1], csls_exact[1])
 
 
+@pytest.mark.parametrize("use_faiss", FAISS_MODES)
+def test_ranking_does_not_depend_on_query_batch_chunks_or_threads(use_faiss):
+    """float32 BLAS rounding depends on the batch shape and the thread count; the final ranking must not.
+
+    Mathematically tied count vectors are ranked by corpus order whether the queries come all at once,
+    one by one or permuted, whatever the chunk size and the number of threads (this is what differed
+    between machines before: 7 of 500 ids on an AVX2 CPU).
+    """
+    import torch
+
+    rng = np.random.default_rng(7)
+    keys = rng.poisson(0.3, size=(1500, 16)).astype(np.float32)
+    keys[:, 0] += 1
+    queries = np.concatenate([keys[rng.choice(1500, 30)], rng.poisson(0.3, size=(30, 16)).astype(np.float32) + 1])
+    reference = S.cosine_topk(queries, keys, 6, use_faiss=False)
+    threads = torch.get_num_threads()
+    try:
+        for n_threads in (1, 2):
+            torch.set_num_threads(n_threads)
+            whole = S.cosine_topk(queries, keys, 6, chunk_size=257, use_faiss=use_faiss)
+            single = [S.cosine_topk(queries[i : i + 1], keys, 6, chunk_size=1000, use_faiss=use_faiss)[1][0]
+                      for i in range(len(queries))]
+            perm = rng.permutation(len(queries))
+            permuted = S.cosine_topk(queries[perm], keys, 6, query_block=7, use_faiss=use_faiss)
+            np.testing.assert_array_equal(whole[1], reference[1])
+            np.testing.assert_array_equal(np.stack(single), reference[1])
+            np.testing.assert_array_equal(permuted[1], reference[1][perm])
+            np.testing.assert_array_equal(whole[0], reference[0])  # the same float64 scores, to the bit
+    finally:
+        torch.set_num_threads(threads)
+    # and against an independent float64 brute force with a stable sort (ties by id)
+    _, ids = brute_force(queries, keys, 6)
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    c = keys / np.linalg.norm(keys, axis=1, keepdims=True)
+    exact = q.astype(np.float64) @ c.astype(np.float64).T
+    # where the brute force's order differs, the two keys' float64 scores must tie to rounding
+    for row, col in zip(*np.nonzero(ids != reference[1])):
+        assert abs(exact[row, ids[row, col]] - exact[row, reference[1][row, col]]) < 1e-12
+
+
 def test_top_k_larger_than_corpus_is_capped():
     index = S.SearchIndex.from_vectors(np.eye(3, dtype=np.float32), ["a", "b", "c"], use_faiss=False)
     assert [len(row) for row in index.search_vectors(np.eye(3), 10)] == [3, 3, 3]

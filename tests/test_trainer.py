@@ -109,6 +109,26 @@ def test_same_seed_same_weights(tiny_bert, data_file, tmp_path):
         assert_same_weights(tmp_path / "r1", tmp_path / "r3")
 
 
+def test_python_preset_is_what_trains_and_what_is_recorded(tiny_bert, data_file, tmp_path):
+    """`TrainConfig(preset="word")` trains with the word settings (not the sentence defaults): the same
+    weights as the CLI's `--preset word`, and mirrorbert.json records the values that were used."""
+    from mirrorbert.cli import main
+
+    common = dict(model=str(tiny_bert), data=str(data_file), batch_size=4, steps=3, show_progress=False)
+    train(TrainConfig(preset="word", output=str(tmp_path / "py"), **common))
+    argv = ["train", "--model", str(tiny_bert), "--data", str(data_file), "--preset", "word", "--batch-size", "4",
+            "--steps", "3", "--no-progress", "--output", str(tmp_path / "cli")]
+    assert main(argv) == 0
+    assert_same_weights(tmp_path / "py", tmp_path / "cli")
+    recorded = json.loads((tmp_path / "py" / "mirrorbert.json").read_text())["training"]["config"]
+    assert (recorded["preset"], recorded["temperature"], recorded["max_length"], recorded["mask_span"]) == \
+        ("word", 0.2, 25, 0)
+    # and the sentence settings really give another model, so the comparison above can fail
+    train(TrainConfig(preset="sentence", output=str(tmp_path / "sent"), **common))
+    with pytest.raises(AssertionError):
+        assert_same_weights(tmp_path / "py", tmp_path / "sent")
+
+
 @pytest.mark.parametrize("which,mask_unit", [("tiny_bert", "char"), ("tiny_roberta", "char"), ("tiny_bert", "token")])
 def test_resume_is_exact(request, which, mask_unit, data_file, tmp_path):
     """N steps, checkpoint, resume for N more == 2N steps straight.

@@ -110,6 +110,35 @@ class TrainConfig:
 
 
 FIELD_NAMES = {f.name for f in dataclasses.fields(TrainConfig)}
+FIELD_ORDER = [f.name for f in dataclasses.fields(TrainConfig)]
+_dataclass_init = TrainConfig.__init__
+
+
+def with_preset(values: dict[str, Any]) -> dict[str, Any]:
+    """The one place a preset is applied: its values under the explicitly given ones.
+
+    The CLI, a config file and ``TrainConfig(preset=...)`` in Python all come through here, so the same
+    inputs give the same run, and what ``mirrorbert.json`` records is what was used. An unknown preset is
+    left for `validate` to name.
+    """
+    preset = values.get("preset")
+    if isinstance(preset, str) and preset in PRESETS:
+        return {**PRESETS[preset], **values}
+    return dict(values)
+
+
+def _init_applying_preset(self, *args: Any, **kwargs: Any) -> None:
+    if len(args) > len(FIELD_ORDER):
+        raise TypeError(f"TrainConfig takes at most {len(FIELD_ORDER)} positional arguments")
+    for name, value in zip(FIELD_ORDER, args):
+        if name in kwargs:
+            raise TypeError(f"TrainConfig got multiple values for argument {name!r}")
+        kwargs[name] = value
+    _dataclass_init(self, **with_preset(kwargs))
+
+
+_init_applying_preset.__doc__ = "Fields as keywords; `preset` fills every field not given explicitly."
+TrainConfig.__init__ = _init_applying_preset  # type: ignore[method-assign]
 
 
 def option_name(key: str) -> str:
@@ -159,14 +188,10 @@ def resolve_config(
         raise UserError(f"unknown option(s): {', '.join(sorted(option_name(k) for k in unknown))}")
     from_file = load_config_file(config_file) if config_file else {}
     preset = overrides.get("preset", from_file.get("preset"))
-    values: dict[str, Any] = {}
-    if preset is not None:
-        if not isinstance(preset, str) or preset not in PRESETS:
-            raise UserError(f"--preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-        values.update(PRESETS[preset])
-    values.update(from_file)
-    values.update(overrides)
-    cfg = TrainConfig(**values)
+    if preset is not None and (not isinstance(preset, str) or preset not in PRESETS):
+        raise UserError(f"--preset: unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    # a file's values win over the preset, explicit overrides over both; TrainConfig applies the preset
+    cfg = TrainConfig(**{**from_file, **overrides})
     validate(cfg)
     return cfg
 

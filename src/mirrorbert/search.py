@@ -6,10 +6,9 @@ query. Peak extra memory is one ``query_block x chunk_size`` float32 block plus 
 
 faiss (``IndexFlatIP``: exact inner product) replaces the numpy/torch path when requested
 (``use_faiss=True``) or, with ``use_faiss=None``, whenever it is importable. Both paths return the same
-neighbours: ties are broken towards the smaller key id (faiss's own order of equal scores is unspecified
-and its rounding differs, so its rows with tied or nearly tied scores are redone with the exact path),
-which makes results deterministic and independent of the chunk size. Scores of the two paths agree up to
-float rounding (about 1e-6).
+neighbours and scores: both only propose candidates in float32; the final order comes from one float64
+score per (query, key) pair, ties broken towards the smaller key id, so results do not depend on the
+chunk size, the batch of queries, the BLAS kernel or the CPU.
 
 This module sits at the encoder layer (numpy only; torch and faiss imported when used) so that encoder
 code never imports the evaluation package.
@@ -32,8 +31,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHUNK_SIZE = 16384
 DEFAULT_QUERY_BLOCK = 1024
 INDEX_META = "index.json"
-# Scores closer than this (relative, at least absolute) count as tied when checking faiss's order.
-NEAR_TIE = 1e-5
 
 
 def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
@@ -59,23 +56,28 @@ def wants_faiss(use_faiss: bool | None) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ exact top-k
+# How the ranking is made the same on every path and every CPU: float32 matrix products (numpy/torch
+# BLAS or faiss) only *propose* candidates; their rounding depends on the kernel, the CPU and the shape of
+# the batch, so mathematically tied keys can come out 1 ulp apart in either order. The final order comes
+# from one float64 score per (query, key) pair computed the same way on every path, ties by corpus order.
+# Candidates: the k + CANDIDATE_EXTRA best float32 scores; a row whose last candidate is within
+# RESCORE_MARGIN of its k-th (so a key outside the set might belong in the top k) takes every key within
+# the margin instead. float32 error of a unit-vector dot product is ~1e-6, far below the margin.
+CANDIDATE_EXTRA = 8
+RESCORE_MARGIN = 1e-4
+_RESCORE_BLOCK_VALUES = 1 << 22  # float64 values per rescoring block (32 MiB)
+
+
 def _select_topk(scores: np.ndarray, index: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k per row of ``scores`` (with key ids ``index``), sorted by score desc then id asc."""
-    n = scores.shape[1]
-    if n > k:
-        # Keep every candidate tied with the k-th score so the id tie-break below stays exact.
+    if scores.shape[1] > k:
         part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
         kth = np.take_along_axis(scores, part, axis=1).min(axis=1, keepdims=True)
-        keep = scores >= kth
-        if keep.sum() > keep.shape[0] * k:  # ties at the boundary: fall back to a full sort
+        if (scores >= kth).sum() > scores.shape[0] * k:  # ties at the k-th place: sort whole rows
             order = np.lexsort((index, -scores), axis=1)[:, :k]
-        else:
-            scores_p = np.take_along_axis(scores, part, axis=1)
-            index_p = np.take_along_axis(index, part, axis=1)
-            order_p = np.lexsort((index_p, -scores_p), axis=1)
-            return np.take_along_axis(scores_p, order_p, axis=1), np.take_along_axis(index_p, order_p, axis=1)
-    else:
-        order = np.lexsort((index, -scores), axis=1)
+            return np.take_along_axis(scores, order, axis=1), np.take_along_axis(index, order, axis=1)
+        scores, index = np.take_along_axis(scores, part, axis=1), np.take_along_axis(index, part, axis=1)
+    order = np.lexsort((index, -scores), axis=1)
     return np.take_along_axis(scores, order, axis=1), np.take_along_axis(index, order, axis=1)
 
 
@@ -92,9 +94,10 @@ def chunked_topk(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` keys by inner product for every query: ``(scores [nq, k], indices [nq, k])``.
 
-    ``k`` is capped at the number of keys. Exact search; see the module docstring for memory and
-    tie-breaking. ``use_faiss``: True forces faiss, None uses it when importable, False never.
-    ``faiss_index``: an already built ``IndexFlatIP`` holding ``keys`` (saves rebuilding it).
+    ``k`` is capped at the number of keys. Exact search, the same ids and scores with or without faiss
+    on any CPU (see the comment above); ties go to the smaller key id. ``use_faiss``: True forces faiss,
+    None uses it when importable, False never. ``faiss_index``: an already built ``IndexFlatIP``
+    holding ``keys`` (saves rebuilding it).
     """
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     keys = np.ascontiguousarray(keys, dtype=np.float32)
@@ -106,13 +109,24 @@ def chunked_topk(
     k = min(int(k), nk)
     if k < 1 or nq == 0:
         return np.zeros((nq, max(k, 0)), np.float32), np.zeros((nq, max(k, 0)), np.int64)
-
+    n_cand = min(nk, k + CANDIDATE_EXTRA)
     if faiss_index is not None or wants_faiss(use_faiss):
         index = faiss_index if faiss_index is not None else build_faiss_index(keys, chunk_size)
-        return _faiss_topk(index, queries, keys, k, chunk_size, query_block)
+        cand_s, cand_i = index.search(queries, n_cand)
+        cand_s, cand_i = cand_s.astype(np.float32), cand_i.astype(np.int64)
+    else:
+        cand_s, cand_i = _float32_candidates(queries, keys, n_cand, chunk_size, query_block, show_progress)
+    return _exact_ranking(queries, keys, cand_s, cand_i, k, chunk_size)
 
-    out_s = np.empty((nq, k), np.float32)
-    out_i = np.empty((nq, k), np.int64)
+
+def _float32_candidates(queries: np.ndarray, keys: np.ndarray, n_cand: int, chunk_size: int, query_block: int,
+                        show_progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The ``n_cand`` best keys per query by float32 inner product, score-sorted; memory-bounded."""
+    import torch
+
+    nq, nk = queries.shape[0], keys.shape[0]
+    out_s = np.empty((nq, n_cand), np.float32)
+    out_i = np.empty((nq, n_cand), np.int64)
     starts = range(0, nq, query_block)
     if show_progress:
         from tqdm.auto import tqdm
@@ -123,38 +137,48 @@ def chunked_topk(
         best_s = np.full((q.shape[0], 0), -np.inf, np.float32)
         best_i = np.zeros((q.shape[0], 0), np.int64)
         for k0 in range(0, nk, chunk_size):
-            cand_s, cand_i = _block_topk(q @ keys[k0 : k0 + chunk_size].T, k, k0)
-            best_s, best_i = _select_topk(
-                np.concatenate([best_s, cand_s], axis=1), np.concatenate([best_i, cand_i], axis=1), k
-            )
+            block = q @ keys[k0 : k0 + chunk_size].T
+            take = min(n_cand, block.shape[1])
+            vals, cols = torch.topk(torch.from_numpy(block), take, dim=1)  # order of ties irrelevant here
+            best_s, best_i = _select_topk(np.concatenate([best_s, vals.numpy()], axis=1),
+                                          np.concatenate([best_i, cols.numpy().astype(np.int64) + k0], axis=1), n_cand)
         out_s[q0 : q0 + q.shape[0]] = best_s
         out_i[q0 : q0 + q.shape[0]] = best_i
     return out_s, out_i
 
 
-def _block_topk(block: np.ndarray, k: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k of one score block with global ids ``offset + column``, in the exact tie order.
+def _exact_ranking(queries: np.ndarray, keys: np.ndarray, cand_s: np.ndarray, cand_i: np.ndarray, k: int,
+                   chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The final top-k from float32 candidates (score-sorted rows): float64 scores, ties by key id."""
+    nq, n_cand = cand_i.shape
+    out_s = np.empty((nq, k), np.float32)
+    out_i = np.empty((nq, k), np.int64)
+    if n_cand < keys.shape[0]:
+        open_rows = cand_s[:, n_cand - 1] >= cand_s[:, k - 1] - RESCORE_MARGIN
+    else:
+        open_rows = np.zeros(nq, bool)
+    closed = np.flatnonzero(~open_rows)
+    step = max(1, _RESCORE_BLOCK_VALUES // max(1, n_cand * keys.shape[1]))
+    for b0 in range(0, closed.size, step):
+        rows = closed[b0 : b0 + step]
+        ids = cand_i[rows]
+        out_s[rows], out_i[rows] = _select_topk(_pair_scores(queries[rows], keys, ids), ids, k)
+    for row in np.flatnonzero(open_rows):
+        threshold = cand_s[row, k - 1] - RESCORE_MARGIN
+        ids = np.concatenate([k0 + np.flatnonzero(keys[k0 : k0 + chunk_size] @ queries[row] >= threshold)
+                              for k0 in range(0, keys.shape[0], chunk_size)])
+        scores = np.concatenate([_pair_scores(queries[row : row + 1], keys, ids[None, c0 : c0 + chunk_size])
+                                 for c0 in range(0, ids.size, chunk_size)], axis=1)
+        s, i = _select_topk(scores, ids[None, :], k)
+        out_s[row], out_i[row] = s[0], i[0]
+    return out_s, out_i
 
-    ``torch.topk`` is several times faster than ``np.argpartition`` but leaves the order of equal
-    scores unspecified; the candidate *set* is still exact unless the k-th and (k+1)-th scores tie,
-    so such rows (rare with real embeddings) are redone with the exact numpy selection.
-    """
-    import torch
 
-    n = block.shape[1]
-    ids = np.arange(offset, offset + n, dtype=np.int64)
-    if n <= k:
-        return _select_topk(block, np.broadcast_to(ids, block.shape), k)
-    vals, cols = torch.topk(torch.from_numpy(block), k + 1, dim=1, sorted=True)
-    vals_np, cols_np = vals.numpy(), cols.numpy()
-    s, c = vals_np[:, :k], cols_np[:, :k]
-    order = np.lexsort((c, -s), axis=1)
-    s, c = np.take_along_axis(s, order, axis=1), np.take_along_axis(c, order, axis=1) + offset
-    tied = np.flatnonzero(vals_np[:, k - 1] == vals_np[:, k])
-    if tied.size:
-        rows = block[tied]
-        s[tied], c[tied] = _select_topk(rows, np.broadcast_to(ids, rows.shape), k)
-    return s, c
+def _pair_scores(queries: np.ndarray, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """float64 inner product of each query row with its keys ``ids[row]``: one fixed summation per pair,
+    whatever the number of rows or the BLAS, so every path ranks from the same numbers."""
+    q = queries.astype(np.float64)[:, None, :]
+    return (q * keys[ids].astype(np.float64)).sum(axis=-1)
 
 
 def build_faiss_index(keys: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE):
@@ -166,29 +190,6 @@ def build_faiss_index(keys: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE):
     for k0 in range(0, keys.shape[0], chunk_size):
         index.add(keys[k0 : k0 + chunk_size])
     return index
-
-
-def _faiss_topk(index, queries: np.ndarray, keys: np.ndarray, k: int, chunk_size: int,
-                query_block: int) -> tuple[np.ndarray, np.ndarray]:
-    """faiss search brought to the numpy path's exact results.
-
-    faiss orders equal scores arbitrarily and rounds differently (about 1e-7), so two keys that tie,
-    or nearly tie, may come out in another order or the k-th place go to another key. One extra
-    neighbour is fetched; every row with two scores closer than ``NEAR_TIE`` among its first k+1
-    (rare with dense embeddings, common with lexical ones) is redone with the exact chunked search.
-    """
-    nk = keys.shape[0]
-    extra = 1 if nk > k else 0
-    scores, ids = index.search(queries, k + extra)
-    scores, ids = scores.astype(np.float32), ids.astype(np.int64)
-    tolerance = NEAR_TIE * np.maximum(1.0, np.abs(scores[:, :1]))
-    near = (np.abs(np.diff(scores, axis=1)) <= tolerance).any(axis=1)
-    s, i = scores[:, :k].copy(), ids[:, :k].copy()
-    redo = np.flatnonzero(near)
-    if redo.size:
-        s[redo], i[redo] = chunked_topk(queries[redo], keys, k, chunk_size=chunk_size, query_block=query_block,
-                                        use_faiss=False)
-    return s, i
 
 
 def cosine_topk(queries: np.ndarray, keys: np.ndarray, k: int, **options: Any) -> tuple[np.ndarray, np.ndarray]:
