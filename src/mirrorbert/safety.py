@@ -71,6 +71,8 @@ def _inside(child: Path, parent: Path) -> bool:
 
 def _each_input(inputs: Inputs) -> Iterator[tuple[str, PathLike]]:
     for name, value in inputs.items():
+        if name == "--data-dir" and not value:  # every command's --data-dir defaults to $MIRRORBERT_DATA
+            value = os.environ.get("MIRRORBERT_DATA")
         for item in (value if isinstance(value, (list, tuple)) else [value]):
             if item:
                 yield name, item
@@ -166,33 +168,70 @@ def _checkpoint_files(folder: Path) -> set[str] | None:
 def foreign_file(folder: PathLike) -> Path | None:
     """The first file below `folder` that mirrorbert did not write, or None when all are ours.
 
-    Ours: a file the folder's marker lists; a subfolder with its own marker (checked the same way);
-    a `step-N` checkpoint whose manifest lists its files; mirrorbert's own locks and temporaries.
-    A folder without a marker, or whose marker lists nothing (older mirrorbert), is all foreign.
+    Ours: a file the folder's marker lists; anything in a subfolder (at any depth) with its own marker
+    that vouches for it; in a marked folder, a `step-N` checkpoint whose manifest lists its files and
+    gloss-pretrain's `best-model`; mirrorbert's own locks and temporaries. A folder without a marker,
+    or whose marker lists nothing (older mirrorbert), holds only foreign files.
     """
     folder = Path(folder)
     marker = read_marker(folder)
     listed = set(marker["files"]) if marker and marker.get("files") is not None else set()
-    for entry in sorted(folder.iterdir()):
+    return _foreign_below(folder, folder, listed, marker is not None)
+
+
+def _foreign_below(root: Path, current: Path, listed: set[str], marked: bool) -> Path | None:
+    for entry in sorted(current.iterdir()):
         name = entry.name
         if name == MARKER or OWN_TEMPORARY.match(name):
             continue
         if not entry.is_dir() or entry.is_symlink():
-            if name not in listed:
+            if entry.relative_to(root).as_posix() not in listed:
                 return entry
             continue
         if (entry / MARKER).is_file():
             stray = foreign_file(entry)
-        elif marker is not None and STEP_DIR.match(name):  # a checkpoint: its manifest lists its files
+        elif marked and STEP_DIR.match(name):  # a checkpoint: its manifest lists its files
             inner = _checkpoint_files(entry)
             stray = next((entry / f for f in _files_below(entry) if inner is None or f not in inner), None)
-        elif marker is not None and name == BEST_MODEL:  # gloss-pretrain's best epoch in its checkpoint folder
+        elif marked and name == BEST_MODEL:  # gloss-pretrain's best epoch in its checkpoint folder
             stray = None
         else:
-            stray = next((entry / f for f in _files_below(entry) if f"{name}/{f}" not in listed), None)
+            stray = _foreign_below(root, entry, listed, marked)
         if stray is not None:
             return stray
     return None
+
+
+def claim_files(folder: PathLike, rel_paths: Iterable[str], kind: str) -> None:
+    """Add files to the folder's marker *before* writing them, so an interrupted run's files stay ours."""
+    marker = read_marker(folder) or {}
+    mark_folder(folder, kind, [*(marker.get("files") or []), *rel_paths])
+
+
+def record_files(folder: PathLike, kind: str) -> None:
+    """List everything below `folder` in its marker (files under a subfolder with its own marker excepted).
+
+    Only for a folder this run holds the lock on and found holding nothing but mirrorbert's files:
+    whatever is below it now was written by this run or an earlier one.
+    """
+    folder = Path(folder)
+    marker = read_marker(folder) or {}
+    owned = set()
+    for root, dirs, files in os.walk(folder):
+        base = Path(root)
+        dirs[:] = [d for d in dirs if not (base / d / MARKER).is_file() and not OWN_TEMPORARY.match(d)]
+        owned.update((base / f).relative_to(folder).as_posix() for f in files if not OWN_TEMPORARY.match(f))
+    owned.discard(MARKER)
+    kept = {f for f in marker.get("files") or [] if (folder / f).exists()}
+    mark_folder(folder, kind, owned | kept)
+
+
+def discard_folder(folder: PathLike) -> None:
+    """Remove a folder mirrorbert wrote (the caller checked `foreign_file`): renamed aside, then deleted."""
+    folder = resolve(folder)
+    aside = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    os.replace(folder, aside)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def written_by_us(folder: Path) -> bool:
@@ -206,20 +245,21 @@ def check_replaceable(path: PathLike, overwrite: bool, option: str = "--output",
                       ) -> Path:
     """An existing folder is replaced only with --overwrite, and only when mirrorbert wrote all of it.
 
-    `resume_kind`: a folder whose marker has this kind (and nothing foreign) is continued without
-    --overwrite (reproduce's cache).
+    `resume_kind`: an empty folder, or one whose marker has this kind (and nothing foreign), is continued
+    without --overwrite (reproduce's cache).
     """
     shown, path = path, resolve(path)
     if not path.exists():
         return path
     if not path.is_dir():
         raise UserError(f"{option} {shown} exists and is not a folder")
-    if not any(path.iterdir()):
-        return path  # an empty folder loses nothing
+    empty = not any(path.iterdir())
     marker = read_marker(path)
-    resumable = resume_kind is not None and marker is not None and marker.get("kind") == resume_kind
+    resumable = resume_kind is not None and (empty or (marker is not None and marker.get("kind") == resume_kind))
     if not overwrite and not resumable:
         raise UserError(f"{option} {shown} already exists; pass --overwrite to replace it")
+    if empty:
+        return path  # an empty folder loses nothing
     if marker is None or marker.get("files") is None:
         why = "it has no " + MARKER if marker is None else f"its {MARKER} (older mirrorbert) lists no files"
         raise UserError(f"{option} {shown}: {'--overwrite' if overwrite else 'mirrorbert'} only replaces a folder "
@@ -561,6 +601,6 @@ def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
 __all__ = [
     "MARKER", "WritePlan", "atomic_output_dir", "atomic_output_file", "check_not_nested", "check_not_overlapping",
     "check_output_dir", "check_output_files", "check_outputs_avoid", "check_replaceable", "check_replaceable_file",
-    "check_writable", "fix_folder_mode", "folder_lock", "foreign_file", "guard_run", "mark_folder", "read_marker",
-    "resolve", "weights_size", "write_json_atomic", "write_text_atomic", "written_by_us",
+    "check_writable", "claim_files", "discard_folder", "fix_folder_mode", "folder_lock", "foreign_file", "guard_run", "mark_folder", "read_marker",
+    "record_files", "resolve", "weights_size", "write_json_atomic", "write_text_atomic", "written_by_us",
 ]
