@@ -8,7 +8,6 @@ anything method-specific so the three trainers share one copy.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
@@ -35,7 +34,7 @@ from mirrorbert.checkpoints import (
     write_manifest,
 )
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.safety import (  # the output-path helpers live in the write policy
+from mirrorbert.safety import (  # noqa: F401 - the output-path helpers live in the write policy (re-exported)
     MARKER, atomic_output_dir, check_output_dir, fix_folder_mode, mark_folder, write_json_atomic,
 )
 

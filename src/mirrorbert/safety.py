@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 # Written into every folder this tool creates (trained models, MLM/GR outputs, plot folders, reproduce outputs).
 MARKER = ".mirrorbert-output"
 MARKER_FORMAT = 1
+# The marker's kind of a `reproduce` output: such a folder is continued (it is a cache) without --overwrite.
+REPRODUCE_KIND = "reproduce"
 # Info files of the trainers: a folder holding one but no file list was written by an older mirrorbert.
 KNOWN_INFO_FILES = ("mirrorbert.json", "mlm_pretraining.json", "gr_training.json", "checkpoint.json")
 # Names of mirrorbert's own locks and temporaries (an interrupted write may leave them behind).
@@ -599,8 +601,8 @@ def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
 
 
 __all__ = [
-    "MARKER", "WritePlan", "atomic_output_dir", "atomic_output_file", "check_not_nested", "check_not_overlapping",
+    "MARKER", "REPRODUCE_KIND", "WritePlan", "atomic_output_dir", "atomic_output_file", "check_not_nested", "check_not_overlapping",
     "check_output_dir", "check_output_files", "check_outputs_avoid", "check_replaceable", "check_replaceable_file",
-    "check_writable", "claim_files", "discard_folder", "fix_folder_mode", "folder_lock", "foreign_file", "guard_run", "mark_folder", "read_marker",
-    "record_files", "resolve", "weights_size", "write_json_atomic", "write_text_atomic", "written_by_us",
+    "check_writable", "claim_files", "discard_folder", "fix_folder_mode", "folder_lock", "foreign_file", "guard_run",
+    "mark_folder", "read_marker", "record_files", "resolve", "weights_size", "write_json_atomic", "write_text_atomic", "written_by_us",
 ]

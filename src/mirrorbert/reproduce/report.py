@@ -240,8 +240,7 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
 
 
 def write_report(run: ReproduceResult, data_dir: Path, out: Path, versions: dict[str, str]) -> Path:
-    from mirrorbert.reproduce.runner import REPRODUCE_KIND
-    from mirrorbert.safety import claim_files, write_text_atomic
+    from mirrorbert.safety import REPRODUCE_KIND, claim_files, write_text_atomic
 
     # named in the output's marker before they are written: an interrupted write stays mirrorbert's
     claim_files(out, ["plots/datasize.png", "plots/frequency.png", "plots/before_after.png", "results.json",

@@ -25,11 +25,10 @@ from typing import Any
 from mirrorbert.errors import UserError
 from mirrorbert.reproduce.cells import PAPERS, Cell, QuickLimits, Skipped, build_cells
 from mirrorbert.reproduce.paper import detect_base_model
+from mirrorbert.safety import REPRODUCE_KIND
 
 logger = logging.getLogger(__name__)
 
-#: The kind in the output folder's marker: such a folder is continued without --overwrite.
-REPRODUCE_KIND = "reproduce"
 
 #: Task name -> data folders whose content the cell's result depends on (fingerprinted).
 TASK_DATA = {
