@@ -132,9 +132,12 @@ def run_train(args) -> int:
     from mirrorbert.data import strings_for_config
 
     cfg = resolve_config({k: getattr(args, k, None) for k in _train_keys()}, config_file=args.config_file)
-    if cfg.output:  # the trainer checks every other input; only the CLI knows the config file
-        check_outputs_avoid({"--config": args.config_file}, ("--output", cfg.output),
-                            ("--checkpoint-dir", cfg.resolved_checkpoint_dir()))
+    if cfg.output:  # the outputs, before the data is read (the trainer checks again, and locks them)
+        inputs = {"--config": args.config_file, "--model": cfg.model, "--data": cfg.data, "--data-dir": cfg.data_dir,
+                  "--resume": cfg.resume}
+        WritePlan(inputs, overwrite=bool(cfg.overwrite)).folder("--output", cfg.output) \
+            .append_folder("--log-dir", cfg.log_dir).check()
+        check_outputs_avoid({"--config": args.config_file}, ("--checkpoint-dir", cfg.resolved_checkpoint_dir()))
     strings = strings_for_config(cfg)  # data mistakes surface before torch is even imported
     from mirrorbert.distributed import launched_rank
     from mirrorbert.trainer import train

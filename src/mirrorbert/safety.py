@@ -42,10 +42,8 @@ MARKER = ".mirrorbert-output"
 MARKER_FORMAT = 1
 # The marker's kind of a `reproduce` output: such a folder is continued (it is a cache) without --overwrite.
 REPRODUCE_KIND = "reproduce"
-# Info files of the trainers: a folder holding one but no file list was written by an older mirrorbert.
-KNOWN_INFO_FILES = ("mirrorbert.json", "mlm_pretraining.json", "gr_training.json", "checkpoint.json")
 # Names of mirrorbert's own locks and temporaries (an interrupted write may leave them behind).
-OWN_TEMPORARY = re.compile(r"^\.(.+\.(lock|tmp(-.*)?|tmp\.npy|old-\d+)|mirrorbert-write-test-.*|(step-\d+|best-model)\.tmp-.*)$")
+OWN_TEMPORARY = re.compile(r"^\.(.+\.(lock|tmp(-.*)?|tmp\.npy|old-\d+)|mirrorbert-write-test-.*)$")
 STEP_DIR = re.compile(r"^step-\d+$")
 BEST_MODEL = "best-model"
 # Created folders get these permissions minus the umask (tempfile.mkdtemp makes 0700 folders).
@@ -61,9 +59,6 @@ Inputs = Mapping[str, "PathLike | list[PathLike] | tuple[PathLike, ...] | None"]
 def resolve(path: PathLike) -> Path:
     """Absolute, `~` expanded, every symlink resolved (a link's target is what gets written)."""
     return Path(os.path.realpath(os.path.expanduser(str(path))))
-
-
-_resolved = resolve  # older name
 
 
 def _inside(child: Path, parent: Path) -> bool:
@@ -112,7 +107,8 @@ def check_not_nested(a: PathLike, a_option: str, b: PathLike, b_option: str) -> 
     """Two output locations that overlap would overwrite each other (e.g. --output X --report X)."""
     ra, rb = resolve(a), resolve(b)
     if ra == rb:
-        raise UserError(f"{a_option} {a} and {b_option} {b} are the same path (outputs may not overlap); give each its own")
+        raise UserError(f"{a_option} {a} and {b_option} {b} are the same path (outputs may not overlap); "
+                        f"give each its own")
     if _inside(ra, rb) or _inside(rb, ra):
         raise UserError(f"{a_option} {a} and {b_option} {b} overlap; give them separate locations")
 
@@ -234,12 +230,6 @@ def discard_folder(folder: PathLike) -> None:
     aside = folder.with_name(f".{folder.name}.old-{os.getpid()}")
     os.replace(folder, aside)
     shutil.rmtree(aside, ignore_errors=True)
-
-
-def written_by_us(folder: Path) -> bool:
-    """The folder carries a mirrorbert marker that lists its files, and holds nothing else."""
-    marker = read_marker(folder)
-    return marker is not None and marker.get("files") is not None and foreign_file(folder) is None
 
 
 # --------------------------------------------------------------------------- existing outputs
@@ -548,15 +538,6 @@ class WritePlan:
             yield paths
 
 
-def check_output_files(outputs: Iterable[tuple[str, PathLike | None]], inputs: Inputs = {},
-                       overwrite: bool = True) -> None:
-    """Up-front checks for single-file outputs: not an input, not each other, writable."""
-    plan = WritePlan(inputs, overwrite=overwrite)
-    for option, location in outputs:
-        plan.file(option, location)
-    plan.check()
-
-
 def check_outputs_avoid(inputs: Inputs, *outputs: tuple[str, PathLike | None]) -> None:
     """The path rules for inputs only the CLI knows about (e.g. --config)."""
     for option, location in outputs:
@@ -601,8 +582,8 @@ def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
 
 
 __all__ = [
-    "MARKER", "REPRODUCE_KIND", "WritePlan", "atomic_output_dir", "atomic_output_file", "check_not_nested", "check_not_overlapping",
-    "check_output_dir", "check_output_files", "check_outputs_avoid", "check_replaceable", "check_replaceable_file",
+    "MARKER", "REPRODUCE_KIND", "WritePlan", "atomic_output_dir", "atomic_output_file", "check_not_nested",
+    "check_not_overlapping", "check_output_dir", "check_outputs_avoid", "check_replaceable", "check_replaceable_file",
     "check_writable", "claim_files", "discard_folder", "fix_folder_mode", "folder_lock", "foreign_file", "guard_run",
-    "mark_folder", "read_marker", "record_files", "resolve", "weights_size", "write_json_atomic", "write_text_atomic", "written_by_us",
+    "mark_folder", "read_marker", "record_files", "resolve", "weights_size", "write_json_atomic", "write_text_atomic",
 ]

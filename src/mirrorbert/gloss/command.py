@@ -164,7 +164,8 @@ def run_lexsub(args: argparse.Namespace) -> int:
     names = [resolve_dataset(n.strip()) for n in args.dataset.split(",") if n.strip()]
     results = {}
     with _write_plan(args).folder("--output", args.output).locked(), contextlib.ExitStack() as stack:
-        out = stack.enter_context(atomic_output_dir(args.output, args.overwrite, kind="lexsub")) if args.output else None
+        out = None if not args.output else stack.enter_context(
+            atomic_output_dir(args.output, args.overwrite, kind="lexsub"))
         for name in names:
             scores = evaluate_lexsub(args.model, name, data_dir=args.data_dir, device=args.device, config=cfg,
                                      limit=args.limit, output_dir=out, show_progress=args.show_progress)
