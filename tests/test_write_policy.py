@@ -120,6 +120,11 @@ def test_every_writing_command_goes_through_the_policy(proj, capsys, no_model_lo
     assert snapshot(proj / "m") == model
 
 
+def test_train_checks_its_outputs_before_reading_the_data(proj, capsys, no_model_load):
+    (proj / "one.txt").write_text("just one string\n", encoding="utf-8")  # a data error, found later
+    refused(capsys, ["train", "--model", "m", "--data", "one.txt", "--output", "m/out"], "lies inside the input --model")
+
+
 def test_search_writes_nothing():
     from mirrorbert.cli import build_parser
 
@@ -382,3 +387,28 @@ def test_write_plan_locks_every_output(proj):
             safety.WritePlan({}).folder("--output", "plots").lock(stack)
     with contextlib.ExitStack() as stack:  # released at the end
         safety.WritePlan({}).file("--output", "a.json").lock(stack)
+
+
+def test_reproduce_continues_after_a_kill_left_temporaries(proj):
+    """`kill -9` leaves locks and half-written temporaries: they are mirrorbert's, the folder is continued."""
+    from mirrorbert.reproduce.runner import output_folder
+
+    with output_folder(_reproduce_cfg(proj, "rep"), proj / "data") as out:
+        pass
+    (out / "models" / ".mirror-s0.tmp-k2j3h4g5").mkdir(parents=True)  # a model folder being written
+    (out / "models" / ".mirror-s0.tmp-k2j3h4g5" / "model.safetensors").write_bytes(b"half")
+    (out / "models" / ".mirror-s0.lock").write_text("4242\n", encoding="utf-8")
+    (out / "cells").mkdir()
+    (out / "cells" / ".sts__after--s0.json.tmp").write_text("{", encoding="utf-8")
+    with output_folder(_reproduce_cfg(proj, "rep"), proj / "data"):
+        pass
+    assert "models/.mirror-s0.lock" not in safety.read_marker(out)["files"]  # temporaries are never listed
+
+
+def test_an_interrupted_first_marker_write_leaves_the_folder_claimable(proj):
+    from mirrorbert.reproduce.runner import output_folder
+
+    (proj / "rep").mkdir()
+    (proj / "rep" / f".{safety.MARKER}.tmp").write_text("{", encoding="utf-8")
+    with output_folder(_reproduce_cfg(proj, "rep"), proj / "data") as out:
+        assert safety.read_marker(out)["kind"] == "reproduce"

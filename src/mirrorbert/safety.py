@@ -245,7 +245,7 @@ def check_replaceable(path: PathLike, overwrite: bool, option: str = "--output",
         return path
     if not path.is_dir():
         raise UserError(f"{option} {shown} exists and is not a folder")
-    empty = not any(path.iterdir())
+    empty = all(OWN_TEMPORARY.match(p.name) for p in path.iterdir())  # nothing, or only our leftovers
     marker = read_marker(path)
     resumable = resume_kind is not None and (empty or (marker is not None and marker.get("kind") == resume_kind))
     if not overwrite and not resumable:
