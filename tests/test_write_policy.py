@@ -125,11 +125,15 @@ def test_train_checks_its_outputs_before_reading_the_data(proj, capsys, no_model
     refused(capsys, ["train", "--model", "m", "--data", "one.txt", "--output", "m/out"], "lies inside the input --model")
 
 
-def test_search_writes_nothing():
+def test_every_command_that_writes_has_overwrite_and_search_writes_nothing():
     from mirrorbert.cli import build_parser
 
-    search = build_parser()._subparsers._group_actions[0].choices["search"]
-    assert not any(opt in a.option_strings for a in search._actions for opt in ("--output", "--report"))
+    commands = build_parser()._subparsers._group_actions[0].choices
+    writes = {name for name, p in commands.items() if any("--output" in a.option_strings for a in p._actions)}
+    assert writes == {c.split()[0] for c in COMMANDS}  # the parametrised test above covers every one
+    for name in writes:
+        assert any("--overwrite" in a.option_strings for a in commands[name]._actions), name
+    assert not any(opt in a.option_strings for a in commands["search"]._actions for opt in ("--output", "--report"))
 
 
 # --------------------------------------------------------------------------- case 1
