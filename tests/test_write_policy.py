@@ -219,6 +219,7 @@ def test_eval_plots_are_drawn_aside_marked_and_replaced_only_with_overwrite(proj
     result = runner.evaluate(object(), tasks="isotropy", data_dir=proj / "data", report=proj / "r.md")
     plots = proj / "r_files"
     assert result["isotropy"].artifacts == {"plot": str(plots / "iso.png")}  # the final folder, not the temporary
+    assert (plots / "iso.png").read_bytes() == b"png"
     assert "r_files/iso.png" in (proj / "r.md").read_text(encoding="utf-8")
     assert safety.read_marker(plots)["files"] == ["iso.png"]
     with pytest.raises(UserError, match="already exists"):

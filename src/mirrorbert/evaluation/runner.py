@@ -250,7 +250,7 @@ def evaluate(
     check_task_options(options)
     if plot_dir is None and report is not None:
         plot_dir = Path(report).with_name(Path(report).stem + "_files")
-    from mirrorbert.safety import WritePlan, atomic_output_dir, resolve, write_text_atomic
+    from mirrorbert.safety import WritePlan, atomic_output_dir, write_text_atomic
 
     plan = WritePlan({"data_dir": root, "model": model_name}, overwrite=overwrite)
     plan.file("output", output).file("report", report).folder("plot_dir", plot_dir).check()
@@ -259,8 +259,8 @@ def evaluate(
             atomic_output_dir(plot_dir, overwrite=overwrite, kind="plots", keep_empty=False))
         outcomes = _run_tasks(encoder, names, root, options, tmp_plots, batch_size, show_progress, reference_encoder,
                               model_name, raise_errors)
-    if tmp_plots is not None:  # artifacts point into the final folder
-        final = str(resolve(plot_dir))
+    if tmp_plots is not None:  # artifacts point into the final folder, named as the caller named it
+        final = str(Path(plot_dir))
         for outcome in outcomes.values():
             outcome.artifacts = {k: v.replace(str(tmp_plots), final, 1) if isinstance(v, str) else v
                                  for k, v in outcome.artifacts.items()}

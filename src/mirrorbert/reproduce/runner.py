@@ -29,7 +29,6 @@ from mirrorbert.safety import REPRODUCE_KIND
 
 logger = logging.getLogger(__name__)
 
-
 #: Task name -> data folders whose content the cell's result depends on (fingerprinted).
 TASK_DATA = {
     "sts": ("sts",), "wordsim": ("wordsim",), "qnli": ("qnli",), "bel": ("bel",), "bli": ("bli",),
