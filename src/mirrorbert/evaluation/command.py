@@ -36,7 +36,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="folder holding the evaluation sets (default: $MIRRORBERT_DATA)")
     p.add_argument("--output", help="write all metrics as JSON to this file")
     p.add_argument("--report", help="write a Markdown report (with PNG plots beside it) to this file")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output/--report file")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output/--report file or plot folder (a folder only if mirrorbert wrote it)")
     p.add_argument("--plot-dir", help="folder for PNG plots (default: <report stem>_files next to --report)")
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     p.add_argument("--pooling", choices=("cls", "mean", "first-last"), help="override the model's pooling")
