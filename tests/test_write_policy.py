@@ -301,7 +301,12 @@ def test_overwrite_replaces_only_what_mirrorbert_wrote(proj, capsys):
     refused(capsys, [*argv, "--overwrite"], "--output out", "notes.md, which mirrorbert did not write")
     assert (proj / "out" / "notes.md").read_text(encoding="utf-8") == "my notes\n"
     (proj / "out" / "notes.md").unlink()
-    assert main([*argv, "--overwrite"]) == 0  # all of it ours: replaced
+    card = proj / "out" / "README.md"  # a file mirrorbert wrote, then the user edited: theirs now
+    card.write_text(card.read_text(encoding="utf-8") + "\nmy results\n", encoding="utf-8")
+    refused(capsys, [*argv, "--overwrite"], "--output out", "README.md, which mirrorbert did not write (or which changed")
+    assert card.read_text(encoding="utf-8").endswith("my results\n")
+    card.unlink()
+    assert main([*argv, "--overwrite"]) == 0  # all of it ours (a file of ours may be missing): replaced
 
 
 def test_a_mirrorbert_json_alone_does_not_make_a_folder_ours(proj, capsys, no_model_load):

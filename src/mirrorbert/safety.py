@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -45,6 +46,9 @@ REPRODUCE_KIND = "reproduce"
 # Names of mirrorbert's own locks and temporaries (an interrupted write may leave them behind).
 OWN_TEMPORARY = re.compile(r"^\.(.+\.(lock|tmp(-.*)?|tmp\.npy|old-\d+)|mirrorbert-write-test-.*)$")
 STEP_DIR = re.compile(r"^step-\d+$")
+# Listed files up to this size are recorded with their SHA-256 (a changed file is no longer ours), larger
+# ones (weights) with their size.
+DIGEST_LIMIT = 1 << 20
 BEST_MODEL = "best-model"
 # Created folders get these permissions minus the umask (tempfile.mkdtemp makes 0700 folders).
 FOLDER_MODE = 0o777
@@ -140,15 +144,32 @@ def _files_below(folder: Path) -> list[str]:
     return sorted(found)
 
 
-def mark_folder(folder: PathLike, kind: str = "output", files: Iterable[str] = ()) -> None:
-    """Claim a folder as ours, listing the files mirrorbert wrote there (a checkpoint root lists none:
-    its `step-N` checkpoints carry manifests). A later `--overwrite` replaces the folder only while it
-    holds nothing but these files.
+def _digest(path: Path) -> list | None:
+    """[size, sha256] of a small file, [size, None] of a large one (weights: size only), None if absent."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if size > DIGEST_LIMIT:
+        return [size, None]
+    with contextlib.suppress(OSError):
+        return [size, hashlib.sha256(path.read_bytes()).hexdigest()]
+    return None
+
+
+def mark_folder(folder: PathLike, kind: str = "output", files: Iterable[str] = (),
+                being_written: Iterable[str] = ()) -> None:
+    """Claim a folder as ours, listing the files mirrorbert wrote there with their size and SHA-256 (a
+    checkpoint root lists none: its `step-N` checkpoints carry manifests). A later `--overwrite` replaces
+    the folder only while it holds nothing but these files, unchanged. `being_written`: listed without a
+    digest, as any content (a run about to write them may be killed halfway).
     """
     folder = Path(folder)
-    listed = sorted(set(files))
-    text = json.dumps({"written_by": "mirrorbert", "format": MARKER_FORMAT, "kind": kind, "files": listed},
-                      indent=1) + "\n"
+    pending = set(being_written)
+    listed = sorted(set(files) | pending)
+    digests = {name: None if name in pending else _digest(folder / name) for name in listed}
+    text = json.dumps({"written_by": "mirrorbert", "format": MARKER_FORMAT, "kind": kind, "files": listed,
+                       "digests": digests}, indent=1) + "\n"
     tmp = folder / f".{MARKER}.tmp"
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, folder / MARKER)
@@ -174,17 +195,22 @@ def foreign_file(folder: PathLike) -> Path | None:
     folder = Path(folder)
     marker = read_marker(folder)
     listed = set(marker["files"]) if marker and marker.get("files") is not None else set()
-    return _foreign_below(folder, folder, listed, marker is not None)
+    digests = marker.get("digests") if marker and isinstance(marker.get("digests"), dict) else {}
+    return _foreign_below(folder, folder, listed, marker is not None, digests)
 
 
-def _foreign_below(root: Path, current: Path, listed: set[str], marked: bool) -> Path | None:
+def _foreign_below(root: Path, current: Path, listed: set[str], marked: bool, digests: dict) -> Path | None:
     for entry in sorted(current.iterdir()):
         name = entry.name
         if name == MARKER or OWN_TEMPORARY.match(name):
             continue
         if not entry.is_dir() or entry.is_symlink():
-            if entry.relative_to(root).as_posix() not in listed:
+            rel = entry.relative_to(root).as_posix()
+            if rel not in listed:
                 return entry
+            expected = digests.get(rel)
+            if expected is not None and not entry.is_symlink() and _digest(entry) != expected:
+                return entry  # changed since mirrorbert wrote it: the user's now
             continue
         if (entry / MARKER).is_file():
             stray = foreign_file(entry)
@@ -194,16 +220,19 @@ def _foreign_below(root: Path, current: Path, listed: set[str], marked: bool) ->
         elif marked and name == BEST_MODEL:  # gloss-pretrain's best epoch in its checkpoint folder
             stray = None
         else:
-            stray = _foreign_below(root, entry, listed, marked)
+            stray = _foreign_below(root, entry, listed, marked, digests)
         if stray is not None:
             return stray
     return None
 
 
 def claim_files(folder: PathLike, rel_paths: Iterable[str], kind: str) -> None:
-    """Add files to the folder's marker *before* writing them, so an interrupted run's files stay ours."""
+    """Add files to the folder's marker *before* writing them, so an interrupted run's files stay ours
+    (listed without a digest until `record_files` runs)."""
     marker = read_marker(folder) or {}
-    mark_folder(folder, kind, [*(marker.get("files") or []), *rel_paths])
+    old = marker.get("digests") if isinstance(marker.get("digests"), dict) else {}
+    pending = {name for name, digest in old.items() if digest is None} | set(rel_paths)
+    mark_folder(folder, kind, marker.get("files") or [], being_written=pending)
 
 
 def record_files(folder: PathLike, kind: str) -> None:
@@ -258,8 +287,8 @@ def check_replaceable(path: PathLike, overwrite: bool, option: str = "--output",
                         f"mirrorbert wrote, listing its files ({why}); move it away or choose another folder")
     stray = foreign_file(path)
     if stray is not None:
-        raise UserError(f"{option} {shown}: holds {stray}, which mirrorbert did not write; move it away or "
-                        f"choose another folder")
+        raise UserError(f"{option} {shown}: holds {stray}, which mirrorbert did not write (or which changed "
+                        f"since); move it away or choose another folder")
     return path
 
 
