@@ -177,10 +177,10 @@ def test_finetune_sts_command(tiny_bert, tmp_path, capsys):
     from mirrorbert.gloss.finetune_sts import FinetuneStsConfig, finetune_once
     from mirrorbert.evaluation.sts import load_set
 
-    root = _write_stsb(tmp_path)
+    root = _write_stsb(tmp_path / "data")
     parser = argparse.ArgumentParser()
     add_finetune_sts_parser(parser.add_subparsers())
-    out = tmp_path / "sts.json"
+    out = tmp_path / "sts.json"  # outside the data directory (the write policy)
     args = parser.parse_args(["finetune-sts", "--model", str(tiny_bert), "--data-dir", str(root), "--fractions", "1,0.5",
                               "--seeds", "0,1", "--epochs", "1", "--batch-size", "8", "--lr", "1e-3", "--device", "cpu",
                               "--no-progress", "--output", str(out)])

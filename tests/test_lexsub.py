@@ -260,7 +260,7 @@ def test_post_valid_reranks_only_the_top(small_data, tiny):
     assert heavy == plain
 
 
-def test_lexsub_command_end_to_end(small_data, tiny_bert, tmp_path, capsys):
+def test_lexsub_command_end_to_end(small_data, tiny_bert, tmp_path_factory, capsys):
     import argparse
     import json
 
@@ -269,7 +269,7 @@ def test_lexsub_command_end_to_end(small_data, tiny_bert, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
     add_lexsub_parser(sub)
-    out = tmp_path / "res"
+    out = tmp_path_factory.mktemp("lexsub-output") / "res"  # outside the data directory (the write policy)
     args = parser.parse_args(["lexsub", "--model", str(tiny_bert), "--dataset", "LS07", "--data-dir", str(small_data),
                               "--output", str(out), "--device", "cpu", "--json"])
     assert args.func(args) == 0

@@ -98,6 +98,7 @@ def test_reproduce_quick_end_to_end_and_cache(tiny_bert, tiny_data, tmp_path, mo
     # A copied (or moved) output folder keeps its cache, files derived into it included (BEL name samples).
     moved = tmp_path / "moved"
     shutil.copytree(out / "cells", moved / "cells")
+    shutil.copy(out / ".mirrorbert-output", moved)  # the marker: a folder mirrorbert's reproduce wrote
     again = reproduce(_config(tiny_bert, tiny_data, moved, seeds=(0, 1), report_only=True), progress=lambda _: None)
     assert [r.cell for r in again.results if r.status == "not run"] == []
 

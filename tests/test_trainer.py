@@ -227,8 +227,12 @@ def test_output_folder_is_protected(tiny_bert, data_file, tmp_path):
     assert (tmp_path / "exists" / "keep.txt").read_text() == "mine"
     train(cfg_for(tiny_bert, data_file, tmp_path / "ours", steps=1))
     (tmp_path / "ours" / "extra.txt").write_text("old")
-    train(cfg_for(tiny_bert, data_file, tmp_path / "ours", steps=1, overwrite=True))  # ours: replaced
-    assert not (tmp_path / "ours" / "extra.txt").exists()
+    with pytest.raises(UserError, match="extra.txt, which mirrorbert did not write"):  # a file mirrorbert never wrote
+        train(cfg_for(tiny_bert, data_file, tmp_path / "ours", steps=1, overwrite=True))
+    assert (tmp_path / "ours" / "extra.txt").read_text() == "old"
+    (tmp_path / "ours" / "extra.txt").unlink()
+    train(cfg_for(tiny_bert, data_file, tmp_path / "ours", steps=1, overwrite=True))  # all of it ours: replaced
+    assert (tmp_path / "ours" / "mirrorbert.json").is_file()
 
 
 def test_tensorboard_scalars_are_written(tiny_bert, data_file, tmp_path):

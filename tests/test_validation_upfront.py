@@ -341,16 +341,18 @@ def test_eval_reference_model_blamed(capsys, no_weights, tiny_bert, tmp_path):
 
 
 def test_eval_refuses_existing_output_unless_overwrite(capsys, no_weights, tiny_bert, tmp_path):
+    data = tmp_path / "data"  # outputs may not lie inside the data directory
+    data.mkdir()
     for option in ("--output", "--report"):
         existing = tmp_path / f"existing{option[2:]}.txt"
         existing.write_text("keep me", encoding="utf-8")
-        code, err = run_cli(capsys, ["eval", "--model", tiny_bert, "--tasks", "sts", "--data-dir", tmp_path,
+        code, err = run_cli(capsys, ["eval", "--model", tiny_bert, "--tasks", "sts", "--data-dir", data,
                                      option, existing])
         assert code == 2
         assert "--overwrite" in one_error_line(err)
         assert existing.read_text(encoding="utf-8") == "keep me"
     with pytest.raises(WeightsLoaded):  # with --overwrite it goes on to load the model
-        main(["eval", "--model", str(tiny_bert), "--tasks", "sts", "--data-dir", str(tmp_path),
+        main(["eval", "--model", str(tiny_bert), "--tasks", "sts", "--data-dir", str(data),
               "--output", str(existing), "--overwrite"])
 
 

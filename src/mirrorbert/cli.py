@@ -20,7 +20,7 @@ from mirrorbert.evaluation.command import add_eval_parser
 from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
 from mirrorbert.reproduce.command import add_reproduce_parser
-from mirrorbert.safety import check_output_files, check_outputs_avoid
+from mirrorbert.safety import WritePlan, atomic_output_file, check_outputs_avoid
 from mirrorbert.search_command import add_search_parser
 
 EXIT_USER_ERROR = 2
@@ -132,9 +132,12 @@ def run_train(args) -> int:
     from mirrorbert.data import strings_for_config
 
     cfg = resolve_config({k: getattr(args, k, None) for k in _train_keys()}, config_file=args.config_file)
-    if cfg.output:  # the trainer checks every other input; only the CLI knows the config file
-        check_outputs_avoid({"--config": args.config_file}, ("--output", cfg.output),
-                            ("--checkpoint-dir", cfg.resolved_checkpoint_dir()))
+    if cfg.output:  # the outputs, before the data is read (the trainer checks again, and locks them)
+        inputs = {"--config": args.config_file, "--model": cfg.model, "--data": cfg.data, "--data-dir": cfg.data_dir,
+                  "--resume": cfg.resume}
+        WritePlan(inputs, overwrite=bool(cfg.overwrite)).folder("--output", cfg.output) \
+            .append_folder("--log-dir", cfg.log_dir).check()
+        check_outputs_avoid({"--config": args.config_file}, ("--checkpoint-dir", cfg.resolved_checkpoint_dir()))
     strings = strings_for_config(cfg)  # data mistakes surface before torch is even imported
     from mirrorbert.distributed import launched_rank
     from mirrorbert.trainer import train
@@ -178,7 +181,7 @@ def add_encode_parser(sub) -> None:
 
 
 def run_encode(args) -> int:
-    from mirrorbert.data import read_file
+    import numpy as np
 
     if args.max_length is not None and args.max_length < 1:
         raise UserError(f"--max-length {args.max_length}: must be an integer >= 1")
@@ -187,32 +190,34 @@ def run_encode(args) -> int:
     output = Path(args.output)
     if output.suffix != ".npy":
         raise UserError(f"--output {output}: expected a .npy file name")
-    if output.exists() and not args.overwrite:
-        raise UserError(f"--output {output} already exists; pass --overwrite to replace it")
-    check_output_files([("--output", output)], {"--input": args.input, "--model": args.model})
-    texts, _ = read_file(args.input, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
-                         option="--input")
-    import numpy as np
+    plan = WritePlan({"--input": args.input, "--model": args.model}, overwrite=args.overwrite).file("--output", output)
+    with plan.locked():
+        vectors, pooling = _encode(args)
+        if vectors is None:
+            return 0
+        with atomic_output_file(output, overwrite=args.overwrite) as tmp:
+            np.save(tmp, vectors)
+    print(json.dumps({"output": str(output), "rows": int(vectors.shape[0]), "dim": int(vectors.shape[1]),
+                      "pooling": pooling}))
+    return 0
 
+
+def _encode(args):
+    """The vectors of --input (None on the other processes of a torchrun job) and the pooling used."""
+    from mirrorbert.data import read_file
     from mirrorbert.distributed import init_from_env, sharded_encoding
     from mirrorbert.encoder import Encoder
     from mirrorbert.packing import packing_flag
 
+    texts, _ = read_file(args.input, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
+                         option="--input")
     dist_ctx = init_from_env(args.device)  # under torchrun every process encodes a share of the rows
     encoder = Encoder.load(args.model, pooling=args.pooling, device=str(dist_ctx.device), max_length=args.max_length)
     with sharded_encoding(dist_ctx):
         vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
                                  show_progress=args.show_progress and dist_ctx.is_main, precision=args.precision,
                                  packing=packing_flag(args.packing))
-    if not dist_ctx.is_main:
-        return 0
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp.npy")
-    np.save(tmp, vectors)
-    os.replace(tmp, output)
-    print(json.dumps({"output": str(output), "rows": int(vectors.shape[0]), "dim": int(vectors.shape[1]),
-                      "pooling": encoder.pooling}))
-    return 0
+    return (vectors if dist_ctx.is_main else None), encoder.pooling
 
 
 # ----------------------------------------------------------------------------- main

@@ -8,7 +8,6 @@ anything method-specific so the three trainers share one copy.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
@@ -35,7 +34,9 @@ from mirrorbert.checkpoints import (
     write_manifest,
 )
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.safety import MARKER, check_replaceable, fix_folder_mode, mark_folder
+from mirrorbert.safety import (  # noqa: F401 - the output-path helpers live in the write policy (re-exported)
+    MARKER, atomic_output_dir, check_output_dir, fix_folder_mode, mark_folder, write_json_atomic,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -309,47 +310,6 @@ def set_torch_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -
     torch.set_rng_state(cpu)
     if cuda is not None:
         torch.cuda.set_rng_state_all(cuda)
-
-
-# --------------------------------------------------------------------------- output folders
-def check_output_dir(path: str | Path, overwrite: bool, option: str = "--output") -> Path:
-    """Refuse early (before any training) to clobber a user's folder (or, with --overwrite, a foreign one)."""
-    return check_replaceable(path, overwrite, option)
-
-
-@contextlib.contextmanager
-def atomic_output_dir(final: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling folder; on success it replaces `final` in (almost) one rename.
-
-    Nothing the user had is lost: on failure the temporary folder is removed and `final` is untouched;
-    an existing `final` is moved aside first and only deleted after the new one is in place.
-    """
-    final = Path(final)
-    check_output_dir(final, overwrite)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        yield tmp
-        mark_folder(tmp)
-        fix_folder_mode(tmp)
-        check_output_dir(final, overwrite)  # a folder may have appeared there while we worked
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    backup = None
-    if final.exists():
-        backup = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, backup)
-    os.replace(tmp, final)
-    if backup is not None:
-        shutil.rmtree(backup, ignore_errors=True)
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- checkpoints

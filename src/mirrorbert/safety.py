@@ -1,15 +1,21 @@
-"""Never lose a user's files: path rules, ownership markers, run locks, writability and free space.
+"""The write policy: every path any mirrorbert command writes goes through this module.
 
-Everything here runs before a model or any data is loaded, so that a mistake costs a second, not a
-finished training run. The rules (also in the README, "Safety: your files"):
+Everything is checked before a model or any data is loaded, so that a mistake costs a second, not a
+finished run. The rules (also in the README, "What mirrorbert will and will not write"):
 
-* An output or checkpoint folder may not be, contain or lie inside any input (`--model`, `--data`,
-  `--config`, `--resume`, ...), and may not be or contain the current or the home directory (a fresh
-  subfolder of either, such as `./out`, is fine).
-* `--overwrite` only replaces a folder that mirrorbert wrote (it carries `MARKER`, or one of the info
-  files every trainer writes) or an empty one; anything else is refused.
-* One run at a time per output/checkpoint folder: an `fcntl.flock` on a lock file beside the folder,
-  released by the kernel when the process ends (so a killed run never leaves a stale lock).
+* An output (model folder, checkpoint folder, .npy/JSON/Markdown file, report, plot folder, log
+  folder, cache) may not be, contain or lie inside any input (`--model`, `--data`, `--data-dir`,
+  `--corpus`, `--config`, `--resume`, ...), and may not be or contain the current or the home
+  directory (a fresh subfolder of either, such as `./out`, is fine).
+* Two outputs of one command are never the same path, nor one inside the other.
+* An existing file or folder is replaced only with `--overwrite`; a folder only when mirrorbert
+  wrote everything in it: its marker (`MARKER`, JSON) lists the files mirrorbert wrote, and a folder
+  holding any other file is refused, naming the first one. A folder without a marker (or with the
+  marker of an older mirrorbert, which listed nothing) is never replaced.
+* A symlinked output is resolved: the target is written, the link survives.
+* One run at a time per output: an `fcntl.flock` on a lock file beside it, released by the kernel
+  when the process ends (so a killed run never leaves a stale lock).
+* Files and folders are written under a temporary name beside the target and renamed into place.
 """
 
 from __future__ import annotations
@@ -17,29 +23,46 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
+import json
 import logging
 import os
+import re
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-# Written into every folder this tool creates (trained models, MLM/GR outputs, checkpoint roots).
+# Written into every folder this tool creates (trained models, MLM/GR outputs, plot folders, reproduce outputs).
 MARKER = ".mirrorbert-output"
-# Folders written before the marker existed are still recognised by their info files.
-KNOWN_INFO_FILES = ("mirrorbert.json", "mlm_pretraining.json", "gr_training.json", "checkpoint.json")
+MARKER_FORMAT = 1
+# The marker's kind of a `reproduce` output: such a folder is continued (it is a cache) without --overwrite.
+REPRODUCE_KIND = "reproduce"
+# Names of mirrorbert's own locks and temporaries (an interrupted write may leave them behind).
+OWN_TEMPORARY = re.compile(r"^\.(.+\.(lock|tmp(-.*)?|tmp\.npy|old-\d+)|mirrorbert-write-test-.*)$")
+STEP_DIR = re.compile(r"^step-\d+$")
+# Listed files up to this size are recorded with their SHA-256 (a changed file is no longer ours), larger
+# ones (weights) with their size.
+DIGEST_LIMIT = 1 << 20
+BEST_MODEL = "best-model"
 # Created folders get these permissions minus the umask (tempfile.mkdtemp makes 0700 folders).
 FOLDER_MODE = 0o777
 FILE_MODE = 0o666
 
+PathLike = str | os.PathLike
+# option name -> one path, several paths (e.g. --corpus A B), or None
+Inputs = Mapping[str, "PathLike | list[PathLike] | tuple[PathLike, ...] | None"]
+
 
 # --------------------------------------------------------------------------- path rules
-def _resolved(path: str | os.PathLike) -> Path:
-    return Path(os.path.expanduser(str(path))).resolve()
+def resolve(path: PathLike) -> Path:
+    """Absolute, `~` expanded, every symlink resolved (a link's target is what gets written)."""
+    return Path(os.path.realpath(os.path.expanduser(str(path))))
 
 
 def _inside(child: Path, parent: Path) -> bool:
@@ -47,13 +70,10 @@ def _inside(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
 
-PathLike = str | os.PathLike
-# option name -> one path, several paths (e.g. --corpus A B), or None
-Inputs = Mapping[str, "PathLike | list[PathLike] | tuple[PathLike, ...] | None"]
-
-
 def _each_input(inputs: Inputs) -> Iterator[tuple[str, PathLike]]:
     for name, value in inputs.items():
+        if name == "--data-dir" and not value:  # every command's --data-dir defaults to $MIRRORBERT_DATA
+            value = os.environ.get("MIRRORBERT_DATA")
         for item in (value if isinstance(value, (list, tuple)) else [value]):
             if item:
                 yield name, item
@@ -61,13 +81,13 @@ def _each_input(inputs: Inputs) -> Iterator[tuple[str, PathLike]]:
 
 def check_not_overlapping(path: PathLike, option: str, inputs: Inputs, protect_cwd: bool = True) -> Path:
     """Refuse an output that is, contains or lies inside an input, or is/contains the cwd or home."""
-    target = _resolved(path)
+    target = resolve(path)
     protected: list[tuple[str, Path]] = []
     if protect_cwd:
         protected.append(("the current directory", Path.cwd().resolve()))
         home = os.environ.get("HOME")
         if home:
-            protected.append(("the home directory", _resolved(home)))
+            protected.append(("the home directory", resolve(home)))
     for where, folder in protected:
         if _inside(folder, target):
             relation = "is" if folder == target else "contains"
@@ -75,7 +95,7 @@ def check_not_overlapping(path: PathLike, option: str, inputs: Inputs, protect_c
     for name, value in _each_input(inputs):
         if not Path(os.path.expanduser(str(value))).exists():
             continue  # a hub id or a missing file is not a folder we could damage
-        source = _resolved(value)
+        source = resolve(value)
         if _inside(source, target) or _inside(target, source):
             if source == target:
                 relation = "is"
@@ -87,41 +107,207 @@ def check_not_overlapping(path: PathLike, option: str, inputs: Inputs, protect_c
     return target
 
 
-def check_not_nested(a: str | os.PathLike, a_option: str, b: str | os.PathLike, b_option: str) -> None:
-    """Two output locations that overlap would overwrite each other (e.g. --checkpoint-dir X --output X)."""
-    ra, rb = _resolved(a), _resolved(b)
+def check_not_nested(a: PathLike, a_option: str, b: PathLike, b_option: str) -> None:
+    """Two output locations that overlap would overwrite each other (e.g. --output X --report X)."""
+    ra, rb = resolve(a), resolve(b)
+    if ra == rb:
+        raise UserError(f"{a_option} {a} and {b_option} {b} are the same path (outputs may not overlap); "
+                        f"give each its own")
     if _inside(ra, rb) or _inside(rb, ra):
-        raise UserError(f"{a_option} {a} and {b_option} {b} overlap; give them separate folders")
+        raise UserError(f"{a_option} {a} and {b_option} {b} overlap; give them separate locations")
 
 
-def written_by_us(folder: Path) -> bool:
-    return any((folder / name).exists() for name in (MARKER, *KNOWN_INFO_FILES)) or any(
-        child.name.startswith("step-") and (child / "checkpoint.json").exists() for child in folder.iterdir()
-    )
+# --------------------------------------------------------------------------- markers
+def read_marker(folder: PathLike) -> dict[str, Any] | None:
+    """The folder's marker as a dict; None without one. An older plain-text marker lists no files."""
+    path = Path(folder) / MARKER
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"kind": "output", "files": None}
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        return {"kind": "output", "files": None}
+    return data
 
 
-def check_replaceable(path: str | os.PathLike, overwrite: bool, option: str = "--output") -> Path:
-    """An existing folder is only replaced with --overwrite, and only when this tool wrote it (or it is empty)."""
-    path = Path(path)
+def _files_below(folder: Path) -> list[str]:
+    """Relative paths of every non-folder entry below `folder` (links are not followed), sorted."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        base = Path(root)
+        for name in files + [d for d in dirs if (base / d).is_symlink()]:
+            rel = (base / name).relative_to(folder).as_posix()
+            if rel != MARKER:
+                found.append(rel)
+    return sorted(found)
+
+
+def _digest(path: Path) -> list | None:
+    """[size, sha256] of a small file, [size, None] of a large one (weights: size only), None if absent."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    if size > DIGEST_LIMIT:
+        return [size, None]
+    with contextlib.suppress(OSError):
+        return [size, hashlib.sha256(path.read_bytes()).hexdigest()]
+    return None
+
+
+def mark_folder(folder: PathLike, kind: str = "output", files: Iterable[str] = (),
+                being_written: Iterable[str] = ()) -> None:
+    """Claim a folder as ours, listing the files mirrorbert wrote there with their size and SHA-256 (a
+    checkpoint root lists none: its `step-N` checkpoints carry manifests). A later `--overwrite` replaces
+    the folder only while it holds nothing but these files, unchanged. `being_written`: listed without a
+    digest, as any content (a run about to write them may be killed halfway).
+    """
+    folder = Path(folder)
+    pending = set(being_written)
+    listed = sorted(set(files) | pending)
+    digests = {name: None if name in pending else _digest(folder / name) for name in listed}
+    text = json.dumps({"written_by": "mirrorbert", "format": MARKER_FORMAT, "kind": kind, "files": listed,
+                       "digests": digests}, indent=1) + "\n"
+    tmp = folder / f".{MARKER}.tmp"
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, folder / MARKER)
+
+
+def _checkpoint_files(folder: Path) -> set[str] | None:
+    """Files a mirrorbert checkpoint lists in its manifest (it is written last), or None."""
+    try:
+        files = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return set(files) | {"manifest.json"} if isinstance(files, dict) else None
+
+
+def foreign_file(folder: PathLike) -> Path | None:
+    """The first file below `folder` that mirrorbert did not write, or None when all are ours.
+
+    Ours: a file the folder's marker lists; anything in a subfolder (at any depth) with its own marker
+    that vouches for it; in a marked folder, a `step-N` checkpoint whose manifest lists its files and
+    gloss-pretrain's `best-model`; mirrorbert's own locks and temporaries. A folder without a marker,
+    or whose marker lists nothing (older mirrorbert), holds only foreign files.
+    """
+    folder = Path(folder)
+    marker = read_marker(folder)
+    listed = set(marker["files"]) if marker and marker.get("files") is not None else set()
+    digests = marker.get("digests") if marker and isinstance(marker.get("digests"), dict) else {}
+    return _foreign_below(folder, folder, listed, marker is not None, digests)
+
+
+def _foreign_below(root: Path, current: Path, listed: set[str], marked: bool, digests: dict) -> Path | None:
+    for entry in sorted(current.iterdir()):
+        name = entry.name
+        if name == MARKER or OWN_TEMPORARY.match(name):
+            continue
+        if not entry.is_dir() or entry.is_symlink():
+            rel = entry.relative_to(root).as_posix()
+            if rel not in listed:
+                return entry
+            expected = digests.get(rel)
+            if expected is not None and not entry.is_symlink() and _digest(entry) != expected:
+                return entry  # changed since mirrorbert wrote it: the user's now
+            continue
+        if (entry / MARKER).is_file():
+            stray = foreign_file(entry)
+        elif marked and STEP_DIR.match(name):  # a checkpoint: its manifest lists its files
+            inner = _checkpoint_files(entry)
+            stray = next((entry / f for f in _files_below(entry) if inner is None or f not in inner), None)
+        elif marked and name == BEST_MODEL:  # gloss-pretrain's best epoch in its checkpoint folder
+            stray = None
+        else:
+            stray = _foreign_below(root, entry, listed, marked, digests)
+        if stray is not None:
+            return stray
+    return None
+
+
+def claim_files(folder: PathLike, rel_paths: Iterable[str], kind: str) -> None:
+    """Add files to the folder's marker *before* writing them, so an interrupted run's files stay ours
+    (listed without a digest until `record_files` runs)."""
+    marker = read_marker(folder) or {}
+    old = marker.get("digests") if isinstance(marker.get("digests"), dict) else {}
+    pending = {name for name, digest in old.items() if digest is None} | set(rel_paths)
+    mark_folder(folder, kind, marker.get("files") or [], being_written=pending)
+
+
+def record_files(folder: PathLike, kind: str) -> None:
+    """List everything below `folder` in its marker (files under a subfolder with its own marker excepted).
+
+    Only for a folder this run holds the lock on and found holding nothing but mirrorbert's files:
+    whatever is below it now was written by this run or an earlier one.
+    """
+    folder = Path(folder)
+    marker = read_marker(folder) or {}
+    owned = set()
+    for root, dirs, files in os.walk(folder):
+        base = Path(root)
+        dirs[:] = [d for d in dirs if not (base / d / MARKER).is_file() and not OWN_TEMPORARY.match(d)]
+        owned.update((base / f).relative_to(folder).as_posix() for f in files if not OWN_TEMPORARY.match(f))
+    owned.discard(MARKER)
+    kept = {f for f in marker.get("files") or [] if (folder / f).exists()}
+    mark_folder(folder, kind, owned | kept)
+
+
+def discard_folder(folder: PathLike) -> None:
+    """Remove a folder mirrorbert wrote (the caller checked `foreign_file`): renamed aside, then deleted."""
+    folder = resolve(folder)
+    aside = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    os.replace(folder, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- existing outputs
+def check_replaceable(path: PathLike, overwrite: bool, option: str = "--output", resume_kind: str | None = None
+                      ) -> Path:
+    """An existing folder is replaced only with --overwrite, and only when mirrorbert wrote all of it.
+
+    `resume_kind`: an empty folder, or one whose marker has this kind (and nothing foreign), is continued
+    without --overwrite (reproduce's cache).
+    """
+    shown, path = path, resolve(path)
     if not path.exists():
         return path
     if not path.is_dir():
-        raise UserError(f"{option} {path} exists and is not a folder")
-    if not overwrite:
-        raise UserError(f"{option} {path} already exists; pass --overwrite to replace it")
-    if any(path.iterdir()) and not written_by_us(path):
-        raise UserError(f"{option} {path}: --overwrite only replaces a folder mirrorbert wrote "
-                        f"(it has no {MARKER} or mirrorbert.json); move it away or choose another folder")
+        raise UserError(f"{option} {shown} exists and is not a folder")
+    empty = all(OWN_TEMPORARY.match(p.name) for p in path.iterdir())  # nothing, or only our leftovers
+    marker = read_marker(path)
+    resumable = resume_kind is not None and (empty or (marker is not None and marker.get("kind") == resume_kind))
+    if not overwrite and not resumable:
+        raise UserError(f"{option} {shown} already exists; pass --overwrite to replace it")
+    if empty:
+        return path  # an empty folder loses nothing
+    if marker is None or marker.get("files") is None:
+        why = "it has no " + MARKER if marker is None else f"its {MARKER} (older mirrorbert) lists no files"
+        raise UserError(f"{option} {shown}: {'--overwrite' if overwrite else 'mirrorbert'} only replaces a folder "
+                        f"mirrorbert wrote, listing its files ({why}); move it away or choose another folder")
+    stray = foreign_file(path)
+    if stray is not None:
+        raise UserError(f"{option} {shown}: holds {stray}, which mirrorbert did not write (or which changed "
+                        f"since); move it away or choose another folder")
     return path
 
 
-def mark_folder(folder: str | os.PathLike) -> None:
-    """Claim a folder as ours, so a later --overwrite may replace it."""
-    (Path(folder) / MARKER).write_text("written by mirrorbert; --overwrite may replace this folder\n",
-                                       encoding="utf-8")
+def check_replaceable_file(path: PathLike, overwrite: bool, option: str = "--output") -> Path:
+    """An existing file is replaced only with --overwrite; a folder is never a file output."""
+    shown, path = path, resolve(path)
+    if path.is_dir():
+        raise UserError(f"{option} {shown} is a folder; expected a file name")
+    if path.exists() and not overwrite:
+        raise UserError(f"{option} {shown} already exists; pass --overwrite to replace it")
+    return path
 
 
-def fix_folder_mode(folder: str | os.PathLike) -> None:
+def check_output_dir(path: PathLike, overwrite: bool, option: str = "--output") -> Path:
+    """Refuse early (before any training) to clobber a user's folder (or, with --overwrite, a foreign one)."""
+    return check_replaceable(path, overwrite, option)
+
+
+def fix_folder_mode(folder: PathLike) -> None:
     """tempfile.mkdtemp makes 0700 folders (and some writers 0600 files); a finished output gets the usual
     umask-based modes, like any folder the user would have made."""
     umask = os.umask(0)
@@ -135,6 +321,79 @@ def fix_folder_mode(folder: str | os.PathLike) -> None:
                 os.chmod(path, FILE_MODE & ~umask)
 
 
+# --------------------------------------------------------------------------- atomic writers
+@contextlib.contextmanager
+def atomic_output_dir(final: PathLike, overwrite: bool = False, kind: str = "output",
+                      keep_empty: bool = True) -> Iterator[Path]:
+    """Yield a temporary sibling folder; on success it replaces `final` in (almost) one rename.
+
+    Nothing the user had is lost: on failure the temporary folder is removed and `final` is untouched;
+    an existing `final` (all of it mirrorbert's, checked) is moved aside first and only deleted after
+    the new one is in place. A symlinked `final` is resolved: the target is replaced, the link kept.
+    `keep_empty=False`: when nothing was written, nothing is created (an existing `final` stays).
+    """
+    final = resolve(final)
+    check_output_dir(final, overwrite)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        if not keep_empty and not _files_below(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        mark_folder(tmp, kind, _files_below(tmp))
+        fix_folder_mode(tmp)
+        check_output_dir(final, overwrite)  # a folder may have appeared there while we worked
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    backup = None
+    if final.exists():
+        backup = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, backup)
+    os.replace(tmp, final)
+    if backup is not None:
+        shutil.rmtree(backup, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_output_file(final: PathLike, overwrite: bool = False, option: str = "--output") -> Iterator[Path]:
+    """Yield a temporary path beside `final` (same suffix); on success it is renamed onto `final`.
+
+    A symlinked `final` is resolved: the target is replaced, the link kept.
+    """
+    final = resolve(final)
+    check_replaceable_file(final, overwrite, option)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{final.stem}.tmp-", suffix=final.suffix, dir=final.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        check_replaceable_file(final, overwrite, option)  # a file may have appeared there while we worked
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, FILE_MODE & ~umask)
+        os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_text_atomic(path: PathLike, text: str, overwrite: bool = False, option: str = "--output") -> Path:
+    with atomic_output_file(path, overwrite, option) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return resolve(path)
+
+
+def write_json_atomic(path: PathLike, obj: Any) -> None:
+    """Write JSON under a temporary name and rename it (inside a folder this run owns; no policy checks)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 # --------------------------------------------------------------------------- writability / space
 def _existing_ancestor(path: Path, option: str) -> Path:
     for candidate in (path, *path.parents):
@@ -145,17 +404,17 @@ def _existing_ancestor(path: Path, option: str) -> Path:
     return Path("/")  # pragma: no cover - the root always exists
 
 
-def check_writable(path: str | os.PathLike, option: str, needed_bytes: int = 0, is_file: bool = False,
+def check_writable(path: PathLike, option: str, needed_bytes: int = 0, is_file: bool = False,
                    probe_parent: bool = False) -> None:
     """Prove the location can be written by creating (and removing) a file in the nearest existing folder.
 
     A probe instead of os.access: it also catches read-only mounts, /proc and full disks, and is right for root.
     """
-    path = Path(os.path.expanduser(str(path)))
+    path = resolve(path)
     if is_file and path.is_dir():
         raise UserError(f"{option} {path} is a folder; expected a file name")
     start = path.parent if (is_file or probe_parent) else path  # outputs are built in a sibling temp folder
-    folder = _existing_ancestor(Path(os.path.abspath(start)), option)
+    folder = _existing_ancestor(start, option)
     try:
         fd, probe = tempfile.mkstemp(prefix=".mirrorbert-write-test-", dir=folder)
         os.close(fd)
@@ -178,7 +437,7 @@ def _human(n: float) -> str:
     return f"{n:.1f} TB"  # pragma: no cover
 
 
-def weights_size(model: str | os.PathLike | None) -> int:
+def weights_size(model: PathLike | None) -> int:
     """Bytes of weight files in a local model folder (0 for a hub id: the estimate is then skipped)."""
     if not model:
         return 0
@@ -189,30 +448,15 @@ def weights_size(model: str | os.PathLike | None) -> int:
                if f.is_file() and f.suffix in (".safetensors", ".bin", ".pt", ".pth"))
 
 
-def check_output_files(outputs: Iterable[tuple[str, PathLike | None]], inputs: Inputs = {}) -> None:
-    """Up-front checks for single-file outputs (encode --output, eval --output/--report): writable, not an input."""
-    for option, location in outputs:
-        if location:
-            check_not_overlapping(location, option, inputs, protect_cwd=False)
-            check_writable(location, option, is_file=True)
-
-
-def check_outputs_avoid(inputs: Inputs, *outputs: tuple[str, PathLike | None]) -> None:
-    """The path rules for inputs only the CLI knows about (e.g. --config)."""
-    for option, location in outputs:
-        if location:
-            check_not_overlapping(location, option, inputs)
-
-
 # --------------------------------------------------------------------------- locks
-def lock_path(folder: str | os.PathLike) -> Path:
-    folder = Path(os.path.abspath(os.path.expanduser(str(folder))))
+def lock_path(folder: PathLike) -> Path:
+    folder = resolve(folder)
     return folder.with_name(f".{folder.name}.lock")
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike, option: str) -> Iterator[Path]:
-    """Exclusive lock for one output/checkpoint folder; a second run on it is refused at once.
+def folder_lock(folder: PathLike, option: str) -> Iterator[Path]:
+    """Exclusive lock for one output (folder or file); a second run on it is refused at once.
 
     The kernel drops an flock when the process exits, however it exits, so a killed run never leaves a
     stale lock. The lock file is removed on release; a run that locked a file just unlinked by another
@@ -247,44 +491,128 @@ def folder_lock(folder: str | os.PathLike, option: str) -> Iterator[Path]:
         os.close(fd)  # closing releases the flock
 
 
+# --------------------------------------------------------------------------- one plan per command
+@dataclass
+class _Output:
+    option: str
+    path: PathLike
+    what: str  # "file" | "folder" | "append" (a log or cache folder: files are added, nothing is replaced)
+    resume_kind: str | None = None
+    needed_bytes: int = 0
+    lock: bool = True
+
+
+@dataclass
+class WritePlan:
+    """Everything one command will write, checked in one call before any work.
+
+    >>> plan = WritePlan({"--model": model, "--data-dir": data_dir}, overwrite=args.overwrite)
+    >>> plan.file("--output", args.output).file("--report", args.report).folder("--plot-dir", plot_dir)
+    >>> with plan.locked(): ...   # checks every rule, then holds one lock per output
+    """
+
+    inputs: Inputs
+    overwrite: bool = False
+    outputs: list[_Output] = field(default_factory=list)
+
+    def file(self, option: str, path: PathLike | None) -> "WritePlan":
+        if path:
+            self.outputs.append(_Output(option, path, "file"))
+        return self
+
+    def folder(self, option: str, path: PathLike | None, resume_kind: str | None = None, needed_bytes: int = 0,
+               lock: bool = True) -> "WritePlan":
+        if path:
+            self.outputs.append(_Output(option, path, "folder", resume_kind, needed_bytes, lock))
+        return self
+
+    def append_folder(self, option: str, path: PathLike | None) -> "WritePlan":
+        if path:
+            self.outputs.append(_Output(option, path, "append", lock=False))
+        return self
+
+    def check(self) -> dict[str, Path]:
+        """Every rule for every output; returns option -> resolved path. Raises UserError on the first breach."""
+        for out in self.outputs:
+            check_not_overlapping(out.path, out.option, self.inputs)
+        for i, a in enumerate(self.outputs):
+            for b in self.outputs[i + 1:]:
+                check_not_nested(a.path, a.option, b.path, b.option)
+        for out in self.outputs:
+            if out.what == "file":
+                check_replaceable_file(out.path, self.overwrite, out.option)
+                check_writable(out.path, out.option, is_file=True)
+            elif out.what == "folder":
+                check_replaceable(out.path, self.overwrite, out.option, resume_kind=out.resume_kind)
+                check_writable(out.path, out.option, needed_bytes=out.needed_bytes, probe_parent=True)
+            else:
+                if resolve(out.path).exists() and not resolve(out.path).is_dir():
+                    raise UserError(f"{out.option} {out.path} exists and is not a folder")
+                check_writable(out.path, out.option)
+        return {out.option: resolve(out.path) for out in self.outputs}
+
+    def lock(self, stack: contextlib.ExitStack) -> None:
+        """One lock per output, held on `stack` (only rank 0 of a torchrun/accelerate job locks)."""
+        if int(os.environ.get("RANK", "0") or 0) != 0:
+            return
+        for out in self.outputs:
+            if out.lock and out.what != "append":
+                stack.enter_context(folder_lock(out.path, out.option))
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[dict[str, Path]]:
+        paths = self.check()
+        with contextlib.ExitStack() as stack:
+            self.lock(stack)
+            yield paths
+
+
+def check_outputs_avoid(inputs: Inputs, *outputs: tuple[str, PathLike | None]) -> None:
+    """The path rules for inputs only the CLI knows about (e.g. --config)."""
+    for option, location in outputs:
+        if location:
+            check_not_overlapping(location, option, inputs)
+
+
 # --------------------------------------------------------------------------- one call per trainer
 def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
-              inputs: Inputs, checkpoint_dir: str | os.PathLike | None = None,
+              inputs: Inputs, checkpoint_dir: PathLike | None = None,
               checkpoint_option: str = "--checkpoint-dir", resuming: bool = False,
               extra_outputs: Iterable[tuple[str, PathLike | None]] = (),
               extra_files: Iterable[tuple[str, PathLike | None]] = (), model_bytes: int = 0) -> None:
     """All output checks of a training command, before anything is loaded; locks live on `stack`.
 
     `model_bytes` (size of the starting weights) gives the rough free-space estimate: the output needs
-    about one copy, each checkpoint about three (weights plus AdamW's two moments).
+    about one copy, each checkpoint about three (weights plus AdamW's two moments). `extra_outputs`
+    are log and cache folders (files are added there, nothing is replaced); `extra_files` single files.
     """
     from mirrorbert.checkpoints import check_checkpoint_root
 
-    check_not_overlapping(output, "--output", inputs)
-    check_replaceable(output, overwrite)
-    check_writable(output, "--output", needed_bytes=model_bytes, probe_parent=True)
-    if checkpoint_dir is not None:
+    plan = WritePlan(inputs, overwrite=overwrite).folder("--output", output, needed_bytes=model_bytes)
+    for option, location in extra_outputs:
+        plan.append_folder(option, location)
+    for option, location in extra_files:
+        plan.file(option, location)
+    plan.check()
+    if checkpoint_dir is not None:  # may be the --resume root: its own rules are check_checkpoint_root's
         check_not_nested(checkpoint_dir, checkpoint_option, output, "--output")
+        for option, location in [*extra_outputs, *extra_files]:
+            if location:
+                check_not_nested(checkpoint_dir, checkpoint_option, location, option)
         check_not_overlapping(checkpoint_dir, checkpoint_option,
                               {k: v for k, v in inputs.items() if k != "--resume"})
         check_writable(checkpoint_dir, checkpoint_option, needed_bytes=3 * model_bytes)
-    for option, location in extra_outputs:
-        if location:
-            check_not_overlapping(location, option, inputs, protect_cwd=False)
-            check_writable(location, option)
-    for option, location in extra_files:
-        if location:
-            check_not_overlapping(location, option, inputs, protect_cwd=False)
-            check_writable(location, option, is_file=True)
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return  # under torchrun/accelerate the job's rank 0 holds the locks and owns the checkpoint folder
-    stack.enter_context(folder_lock(output, "--output"))
+    plan.lock(stack)
     if checkpoint_dir is not None:
         stack.enter_context(folder_lock(checkpoint_dir, checkpoint_option))
         check_checkpoint_root(checkpoint_dir, resuming=resuming, overwrite=overwrite, option=checkpoint_option)
 
 
 __all__ = [
-    "MARKER", "check_not_overlapping", "check_output_files", "check_outputs_avoid", "check_not_nested", "check_replaceable", "check_writable",
-    "folder_lock", "guard_run", "mark_folder", "fix_folder_mode", "weights_size", "written_by_us",
+    "MARKER", "REPRODUCE_KIND", "WritePlan", "atomic_output_dir", "atomic_output_file", "check_not_nested",
+    "check_not_overlapping", "check_output_dir", "check_outputs_avoid", "check_replaceable", "check_replaceable_file",
+    "check_writable", "claim_files", "discard_folder", "fix_folder_mode", "folder_lock", "foreign_file", "guard_run",
+    "mark_folder", "read_marker", "record_files", "resolve", "weights_size", "write_json_atomic", "write_text_atomic",
 ]

@@ -565,10 +565,10 @@ def evaluate_bel(
 
     metrics["primary"] = float(np.mean([metrics[f"{n}_acc@1"] for n in folders]))
     if predictions_path is not None:
-        path = Path(predictions_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", encoding="utf-8") as f:
-            for rec in records:
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        from mirrorbert.safety import write_text_atomic
+
+        # the caller applied the write policy (`eval` refuses an existing file without --overwrite)
+        path = write_text_atomic(predictions_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+                                 overwrite=True, option="predictions_path")
         logger.info("BEL predictions written to %s", path)
     return metrics

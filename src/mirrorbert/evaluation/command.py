@@ -36,7 +36,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="folder holding the evaluation sets (default: $MIRRORBERT_DATA)")
     p.add_argument("--output", help="write all metrics as JSON to this file")
     p.add_argument("--report", help="write a Markdown report (with PNG plots beside it) to this file")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output/--report file")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output/--report file or plot folder (a folder only if mirrorbert wrote it)")
     p.add_argument("--plot-dir", help="folder for PNG plots (default: <report stem>_files next to --report)")
     p.add_argument("--batch-size", type=int, default=64, help="encoding batch size (default: 64)")
     p.add_argument("--pooling", choices=("cls", "mean", "first-last"), help="override the model's pooling")
@@ -130,7 +131,7 @@ def _load_model(name: str, pooling: str | None, device: str | None, max_length: 
 def run_eval(args: argparse.Namespace) -> int:
     """Run the evaluation described by parsed ``eval`` arguments; 0 if no task failed, 1 otherwise."""
     from mirrorbert.evaluation import datasets
-    from mirrorbert.evaluation.runner import check_task_options, evaluate, parse_tasks
+    from mirrorbert.evaluation.runner import check_task_options, parse_tasks
 
     if getattr(args, "list_data", False):
         print(datasets.registry_markdown())
@@ -141,9 +142,6 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UserError("--batch-size must be >= 1")
     if args.max_length is not None and args.max_length < 1:
         raise UserError(f"--max-length {args.max_length}: must be an integer >= 1")
-    for option, value in (("--output", args.output), ("--report", args.report)):
-        if value and Path(value).exists() and not getattr(args, "overwrite", False):
-            raise UserError(f"{option} {value} already exists; pass --overwrite to replace it")
     tasks = parse_tasks(args.tasks)
     data_dir = datasets.resolve_data_dir(args.data_dir)
     options: dict[str, dict[str, Any]] = {}
@@ -157,12 +155,35 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.xling_pairs:
         options.setdefault("wordsim", {})["cross_lingual"] = args.xling_pairs
     check_task_options(options)  # before any model is loaded
-    from mirrorbert.safety import check_output_files, check_writable
+    with _write_plan(args, data_dir, options).locked():
+        return _run_eval(args, tasks, data_dir, options)
 
-    check_output_files([("--output", args.output), ("--report", args.report)], {"--model": args.model})
-    if args.plot_dir:
-        check_writable(args.plot_dir, "--plot-dir")
+
+def _write_plan(args: argparse.Namespace, data_dir: Path, options: dict[str, dict[str, Any]]):
+    """Every path `eval` writes (JSON, report, plot folder, BEL predictions), under the write policy."""
+    from mirrorbert.safety import WritePlan
+
+    inputs = {"--model": None if args.model == GLOVE else args.model.removeprefix(GLOVE + ":"),
+              "--data-dir": data_dir, "--reference-model": args.reference_model}
+    plan = WritePlan(inputs, overwrite=getattr(args, "overwrite", False))
+    plan.file("--output", args.output).file("--report", args.report)
+    plot_dir = plot_folder(args.report, args.plot_dir)
+    plan.folder("--plot-dir" if args.plot_dir else "--report (its plot folder)", plot_dir)
+    predictions = options.get("bel", {}).get("predictions_path")
+    plan.file("--option bel.predictions_path", predictions)
+    return plan
+
+
+def plot_folder(report: str | Path | None, plot_dir: str | Path | None) -> Path | None:
+    """--plot-dir, or `<report stem>_files` beside the report; None without either."""
+    if plot_dir is not None:
+        return Path(plot_dir)
+    return Path(report).with_name(Path(report).stem + "_files") if report is not None else None
+
+
+def _run_eval(args: argparse.Namespace, tasks: list[str], data_dir: Path, options: dict[str, dict[str, Any]]) -> int:
     from mirrorbert.distributed import init_from_env, sharded_encoding
+    from mirrorbert.evaluation.runner import evaluate
 
     dist_ctx = init_from_env(args.device)  # under torchrun the processes share the encoding work
     device = str(dist_ctx.device) if dist_ctx.enabled else args.device
@@ -184,7 +205,8 @@ def run_eval(args: argparse.Namespace) -> int:
             data_dir=data_dir,
             output=args.output if dist_ctx.is_main else None,
             report=args.report if dist_ctx.is_main else None,
-            plot_dir=args.plot_dir,
+            plot_dir=plot_folder(args.report, args.plot_dir) if dist_ctx.is_main else None,
+            overwrite=getattr(args, "overwrite", False),
             batch_size=args.batch_size,
             task_options=options,
             reference_encoder=reference,

@@ -8,6 +8,7 @@ failure is reported as an *error* and the remaining tasks still run.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib
 import json
@@ -219,6 +220,7 @@ def evaluate(
     output: str | Path | None = None,
     report: str | Path | None = None,
     plot_dir: str | Path | None = None,
+    overwrite: bool = False,
     batch_size: int = 64,
     task_options: Mapping[str, Mapping[str, Any]] | None = None,
     reference_encoder: Any = None,
@@ -234,6 +236,8 @@ def evaluate(
     ``reference_encoder`` is the "before" model for the isotropy plot. Plots go to ``plot_dir``
     (default: ``<report stem>_files`` beside the report; none without a report or plot_dir).
     ``raise_errors`` re-raises unexpected task failures instead of recording them (for debugging).
+    Every file goes through the write policy (``mirrorbert.safety``): an existing ``output``, ``report``
+    or plot folder is replaced only with ``overwrite`` (a plot folder only when mirrorbert wrote it).
     """
     names = parse_tasks(tasks)
     root = datasets.resolve_data_dir(data_dir)
@@ -246,6 +250,33 @@ def evaluate(
     check_task_options(options)
     if plot_dir is None and report is not None:
         plot_dir = Path(report).with_name(Path(report).stem + "_files")
+    from mirrorbert.safety import WritePlan, atomic_output_dir, write_text_atomic
+
+    plan = WritePlan({"data_dir": root, "model": model_name}, overwrite=overwrite)
+    plan.file("output", output).file("report", report).folder("plot_dir", plot_dir).check()
+    with contextlib.ExitStack() as stack:  # plots are drawn in a temporary folder, renamed into place at the end
+        tmp_plots = None if plot_dir is None else stack.enter_context(
+            atomic_output_dir(plot_dir, overwrite=overwrite, kind="plots", keep_empty=False))
+        outcomes = _run_tasks(encoder, names, root, options, tmp_plots, batch_size, show_progress, reference_encoder,
+                              model_name, raise_errors)
+    if tmp_plots is not None:  # artifacts point into the final folder, named as the caller named it
+        final = str(Path(plot_dir))
+        for outcome in outcomes.values():
+            outcome.artifacts = {k: v.replace(str(tmp_plots), final, 1) if isinstance(v, str) else v
+                                 for k, v in outcome.artifacts.items()}
+    result = EvaluationResult(model=model_name or type(encoder).__name__, data_dir=str(root), outcomes=outcomes)
+    if output is not None:
+        logger.info("results written to %s", write_text_atomic(output, result.to_json() + "\n", overwrite, "output"))
+    if report is not None:
+        rep_path = Path(report)
+        write_text_atomic(rep_path, result.markdown(base_dir=rep_path.parent) + "\n", overwrite, "report")
+        logger.info("report written to %s", rep_path)
+    return result
+
+
+def _run_tasks(encoder: Any, names: list[str], root: Path, options: dict[str, dict[str, Any]], plot_dir: Path | None,
+               batch_size: int, show_progress: bool, reference_encoder: Any, model_name: str | None,
+               raise_errors: bool) -> dict[str, TaskOutcome]:
     outcomes: dict[str, TaskOutcome] = {}
     for name in names:
         kwargs: dict[str, Any] = {"batch_size": batch_size, "show_progress": show_progress}
@@ -287,15 +318,4 @@ def evaluate(
             outcome = TaskOutcome(name, "error", message=f"{type(exc).__name__}: {exc}")
         outcome.seconds = time.perf_counter() - start
         outcomes[name] = outcome
-    result = EvaluationResult(model=model_name or type(encoder).__name__, data_dir=str(root), outcomes=outcomes)
-    if output is not None:
-        out_path = Path(output)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(result.to_json() + "\n", encoding="utf-8")
-        logger.info("results written to %s", out_path)
-    if report is not None:
-        rep_path = Path(report)
-        rep_path.parent.mkdir(parents=True, exist_ok=True)
-        rep_path.write_text(result.markdown(base_dir=rep_path.parent) + "\n", encoding="utf-8")
-        logger.info("report written to %s", rep_path)
-    return result
+    return outcomes

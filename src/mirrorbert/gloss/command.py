@@ -8,6 +8,7 @@ to the CLI's one-line error handler.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -119,6 +120,7 @@ def add_lexsub_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="auto | cpu | cuda | mps (default auto)")
     p.add_argument("--limit", type=int, help="score only the first N items (smoke tests)")
     p.add_argument("--output", help="folder for system files in the official format (<set>.best, <set>.oot) and scores")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output folder (one mirrorbert wrote)")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True, help="no progress bar")
     p.set_defaults(func=run_lexsub)
@@ -139,8 +141,16 @@ def _parse_post(values: list[str] | None) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _write_plan(args: argparse.Namespace):
+    """The write policy for a command's --output, given its inputs (model, data directory)."""
+    from mirrorbert.safety import WritePlan
+
+    return WritePlan({"--model": args.model, "--data-dir": args.data_dir}, overwrite=args.overwrite)
+
+
 def run_lexsub(args: argparse.Namespace) -> int:
     from mirrorbert.evaluation.lexsub import GenerationConfig, evaluate_lexsub, resolve_dataset
+    from mirrorbert.safety import atomic_output_dir
 
     if args.limit is not None and args.limit <= 0:
         raise UserError(f"--limit must be positive, got {args.limit}")
@@ -153,10 +163,13 @@ def run_lexsub(args: argparse.Namespace) -> int:
     )
     names = [resolve_dataset(n.strip()) for n in args.dataset.split(",") if n.strip()]
     results = {}
-    for name in names:
-        scores = evaluate_lexsub(args.model, name, data_dir=args.data_dir, device=args.device, config=cfg,
-                                 limit=args.limit, output_dir=args.output, show_progress=args.show_progress)
-        results[name] = scores.as_dict()
+    with _write_plan(args).folder("--output", args.output).locked(), contextlib.ExitStack() as stack:
+        out = None if not args.output else stack.enter_context(
+            atomic_output_dir(args.output, args.overwrite, kind="lexsub"))
+        for name in names:
+            scores = evaluate_lexsub(args.model, name, data_dir=args.data_dir, device=args.device, config=cfg,
+                                     limit=args.limit, output_dir=out, show_progress=args.show_progress)
+            results[name] = scores.as_dict()
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
@@ -196,15 +209,15 @@ def add_finetune_sts_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:1 | mps")
     p.add_argument("--precision", default=d.precision, help="fp32 | bf16 | fp16 (GPU only)")
     p.add_argument("--output", help="write the results as JSON to this file")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True, help="no progress bar")
     p.set_defaults(func=run_finetune_sts)
     return p
 
 
 def run_finetune_sts(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from mirrorbert.gloss.finetune_sts import FinetuneStsConfig, finetune_sts, parse_floats, parse_ints
+    from mirrorbert.safety import write_text_atomic
 
     cfg = FinetuneStsConfig(
         model=args.model, data_dir=args.data_dir, pooling=args.pooling,
@@ -212,12 +225,14 @@ def run_finetune_sts(args: argparse.Namespace) -> int:
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, max_length=args.max_length,
         device=args.device, precision=args.precision, show_progress=args.show_progress,
     )
-    result = finetune_sts(cfg)
-    summary = result.summary()
-    if args.output:
-        Path(args.output).write_text(json.dumps({"model": args.model, "results": summary,
-                                                 "runs": [r.__dict__ for r in result.runs]}, indent=2) + "\n",
-                                     encoding="utf-8")
+    cfg.validate()
+    with _write_plan(args).file("--output", args.output).locked():
+        result = finetune_sts(cfg)
+        summary = result.summary()
+        if args.output:
+            write_text_atomic(args.output, json.dumps({"model": args.model, "results": summary,
+                                                       "runs": [r.__dict__ for r in result.runs]}, indent=2) + "\n",
+                              overwrite=args.overwrite)
     print(f"STS-B test Spearman x100 ({len(cfg.seeds)} seeds), model {args.model}")
     for frac, r in summary.items():
         print(f"  train {float(frac) * 100:5.1f}% ({r['train_pairs']} pairs): {r['mean']:.2f} +- {r['std']:.2f}")

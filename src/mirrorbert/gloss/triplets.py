@@ -223,7 +223,11 @@ def write_triplets_tsv(triplets: Iterable[Triplet], path: str | os.PathLike) -> 
     def clean(x: str) -> str:
         return re.sub(r"[\t\r\n]+", " ", x)
 
-    with open(path, "w", encoding="utf-8", newline="") as fh:
+    from mirrorbert.safety import atomic_output_file
+
+    # gloss-pretrain applied the write policy to --export-triplets before any work
+    with atomic_output_file(path, overwrite=True, option="--export-triplets") as tmp, \
+            open(tmp, "w", encoding="utf-8", newline="") as fh:
         for t in triplets:
             fh.write(f"{clean(t.word)}\t{clean(t.sentence)}\t{clean(t.gloss)}\n")
 

@@ -38,6 +38,9 @@ def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--report-only", action="store_true",
                    help="compute nothing: write the report from the cells already cached in OUTPUT, listing the "
                         "others as not run (e.g. while a long run is still going, or after stopping one)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="discard what an earlier run left in OUTPUT (its cache included) and start over; only a folder "
+                        "mirrorbert wrote is replaced (default: continue an earlier reproduce run in OUTPUT)")
     p.add_argument("--keep-models", action="store_true", help="keep the trained models in OUTPUT/models (default: "
                                                               "delete each once its cells are done)")
     p.set_defaults(func=run_reproduce)
@@ -75,7 +78,7 @@ def run_reproduce(args: argparse.Namespace) -> int:
         model=args.model, output=args.output, data_dir=args.data_dir, paper=args.paper, experiments=experiments,
         seeds=seeds, quick=args.quick, device=args.device, eval_batch_size=args.eval_batch_size,
         train_options=parse_options(args.train_option), gr_options=parse_options(args.gr_option, "--gr-option"),
-        keep_models=args.keep_models, report_only=args.report_only,
+        keep_models=args.keep_models, report_only=args.report_only, overwrite=args.overwrite,
         command="mirrorbert " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"]
         else "mirrorbert reproduce " + shlex.join(["--model", args.model, "--output", args.output]),
     )

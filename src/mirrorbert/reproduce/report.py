@@ -240,6 +240,11 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
 
 
 def write_report(run: ReproduceResult, data_dir: Path, out: Path, versions: dict[str, str]) -> Path:
+    from mirrorbert.safety import REPRODUCE_KIND, claim_files, write_text_atomic
+
+    # named in the output's marker before they are written: an interrupted write stays mirrorbert's
+    claim_files(out, ["plots/datasize.png", "plots/frequency.png", "plots/before_after.png", "results.json",
+                      "report.md"], REPRODUCE_KIND)
     cells = aggregate(run.results, run.base_model)
     plots: dict[str, Path] = {}
     for exp, xlabel in (("datasize", "training strings"), ("frequency", "frequency bucket (1 = most frequent 10k)")):
@@ -249,9 +254,9 @@ def write_report(run: ReproduceResult, data_dir: Path, out: Path, versions: dict
     p = _plot_before_after(cells, out / "plots" / "before_after.png")
     if p:
         plots["before_after"] = p
-    (out / "results.json").write_text(json.dumps(results_json(run, cells, versions, data_dir), indent=1,
-                                                 ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    write_text_atomic(out / "results.json", json.dumps(results_json(run, cells, versions, data_dir), indent=1,
+                                                       ensure_ascii=False, default=str) + "\n", overwrite=True)
     report = out / "report.md"
-    report.write_text(markdown(run, cells, versions, data_dir, plots, out) + "\n", encoding="utf-8")
+    write_text_atomic(report, markdown(run, cells, versions, data_dir, plots, out) + "\n", overwrite=True)
     logger.info("report written to %s", report)
     return report

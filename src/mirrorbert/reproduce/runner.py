@@ -9,6 +9,7 @@ cell that needs them is done (``keep_models`` keeps them).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -16,7 +17,7 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 from mirrorbert.errors import UserError
 from mirrorbert.reproduce.cells import PAPERS, Cell, QuickLimits, Skipped, build_cells
 from mirrorbert.reproduce.paper import detect_base_model
+from mirrorbert.safety import REPRODUCE_KIND
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class ReproduceConfig:
     gr_options: dict[str, Any] = field(default_factory=dict)  # GlossPretrainConfig overrides for the GR-BERT models
     keep_models: bool = False
     report_only: bool = False  # write the report from the cached cells; list the others as not run
+    overwrite: bool = False  # discard an earlier run in `output` (only a folder mirrorbert wrote) and start over
     command: str = ""  # the command line, for the report
 
     def validate(self) -> list[str]:
@@ -334,7 +337,7 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
             encoder = Encoder.load(model, pooling=ev.pooling, device=ctx.cfg.device)
         plot_dir = ctx.plots_dir / cell.file_stem / f"s{seed}"
         reference = ctx.base_encoder("mean") if ev.reference_base else None
-        outcome = evaluate(encoder, tasks=[ev.task], data_dir=ctx.data_dir, plot_dir=plot_dir,
+        outcome = evaluate(encoder, tasks=[ev.task], data_dir=ctx.data_dir, plot_dir=plot_dir, overwrite=True,
                            batch_size=ctx.cfg.eval_batch_size, task_options={ev.task: dict(ev.options)},
                            reference_encoder=reference, model_name=model)[ev.task]
         result.status, result.message = outcome.status, outcome.message
@@ -373,14 +376,48 @@ def _fmt_s(seconds: float) -> str:
 def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = None) -> ReproduceResult:
     """Run every cell the data allows (resuming from the cache) and write results.json + report.md."""
     from mirrorbert.evaluation.datasets import resolve_data_dir
-    from mirrorbert.reproduce.report import write_report
-    from mirrorbert.runtime import library_versions
 
     experiments = cfg.validate()
     progress = progress or logger.info
     data_dir = resolve_data_dir(cfg.data_dir)
-    out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
+    with output_folder(cfg, data_dir) as out:
+        return _reproduce(cfg, experiments, data_dir, out, progress)
+
+
+@contextlib.contextmanager
+def output_folder(cfg: ReproduceConfig, data_dir: Path) -> Iterator[Path]:
+    """The output folder under the write policy, locked for this run.
+
+    A new or empty folder is claimed (its marker says "reproduce"); a folder whose marker says it is a
+    reproduce output, holding nothing mirrorbert did not write, is continued (its cells are the cache);
+    anything else needs --overwrite, which replaces only a folder mirrorbert wrote. The marker lists
+    the files written; it is brought up to date after every cell (see `safety.record_files`).
+    """
+    from mirrorbert.safety import WritePlan, discard_folder, mark_folder, read_marker, record_files
+
+    plan = WritePlan({"--model": cfg.model, "--data-dir": data_dir}, overwrite=cfg.overwrite)
+    plan.folder("--output", cfg.output, resume_kind=REPRODUCE_KIND)
+    with plan.locked() as paths:
+        out = Path(cfg.output)
+        marker = read_marker(paths["--output"]) if paths["--output"].is_dir() else None
+        if cfg.overwrite and paths["--output"].exists():
+            discard_folder(paths["--output"])  # all of it mirrorbert's (checked above)
+            marker = None
+        out.mkdir(parents=True, exist_ok=True)
+        if marker is None:
+            mark_folder(out, REPRODUCE_KIND)
+        try:
+            yield out
+        finally:
+            record_files(out, REPRODUCE_KIND)
+
+
+def _reproduce(cfg: ReproduceConfig, experiments: list[str], data_dir: Path, out: Path,
+               progress: Callable[[str], None]) -> ReproduceResult:
+    from mirrorbert.reproduce.report import write_report
+    from mirrorbert.runtime import library_versions
+    from mirrorbert.safety import claim_files, record_files
+
     quick = QuickLimits() if cfg.quick else None
     ctx = _Context(cfg, data_dir, out, quick)
     if not Path(cfg.model).exists():
@@ -388,6 +425,7 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
 
         check_model_reachable(cfg.model)
     cells, skipped = build_cells(experiments, data_dir, out, _model_type(cfg.model), quick)
+    record_files(out, REPRODUCE_KIND)  # the files build_cells derived into OUTPUT
     versions = library_versions()
     jobs = [(c, s) for c in cells for s in (cfg.seeds if c.seeded else (None,))]
     users: dict[Path, int] = {}
@@ -423,7 +461,9 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
             result.config_hash, result.versions = key, versions
             durations[trains].append(result.wall_s)
             computed += 1
+            claim_files(out, [path.relative_to(out).as_posix()], REPRODUCE_KIND)  # before it is written
             _write_json(path, asdict(result))
+            record_files(out, REPRODUCE_KIND)
             progress(f"{label}: done in {_fmt_s(result.wall_s)}" + (f" ({result.status}: {result.message})" if result.status != "ok" else ""))
         results.append(result)
         if cell.train is not None and not cfg.keep_models and not cfg.report_only:
