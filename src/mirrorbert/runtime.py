@@ -26,6 +26,7 @@ from mirrorbert.checkpoints import (
     CHECKPOINT_META,
     TRAINING_STATE,
     CheckpointDamaged,
+    default_checkpoint_dir,  # lives there (torch-free) so that option checks need no torch
     fsync_path,
     is_named_checkpoint,
     newest_intact,
@@ -502,13 +503,6 @@ def check_finite_loss(loss: torch.Tensor, step: int, last_checkpoint: Path | Non
     where = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else \
         "no checkpoint was written (use --save-every N)"
     raise UserError(f"loss is {loss.item()} at step {step}: training stopped; {where}")
-
-
-def default_checkpoint_dir(output: str | Path, checkpoint_dir: str | Path | None = None) -> Path:
-    """Checkpoints live beside the output (`<output>.checkpoints`) so the final folder can be written atomically."""
-    if checkpoint_dir:
-        return Path(checkpoint_dir)
-    return Path(f"{Path(output).as_posix().rstrip('/')}.checkpoints")
 
 
 def backward_and_step(loss: torch.Tensor, optimizer, scheduler=None, scaler=None, parameters=None,
