@@ -4,7 +4,7 @@ Training: the packed Mirror-BERT step exactly as `mirrorbert train --preset sent
 size by default, random weights, bert-base-uncased vocabulary, batch 200 STS-B sentences, max length 50,
 character span masking of the second view, dropout, InfoNCE at 0.04, fused AdamW where torch has it),
 fp32 on the CPU; one warm-up step, then `--steps` profiled steps of the batches the trainer draws first.
-Encoding: `Encoder.encode` (packed, batch 64) of `--encode-strings` sentences at MiniLM-L6 (6x384, 12
+Encoding: `Encoder.encode` (default layout, `--encode-packing`; batch 64) of `--encode-strings` sentences at MiniLM-L6 (6x384, 12
 heads) and BERT-base sizes, one profiled call after a warm-up.
 
 Each operator's own (exclusive) CPU time goes to one category:
@@ -149,17 +149,19 @@ def profile_encode(model: Path, strings: list[str], args, peak: float) -> dict:
     from mirrorbert.encoder import Encoder
 
     encoder = Encoder.load(model, pooling="mean", device="cpu", max_length=args.max_length)
-    encoder.encode(strings[:64], packing=True)  # warm-up
+    packing = {"auto": None, "on": True, "off": False}[args.encode_packing]
+    encoder.encode(strings[:64], packing=packing)  # warm-up
     lengths = [len(ids) for ids in encoder.tokenize(strings)]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         with record_function("mb::encode"):
-            encoder.encode(strings, packing=True)
+            encoder.encode(strings, packing=packing)
         wall = time.perf_counter() - start
     flops = model_flops(encoder.model, lengths, passes=1)
     dense = 2 * non_embedding_params(encoder.model) * sum(lengths)
     return summarise("encode", encoder, [wall], flops, prof, peak, dense,
-                     {"strings": len(strings), "batch_size": 64, "max_length": args.max_length})
+                     {"strings": len(strings), "batch_size": 64, "max_length": args.max_length,
+                      "packing": args.encode_packing})
 
 
 def summarise(kind: str, encoder, walls: list[float], flops: int, prof, peak: float, dense_flops: int,
@@ -209,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encode-sizes", default="6x384x12,12x768x12",
                         help="LAYERSxHIDDEN[xHEADS] list (default MiniLM-L6 and BERT-base)")
     parser.add_argument("--encode-strings", type=int, default=2000)
+    parser.add_argument("--encode-packing", default="auto", choices=("auto", "on", "off"),
+                        help="layout of encode's batches (default auto, what `encode` does: padded for its "
+                             "length-sorted batches where that wastes little)")
     parser.add_argument("--json", help="write the JSON report here (it is printed too)")
     parser.add_argument("--markdown", help="write the Markdown table here")
     args = parser.parse_args(argv)
