@@ -197,8 +197,15 @@ def check_resume_config(where: str | os.PathLike, saved: Mapping[str, Any] | Non
                         f"values or start a new run")
 
 
+def default_checkpoint_dir(output: str | Path, checkpoint_dir: str | Path | None = None) -> Path:
+    """Checkpoints live beside the output (`<output>.checkpoints`) so the final folder can be written atomically."""
+    if checkpoint_dir:
+        return Path(checkpoint_dir)
+    return Path(f"{Path(output).as_posix().rstrip('/')}.checkpoints")
+
+
 __all__ = [
     "CheckpointDamaged", "MANIFEST", "check_checkpoint_root", "check_resume_config", "fsync_path",
     "is_named_checkpoint", "newest_intact", "remove_stale_temps", "step_folders", "verify_checkpoint",
-    "write_manifest",
+    "write_manifest", "default_checkpoint_dir",
 ]

@@ -16,6 +16,7 @@ from pathlib import Path
 from mirrorbert import __version__
 from mirrorbert.config import PACKING_MODES
 from mirrorbert.errors import UserError
+from mirrorbert.phases import mark_main, pending_phase
 from mirrorbert.evaluation.command import add_eval_parser
 from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, add_lexsub_parser
 from mirrorbert.mlm.command import add_pretrain_parser
@@ -138,9 +139,11 @@ def run_train(args) -> int:
         WritePlan(inputs, overwrite=bool(cfg.overwrite)).folder("--output", cfg.output) \
             .append_folder("--log-dir", cfg.log_dir).check()
         check_outputs_avoid({"--config": args.config_file}, ("--checkpoint-dir", cfg.resolved_checkpoint_dir()))
-    strings = strings_for_config(cfg)  # data mistakes surface before torch is even imported
-    from mirrorbert.distributed import launched_rank
-    from mirrorbert.trainer import train
+    with pending_phase("data"):  # the trainer's phase timings take this over
+        strings = strings_for_config(cfg)  # data mistakes surface before torch is even imported
+    with pending_phase("import"):  # torch and the trainer's modules
+        from mirrorbert.distributed import launched_rank
+        from mirrorbert.trainer import train
 
     main_rank = launched_rank() == 0  # under torchrun/accelerate only rank 0 speaks
     if main_rank:
@@ -284,6 +287,7 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
 
 
 def main(argv: list[str] | None = None) -> int:
+    mark_main()  # start-up time (process start to here), for the phase timings of `train`
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # blame the subcommand, with its own usage line, not the top-level parser

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from mirrorbert.gradcache import cached_embeddings
 from mirrorbert.loss import build_loss, mirror_infonce
 from mirrorbert.modelcard import check_eval_after, evaluate_after_training
 from mirrorbert.packing import packing_flag
+from mirrorbert.phases import PhaseTimer
 from mirrorbert.preflight import inspect_model
 from mirrorbert.runtime import (
     CheckpointManager,
@@ -165,32 +167,37 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     if cfg.grad_cache_chunk and dist_ctx.world_size > 1:
         raise UserError("--grad-cache-chunk: not supported with several processes yet (DDP's gradient hooks "
                         "would fire inside the cached replay); use --gradient-checkpointing there")
-    strings = strings or strings_for_config(cfg)
+    timer = PhaseTimer()  # [phases] wall time per phase -> info["timings"]; -v logs it (phases.py)
+    with timer.phase("data"):  # [phases]
+        strings = strings or strings_for_config(cfg)
     seed_everything(cfg.seed)
     started = time.time()
 
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
     if resume is not None:
         check_resume_config(resume.path, resume.meta.get("config"), cfg.to_dict(), RESUME_HARMLESS)
-    base_config = load_model_config(cfg.model, cfg)
-    pooling = resolve_pooling(cfg.pooling, base_config.model_type)
-    overrides = dropout_overrides(base_config, cfg.dropout)
-    encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
-                           config_overrides=overrides)
+    with timer.phase("load"):  # [phases]
+        base_config = load_model_config(cfg.model, cfg)
+        pooling = resolve_pooling(cfg.pooling, base_config.model_type)
+        overrides = dropout_overrides(base_config, cfg.dropout)
+        encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
+                               config_overrides=overrides)
     encoder.packing = packing_flag(cfg.packing)
     encoder.train()
     drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
     tokenizer = encoder.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    token_ids = tokenize_once(tokenizer, strings.strings, cfg.max_length)
-    second_view_masker = SecondViews(tokenizer, strings.strings, token_ids, cfg.mask_unit, cfg.mask_span,
-                                     cfg.mask_min_chars, cfg.max_length)
+    with timer.phase("tokenise"):  # [phases]
+        token_ids = tokenize_once(tokenizer, strings.strings, cfg.max_length)
+        second_view_masker = SecondViews(tokenizer, strings.strings, token_ids, cfg.mask_unit, cfg.mask_span,
+                                         cfg.mask_min_chars, cfg.max_length)
     second_view_masker.warn_if_never_applies()
     loss_fn = build_loss(cfg.loss, cfg.temperature)
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(encoder.model)
-    compiled = cfg.compile and compile_model(
-        encoder.model, warm_up=lambda: _compile_warm_up(encoder, token_ids[:2], device, precision))
+    with timer.phase("compile"):  # [phases]
+        compiled = cfg.compile and compile_model(
+            encoder.model, warm_up=lambda: _compile_warm_up(encoder, token_ids[:2], device, precision))
 
     batch_size = cfg.batch_size
     if batch_size > len(token_ids):
@@ -217,6 +224,10 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, step, epoch, next_batch)
 
     def save_checkpoint() -> Path:
+        with timer.phase("checkpoint"):  # [phases]
+            return _save_checkpoint()
+
+    def _save_checkpoint() -> Path:
         return dist_ctx.on_main(lambda: checkpoints.save(
             step, lambda folder: encoder.write(folder), optimizer, scheduler, scaler,
             meta={"data_sha256": strings.fingerprint, "config": cfg.to_dict(), "world_size": dist_ctx.world_size},
@@ -234,10 +245,12 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     interrupted = False
     step_log: list[tuple[float, int, int]] = []
     try:
-        with InterruptFlag() as interrupt, dist_ctx.failure_guard(lambda: last_checkpoint):
+        with InterruptFlag() as interrupt, dist_ctx.failure_guard(lambda: last_checkpoint), \
+                timer.phase("steps"):  # [phases] the loop, less the nested mask and checkpoint phases
             while step < plan.total_steps and not interrupted:
                 batches = plan.epoch_batches(epoch)
-                second_views = second_view_masker.draw(derived_generator(cfg.seed, STREAM_MASK, epoch))
+                with timer.phase("mask"):  # [phases]
+                    second_views = second_view_masker.draw(derived_generator(cfg.seed, STREAM_MASK, epoch))
                 while next_batch < len(batches) and step < plan.total_steps:
                     step_start = time.perf_counter()
                     index = batches[next_batch]  # the global batch; this process embeds its shard
@@ -324,10 +337,14 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     }
     encoder.eval()
     if eval_tasks:
-        with sharded_encoding(dist_ctx):  # every rank evaluates, sharing the encoding work
+        with sharded_encoding(dist_ctx), timer.phase("eval"):  # every rank evaluates, sharing the encoding work
             info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
-    output = dist_ctx.on_main(lambda: encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite),
-                              Path(cfg.output))
+    info["timings"] = timer.report()  # [phases] up to here: the save cannot time itself into its own file
+    with timer.phase("save"):  # [phases]
+        output = dist_ctx.on_main(lambda: encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite),
+                                  Path(cfg.output))
+    info["timings"] = timer.report()  # [phases] now with the save, for the caller and the -v line
+    logger.debug("phase timings (s): %s", json.dumps(info["timings"]))  # [phases]
     logger.info("model written to %s (%d steps, final loss %s)", output, step, loss_value)
     return TrainResult(output, step, loss_value, wall, checkpoint=last_checkpoint, info=info, step_log=step_log)
 

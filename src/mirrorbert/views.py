@@ -89,9 +89,14 @@ def warn_if_span_never_applies(token_ids: Sequence[Sequence[int]], k: int, speci
     return True
 
 
-def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], generator: torch.Generator) -> list[int]:
-    """Replace k consecutive non-special tokens by the mask token; start uniform over valid starts."""
-    starts = valid_span_starts(ids, k, special)
+def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], generator: torch.Generator,
+              starts: Sequence[int] | None = None) -> list[int]:
+    """Replace k consecutive non-special tokens by the mask token; start uniform over valid starts.
+
+    `starts`: `valid_span_starts(ids, k, special)` when the caller has it already (it does not depend on
+    the draw, so `SecondViews` computes it once per run rather than once per epoch).
+    """
+    starts = valid_span_starts(ids, k, special) if starts is None else starts
     out = list(ids)
     if not starts:
         return out
@@ -184,8 +189,9 @@ class SecondViews:
                 [tuple(span) for tok, span in zip(ids, spans) if tok not in self.special]
                 for ids, spans in zip(encoded["input_ids"], encoded["offset_mapping"])
             ]
-        elif k > 0:  # token mode: which strings get masked does not depend on the draw
-            self.token_masked = sum(1 for ids in token_ids if valid_span_starts(ids, k, self.special))
+        elif k > 0:  # token mode: where a span may start (so which strings get masked) does not depend on the draw
+            self.token_starts = [valid_span_starts(ids, k, self.special) for ids in token_ids]
+            self.token_masked = sum(1 for starts in self.token_starts if starts)
 
     def warn_if_never_applies(self) -> bool:
         """A span that can apply to no string makes the run plain dropout: say so once, in the unit used."""
@@ -206,7 +212,8 @@ class SecondViews:
             return [list(ids) for ids in self.token_ids]
         if self.unit == "token":
             self.stats.add(len(self.token_ids), self.token_masked, self.real_tokens, self.k * self.token_masked)
-            return masked_views(self.token_ids, self.k, self.mask_id, self.special, generator)
+            return [mask_span(ids, self.k, self.mask_id, self.special, generator, starts)
+                    for ids, starts in zip(self.token_ids, self.token_starts)]  # = masked_views(...)
         starts = char_span_starts(self.strings, self.k, self.min_chars, generator)
         masked_rows = [row for row, start in enumerate(starts) if start is not None]
         masked_texts = [mask_chars(self.strings[row], starts[row], self.k, self.tokenizer.mask_token)

@@ -93,7 +93,7 @@ class GlossPretrainConfig:
             raise UserError(f"--save-every must be >= 0, got {self.save_every}")
 
     def resolved_checkpoint_dir(self) -> Path:
-        from mirrorbert.runtime import default_checkpoint_dir
+        from mirrorbert.checkpoints import default_checkpoint_dir
 
         return default_checkpoint_dir(self.output, self.checkpoint_dir)
 
