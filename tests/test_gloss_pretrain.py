@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+from mirrorbert.jsonio import loads_strict
 from pathlib import Path
 
 import pytest
@@ -61,7 +63,7 @@ def test_mt_pretrain_writes_hf_mlm_with_history(tiny_bert, tsv, tmp_path):
     assert [h["epoch"] for h in res.history] == [0, 1, 2]
     assert res.best is not None and res.best["epoch"] in (1, 2)
     assert res.best["accuracy"] == max(h["accuracy"] for h in res.history[1:])
-    info = json.loads((out / "gr_training.json").read_text())
+    info = loads_strict((out / "gr_training.json").read_text())
     assert info["method"] == "gr-bert" and info["arch"] == "mt" and info["config"]["warmup_steps"] == 1
     model = AutoModelForMaskedLM.from_pretrained(out)
     AutoTokenizer.from_pretrained(out)
@@ -138,7 +140,7 @@ def test_cli_gloss_pretrain(tiny_bert, tsv, tmp_path, capsys):
     assert args.func(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 4 and summary["triplets"]["triplets"] == 20
-    info = json.loads((out / "gr_training.json").read_text())
+    info = loads_strict((out / "gr_training.json").read_text())
     assert info["config"]["lam"] == 1.5 and info["precision"] == "bf16"
 
 

@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from mirrorbert import jsonio
 from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def write_manifest(folder: str | os.PathLike) -> Path:
         files[path.relative_to(folder).as_posix()] = {"size": path.stat().st_size, "sha256": _sha256(path)}
     manifest = folder / MANIFEST
     with open(manifest, "w", encoding="utf-8") as fh:
-        json.dump({"format_version": 1, "files": files}, fh, indent=1)
+        fh.write(jsonio.dumps({"format_version": 1, "files": files}, indent=1))
         fh.flush()
         os.fsync(fh.fileno())
     for sub in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):

@@ -7,12 +7,12 @@ checkpoint and exits with 130.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 
+from mirrorbert import jsonio
 from mirrorbert import __version__
 from mirrorbert.config import PACKING_MODES
 from mirrorbert.errors import UserError
@@ -147,7 +147,7 @@ def run_train(args) -> int:
 
     main_rank = launched_rank() == 0  # under torchrun/accelerate only rank 0 speaks
     if main_rank:
-        print("resolved configuration:\n" + json.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
+        print("resolved configuration:\n" + jsonio.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
     result = train(cfg, strings)
     if not main_rank:
         return EXIT_INTERRUPTED if result.interrupted else 0
@@ -155,7 +155,7 @@ def run_train(args) -> int:
         print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"
               f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(json.dumps({"output": str(result.output), "steps": result.steps, "final_loss": result.final_loss,
+    print(jsonio.dumps({"output": str(result.output), "steps": result.steps, "final_loss": result.final_loss,
                       "mean_loss_last_epoch": result.info.get("mean_loss_last_epoch"),
                       "wall_time_s": round(result.wall_time_s, 2),
                       "strings_per_s": result.info.get("strings_per_s")}, indent=2))
@@ -200,7 +200,7 @@ def run_encode(args) -> int:
             return 0
         with atomic_output_file(output, overwrite=args.overwrite) as tmp:
             np.save(tmp, vectors)
-    print(json.dumps({"output": str(output), "rows": int(vectors.shape[0]), "dim": int(vectors.shape[1]),
+    print(jsonio.dumps({"output": str(output), "rows": int(vectors.shape[0]), "dim": int(vectors.shape[1]),
                       "pooling": pooling}))
     return 0
 

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from mirrorbert import jsonio
 from mirrorbert.distributed import combine_rows, encoding_rows
 from mirrorbert.errors import UserError
 from mirrorbert.modelcard import write_model_card
@@ -249,7 +250,7 @@ class Encoder(torch.nn.Module):
         for idx, module in enumerate(sentence_transformers_modules(self.pooling, self.dim, config.num_hidden_layers), 1):
             sub = folder / module["folder"]
             sub.mkdir(exist_ok=True)
-            (sub / "config.json").write_text(json.dumps(module["config"], indent=2), encoding="utf-8")
+            (sub / "config.json").write_text(jsonio.dumps(module["config"], indent=2), encoding="utf-8")
             if "weights" in module:
                 save_file(module["weights"], str(sub / "model.safetensors"))
             modules.append({"idx": idx, "name": str(idx), "path": module["folder"], "type": module["type"]})
@@ -301,7 +302,7 @@ def _unit(v: np.ndarray) -> np.ndarray:
 
 
 def _write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    path.write_text(jsonio.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
 def _st_version() -> str:

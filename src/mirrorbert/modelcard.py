@@ -101,7 +101,7 @@ def render_model_card(meta: dict[str, Any]) -> str:
     method = info.get("method")
     lines = [
         "---",
-        f"base_model: {json.dumps(str(base))}",
+        f"base_model: {json.dumps(str(base))}",  # key, not output
         "library_name: sentence-transformers",
         "pipeline_tag: sentence-similarity",
         "tags:",

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from mirrorbert import jsonio
 from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def mark_folder(folder: PathLike, kind: str = "output", files: Iterable[str] = (
     pending = set(being_written)
     listed = sorted(set(files) | pending)
     digests = {name: None if name in pending else _digest(folder / name) for name in listed}
-    text = json.dumps({"written_by": "mirrorbert", "format": MARKER_FORMAT, "kind": kind, "files": listed,
+    text = jsonio.dumps({"written_by": "mirrorbert", "format": MARKER_FORMAT, "kind": kind, "files": listed,
                        "digests": digests}, indent=1) + "\n"
     tmp = folder / f".{MARKER}.tmp"
     tmp.write_text(text, encoding="utf-8")
@@ -390,7 +391,7 @@ def write_json_atomic(path: PathLike, obj: Any) -> None:
     """Write JSON under a temporary name and rename it (inside a folder this run owns; no policy checks)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(jsonio.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 

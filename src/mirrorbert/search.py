@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from mirrorbert import jsonio
 from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -274,9 +275,9 @@ class SearchIndex:
         if self.texts is not None:
             with open(folder / "texts.jsonl", "w", encoding="utf-8") as fh:
                 for text in self.texts:
-                    fh.write(json.dumps(text, ensure_ascii=False) + "\n")
+                    fh.write(jsonio.dumps(text, ensure_ascii=False) + "\n")
         meta = {**self.meta, "format_version": 1, "size": len(self), "dim": self.dim, "normalized": True}
-        (folder / INDEX_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        (folder / INDEX_META).write_text(jsonio.dumps(meta, indent=2) + "\n", encoding="utf-8")
         return folder
 
     @classmethod

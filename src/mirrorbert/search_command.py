@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+from mirrorbert import jsonio
 from mirrorbert.errors import UserError
 
 FAISS_CHOICES = {"auto": None, "yes": True, "no": False}
@@ -78,5 +78,5 @@ def run_search(args) -> int:
                                 show_progress=args.show_progress)
     results = encoder.search(queries, index, top_k=args.top_k, batch_size=args.batch_size, use_faiss=use_faiss)
     for query, hits in zip(queries, results):
-        sys.stdout.write(json.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")
+        sys.stdout.write(jsonio.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from typing import Any, Callable
 
 import torch
 
+from mirrorbert import jsonio
 from mirrorbert.config import TrainConfig, resolve_pooling, validate
 from mirrorbert.data import TrainingStrings, strings_for_config
 from mirrorbert.distributed import init_from_env, sharded_encoding
@@ -344,7 +344,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         output = dist_ctx.on_main(lambda: encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite),
                                   Path(cfg.output))
     info["timings"] = timer.report()  # [phases] now with the save, for the caller and the -v line
-    logger.debug("phase timings (s): %s", json.dumps(info["timings"]))  # [phases]
+    logger.debug("phase timings (s): %s", jsonio.dumps(info["timings"]))  # [phases]
     logger.info("model written to %s (%d steps, final loss %s)", output, step, loss_value)
     return TrainResult(output, step, loss_value, wall, checkpoint=last_checkpoint, info=info, step_log=step_log)
 

@@ -30,7 +30,6 @@ docstring for every choice.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -42,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from mirrorbert import jsonio
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets as ds
 from mirrorbert.evaluation.retrieval import DEFAULT_CHUNK_SIZE, cosine_topk
@@ -568,7 +568,7 @@ def evaluate_bel(
         from mirrorbert.safety import write_text_atomic
 
         # the caller applied the write policy (`eval` refuses an existing file without --overwrite)
-        path = write_text_atomic(predictions_path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+        path = write_text_atomic(predictions_path, "".join(jsonio.dumps(r, ensure_ascii=False) + "\n" for r in records),
                                  overwrite=True, option="predictions_path")
         logger.info("BEL predictions written to %s", path)
     return metrics

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from mirrorbert import jsonio
 from mirrorbert.errors import DatasetMissing, UserError
 
 logger = logging.getLogger(__name__)
@@ -652,7 +653,5 @@ def evaluate_lexsub(
         name = resolve_dataset(dataset)
         write_system_file(out / f"{name}.best", best)
         write_system_file(out / f"{name}.oot", oot, oot=True)
-        import json
-
-        (out / f"{name}.scores.json").write_text(json.dumps(scores.as_dict(), indent=2) + "\n", encoding="utf-8")
+        (out / f"{name}.scores.json").write_text(jsonio.dumps(scores.as_dict(), indent=2) + "\n", encoding="utf-8")
     return scores

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import importlib
-import json
 import logging
 import math
 import os
@@ -21,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirrorbert import jsonio
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets
 
@@ -121,7 +121,7 @@ class EvaluationResult:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=_json_default)
+        return jsonio.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=_json_default)
 
     def table(self) -> str:
         """Plain-text table: task, metric, value x100 with two decimals."""

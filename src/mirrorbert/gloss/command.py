@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from typing import Any
 
+from mirrorbert import jsonio
 from mirrorbert.errors import UserError
 
 
@@ -86,7 +86,7 @@ def run_gloss_pretrain(args: argparse.Namespace) -> int:
         print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"
               f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
         return 130
-    print(json.dumps(result.summary(), indent=2))
+    print(jsonio.dumps(result.summary(), indent=2))
     return 0
 
 
@@ -171,7 +171,7 @@ def run_lexsub(args: argparse.Namespace) -> int:
                                      limit=args.limit, output_dir=out, show_progress=args.show_progress)
             results[name] = scores.as_dict()
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(jsonio.dumps(results, indent=2))
         return 0
     cols = ("best", "best-m", "oot", "oot-m")
     print(f"model: {args.model}   post: {'+'.join(cfg.post) or 'none'}   (scores in %; P / R)")
@@ -230,7 +230,7 @@ def run_finetune_sts(args: argparse.Namespace) -> int:
         result = finetune_sts(cfg)
         summary = result.summary()
         if args.output:
-            write_text_atomic(args.output, json.dumps({"model": args.model, "results": summary,
+            write_text_atomic(args.output, jsonio.dumps({"model": args.model, "results": summary,
                                                        "runs": [r.__dict__ for r in result.runs]}, indent=2) + "\n",
                               overwrite=args.overwrite)
     print(f"STS-B test Spearman x100 ({len(cfg.seeds)} seeds), model {args.model}")

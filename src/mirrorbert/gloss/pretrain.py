@@ -13,7 +13,6 @@ Hugging Face ``*ForMaskedLM`` folder with its tokenizer, plus ``gr_training.json
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import random
@@ -22,6 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from mirrorbert import jsonio
 from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -448,7 +448,7 @@ def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     with atomic_output_dir(cfg.output, overwrite=cfg.overwrite) as tmp:
         final.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / TRAINING_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
+        (tmp / TRAINING_INFO).write_text(jsonio.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
     logger.info("GR-BERT model written to %s (%d steps)", cfg.output, step)
     return GlossPretrainResult(Path(cfg.output), step, history, best, stats, wall, checkpoint=last_checkpoint)
 

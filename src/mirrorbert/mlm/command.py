@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from mirrorbert import jsonio
 import dataclasses
-import json
 import sys
 
 EXIT_INTERRUPTED = 130
@@ -81,5 +81,5 @@ def run_pretrain(args) -> int:
         "eval_loss": result.eval_loss, "eval_accuracy": result.eval_accuracy,
         "tokens_per_s": round(result.tokens_per_s, 1), "wall_time_s": round(result.wall_time_s, 1),
     }
-    print(json.dumps(summary, indent=2))
+    print(jsonio.dumps(summary, indent=2))
     return 0

@@ -36,6 +36,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from mirrorbert import jsonio
 from mirrorbert.data import check_utf8_file
 from mirrorbert.errors import UserError
 
@@ -69,8 +70,8 @@ def tokenizer_fingerprint(tokenizer) -> str:
     if backend is not None:
         h.update(backend.to_str().encode("utf-8"))
     else:
-        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode("utf-8"))
-    h.update(json.dumps([str(t) for t in tokenizer.all_special_tokens]).encode("utf-8"))
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode("utf-8"))  # key, not output
+    h.update(json.dumps([str(t) for t in tokenizer.all_special_tokens]).encode("utf-8"))  # key, not output
     h.update(str(getattr(tokenizer, "do_lower_case", "")).encode())
     return h.hexdigest()
 
@@ -187,7 +188,7 @@ def prepare_corpus(
         st = p.stat()
         sources.append({"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
     key_obj = {"v": FORMAT_VERSION, "sources": sources, "tokenizer": fingerprint, "eval_fraction": eval_fraction}
-    key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()[:20]
+    key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()[:20]  # key, not output
     cache_dir = Path(cache_dir)
     root = cache_dir / f"{paths[0].stem[:40]}-{key}"
     meta_path = root / META_FILE
@@ -220,7 +221,7 @@ def prepare_corpus(
             eval_fraction=eval_fraction,
             complete=True,
         )
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        (tmp / META_FILE).write_text(jsonio.dumps(meta, indent=2) + "\n", encoding="utf-8")
         if root.exists():
             shutil.rmtree(root)
         os.replace(tmp, root)

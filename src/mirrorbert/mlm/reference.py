@@ -15,7 +15,6 @@ a second quickstart reuses it.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mirrorbert import jsonio
 from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def ensure_reference_mlm(work: Path, data_dir: Path, build_corpus: Callable[[Pat
     max_tokens = max(step_tokens * plan.min_steps, int(rate * left))
     logger.info("reference MLM: %.0f tokens/s measured; %.0f s left of the budget -> %d tokens", rate, left, max_tokens)
     result = pretrain(PretrainConfig(output=str(out), max_tokens=max_tokens, **common))
-    (out / "quickstart_reference.json").write_text(json.dumps(
+    (out / "quickstart_reference.json").write_text(jsonio.dumps(
         {"plan": asdict(plan), "calibration_tokens_per_s": rate, "max_tokens": max_tokens, "steps": result.steps,
          "eval_loss": result.eval_loss, "eval_accuracy": result.eval_accuracy,
          "wall_time_s": round(time.monotonic() - start, 1)}, indent=2) + "\n", encoding="utf-8")

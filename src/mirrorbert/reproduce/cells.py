@@ -399,4 +399,4 @@ def build_cells(
 
 
 def cells_json(cells: list[Cell]) -> str:
-    return json.dumps([c.spec() for c in cells], indent=1)
+    return json.dumps([c.spec() for c in cells], indent=1)  # key, not output

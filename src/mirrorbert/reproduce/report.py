@@ -8,7 +8,6 @@ fractions: .556 is 55.6 here). Over several seeds a value is mean ± sample stan
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import os
 import statistics
@@ -16,6 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mirrorbert import jsonio
 from mirrorbert.reproduce.cells import EXPERIMENT_INFO
 from mirrorbert.reproduce.paper import load_paper_numbers, paper_value
 
@@ -254,7 +254,7 @@ def write_report(run: ReproduceResult, data_dir: Path, out: Path, versions: dict
     p = _plot_before_after(cells, out / "plots" / "before_after.png")
     if p:
         plots["before_after"] = p
-    write_text_atomic(out / "results.json", json.dumps(results_json(run, cells, versions, data_dir), indent=1,
+    write_text_atomic(out / "results.json", jsonio.dumps(results_json(run, cells, versions, data_dir), indent=1,
                                                        ensure_ascii=False, default=str) + "\n", overwrite=True)
     report = out / "report.md"
     write_text_atomic(report, markdown(run, cells, versions, data_dir, plots, out) + "\n", overwrite=True)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mirrorbert import jsonio
 from mirrorbert.errors import UserError
 from mirrorbert.reproduce.cells import PAPERS, Cell, QuickLimits, Skipped, build_cells
 from mirrorbert.reproduce.paper import detect_base_model
@@ -160,9 +161,9 @@ def model_identity(model: str) -> str:
 def _hash(obj: Any, output: Path | None = None) -> str:
     """Short SHA-256 of `obj` as sorted JSON; paths inside `output` count relative to it, so a moved or
     copied output folder keeps its keys (what the runner derives there is fingerprinted by content)."""
-    text = json.dumps(obj, sort_keys=True, default=str)
+    text = json.dumps(obj, sort_keys=True, default=str)  # key, not output
     if output is not None:
-        text = text.replace(json.dumps(str(output))[1:-1], "<output>")
+        text = text.replace(json.dumps(str(output))[1:-1], "<output>")  # key, not output
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -352,7 +353,7 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
 def _write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(jsonio.dumps(obj, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
