@@ -41,9 +41,8 @@ def tiny_data(shared_data, tmp_path_factory) -> Path:
 
 def _config(model: Path, data: Path, out: Path, **kw) -> ReproduceConfig:
     kw.setdefault("experiments", list(MIRROR_EXPERIMENTS))
-    # BLI's extra target vocabulary (20k wordfreq words) would dominate a smoke test's time
-    return ReproduceConfig(model=str(model), output=str(out), data_dir=str(data), quick=True, device="cpu",
-                           eval_batch_size=32, **kw)
+    kw.setdefault("eval_batch_size", 32)
+    return ReproduceConfig(model=str(model), output=str(out), data_dir=str(data), quick=True, device="cpu", **kw)
 
 
 @pytest.mark.slow  # ~25 s of CPU (every Mirror-BERT cell trains and evaluates twice), longer on a busy machine
@@ -212,3 +211,93 @@ def test_cli_bad_gr_option_is_one_line_before_any_work(tiny_bert, tiny_data, tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("mirrorbert: error: ") and message in err[0], err
     assert not (tmp_path / "out" / "cells").exists()  # refused before any cell ran
+
+
+# ----------------------------------------------------------------------------- refuse early, retry failures
+def _fake_compute(fail: set[str] = frozenset()):
+    """compute_cell without the work: a fixed metric, or an out-of-memory error for the cells in `fail`."""
+    def compute(ctx, cell, seed):
+        if cell.id in fail:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return runner_module.CellResult(cell.id, cell.experiment, cell.state, seed, "", {"stsb": 0.5}, wall_s=0.01)
+    return compute
+
+
+def test_reproduce_empty_model_folder_is_refused_before_any_cell(tiny_data, tmp_path, monkeypatch, capsys):
+    from mirrorbert.cli import main
+
+    monkeypatch.setattr(runner_module, "compute_cell", lambda *a: pytest.fail("a cell ran"))
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    with pytest.raises(UserError, match="--model .*config.json"):
+        reproduce(_config(empty, tiny_data, tmp_path / "out", experiments=["sts"]))
+    rc = main(["reproduce", "--model", str(empty), "--data-dir", str(tiny_data), "--output", str(tmp_path / "o2"),
+               "--experiments", "sts", "--quick"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("mirrorbert: error: --model"), err
+    assert not (tmp_path / "out" / "cells").exists() and not (tmp_path / "o2" / "cells").exists()
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"train_options": {"lr": "abc"}}, r"--train-option: .*lr"),
+    ({"train_options": {"lr": -1.0}}, r"--train-option: --lr: must be a positive number"),
+    ({"train_options": {"max_length": 100000}}, r"cell sts/after: --max-length 100000"),
+    ({"eval_batch_size": 0}, r"--eval-batch-size 0: must be an integer >= 1"),
+])
+def test_reproduce_bad_options_refused_before_any_cell(tiny_bert, tiny_data, tmp_path, monkeypatch, kw, message):
+    monkeypatch.setattr(runner_module, "compute_cell", lambda *a: pytest.fail("a cell ran"))
+    with pytest.raises(UserError, match=message):
+        reproduce(_config(tiny_bert, tiny_data, tmp_path / "out", experiments=["sts"], **kw))
+    assert not (tmp_path / "out" / "cells").exists()
+
+
+def test_reproduce_failed_cell_is_reported_not_cached_and_retried(tiny_bert, tiny_data, tmp_path, monkeypatch, capsys):
+    from mirrorbert.cli import main
+
+    out = tmp_path / "out"
+    argv = ["reproduce", "--model", str(tiny_bert), "--data-dir", str(tiny_data), "--output", str(out),
+            "--experiments", "sts", "--quick", "--device", "cpu"]
+    monkeypatch.setattr(runner_module, "compute_cell", _fake_compute(fail={"sts/after"}))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "mirrorbert: error: cell sts/after seed 0 failed: RuntimeError: CUDA out of memory" in err
+    assert not (out / "cells" / "sts__after--s0.json").exists()  # never cached as a result
+    assert (out / "cells" / "sts__before--sx.json").is_file()
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "## Failed cells" in report and "**sts/after** seed 0: RuntimeError: CUDA out of memory" in report
+    assert json.loads((out / "results.json").read_text(encoding="utf-8"))["cells"]["sts/after"]["status"] == "error"
+
+    # the next run retries the failed cell only; it now succeeds and the command exits 0
+    calls: list[str] = []
+    ok = _fake_compute()
+    monkeypatch.setattr(runner_module, "compute_cell", lambda ctx, cell, seed: calls.append(cell.id) or ok(ctx, cell, seed))
+    assert main(argv) == 0
+    assert calls == ["sts/after"] and (out / "cells" / "sts__after--s0.json").is_file()
+
+
+@pytest.mark.parametrize("damage", ["list", "null-metrics", "string-metric", "folder", "not-json"])
+def test_reproduce_damaged_cache_file_is_set_aside_and_recomputed(tiny_bert, tiny_data, tmp_path, monkeypatch,
+                                                                   caplog, damage):
+    out = tmp_path / "out"
+    cfg = _config(tiny_bert, tiny_data, out, experiments=["sts"])
+    monkeypatch.setattr(runner_module, "compute_cell", _fake_compute())
+    reproduce(cfg, progress=lambda _: None)
+    cell = out / "cells" / "sts__before--sx.json"
+    record = json.loads(cell.read_text(encoding="utf-8"))
+    if damage == "folder":
+        cell.unlink()
+        (cell / "inner").mkdir(parents=True)
+    else:
+        text = {"list": "[]", "null-metrics": json.dumps({**record, "metrics": None}),
+                "string-metric": json.dumps({**record, "metrics": {"stsb": "0.5"}}), "not-json": "{oops"}[damage]
+        cell.write_text(text, encoding="utf-8")
+    calls: list[str] = []
+    ok = _fake_compute()
+    monkeypatch.setattr(runner_module, "compute_cell", lambda ctx, c, seed: calls.append(c.id) or ok(ctx, c, seed))
+    with caplog.at_level("WARNING", logger="mirrorbert.reproduce.runner"):
+        again = reproduce(cfg, progress=lambda _: None)
+    warnings = [r for r in caplog.records if "damaged cache" in r.getMessage()]
+    assert len(warnings) == 1 and "sts__before--sx.json" in warnings[0].getMessage()
+    assert calls == ["sts/before"] and again.computed == 1 and not again.failed
+    assert cell.is_file() and json.loads(cell.read_text(encoding="utf-8"))["metrics"] == {"stsb": 0.5}
+    assert (cell.parent / "sts__before--sx.json.damaged").exists()  # set aside, not deleted

@@ -17,11 +17,12 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from mirrorbert.errors import UserError
+from mirrorbert.preflight import first_line
 from mirrorbert.reproduce.cells import PAPERS, Cell, QuickLimits, Skipped, build_cells
 from mirrorbert.reproduce.paper import detect_base_model
 
@@ -65,11 +66,18 @@ class ReproduceConfig:
             raise UserError(f"--experiments: unknown experiment(s) {', '.join(unknown)}; known: {', '.join(known)}")
         if not self.seeds:
             raise UserError("--seeds: give at least one seed")
-        from mirrorbert.config import FIELD_NAMES
+        bs = self.eval_batch_size
+        if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
+            raise UserError(f"--eval-batch-size {bs!r}: must be an integer >= 1")
+        from mirrorbert.config import FIELD_NAMES, resolve_config
 
         bad = sorted(set(self.train_options) - FIELD_NAMES)
         if bad:
             raise UserError(f"--train-option: unknown option(s) {', '.join(bad)}")
+        try:  # the values, through the same typed config as `mirrorbert train`
+            resolve_config({"model": self.model, **self.train_options})
+        except (UserError, TypeError) as exc:
+            raise UserError(f"--train-option: {exc}") from None
         from mirrorbert.gloss.pretrain import GlossPretrainConfig
 
         # the runner sets these itself (per cell) or they would break the cache and the report
@@ -103,6 +111,7 @@ class CellResult:
     x: float | None = None
     versions: dict[str, str] = field(default_factory=dict)
     cached: bool = False
+    est_s: float | None = None  # the estimate printed before the cell ran
 
 
 @dataclass
@@ -114,6 +123,11 @@ class ReproduceResult:
     computed: int
     wall_s: float
     report: Path | None = None
+
+    @property
+    def failed(self) -> list[CellResult]:
+        """Cells that failed in this run (not cached; the next run tries them again)."""
+        return [r for r in self.results if r.status == "error"]
 
 
 # ----------------------------------------------------------------------------- fingerprints
@@ -297,6 +311,31 @@ def _prepare_model(ctx: _Context, cell: Cell, seed: int | None) -> tuple[str, li
     return ctx.cfg.model, [], {}
 
 
+def preflight(ctx: _Context, jobs: list[tuple[Cell, int | None]]) -> None:
+    """Every input of every cell, checked before the first one runs: one UserError naming what is wrong.
+
+    The model folder (config, tokenizer, weights), each training cell's options through the same typed
+    config as `mirrorbert train` (and its data file), each evaluation's options as `mirrorbert eval` takes them.
+    """
+    from mirrorbert.config import resolve_config
+    from mirrorbert.evaluation.runner import TASKS, check_task_options
+    from mirrorbert.preflight import check_max_length, check_readable, inspect_model
+
+    config, _ = inspect_model(ctx.cfg.model)
+    for cell, seed in jobs:
+        try:
+            if cell.train is not None:
+                overrides = ctx.train_overrides(cell, seed)
+                tcfg = resolve_config({**overrides, "output": str(ctx.trained_model_dir(cell, seed)), "overwrite": True})
+                check_max_length(tcfg.max_length, config, "--max-length", ctx.cfg.model)
+                if tcfg.data:
+                    check_readable(tcfg.data, "--data")
+            if cell.evaluation.task in TASKS:
+                check_task_options({cell.evaluation.task: cell.evaluation.options})
+        except (UserError, TypeError) as exc:
+            raise UserError(f"cell {cell.id}: {exc}") from None
+
+
 def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
     """Train (if needed) and evaluate one cell for one seed."""
     from mirrorbert.evaluation.runner import evaluate
@@ -353,14 +392,50 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _damage(data: Any) -> str | None:
+    """Why a cell file's content is not a cell result (None when it is one)."""
+    if not isinstance(data, dict):
+        return f"holds {type(data).__name__}, not a cell record"
+    metrics = data.get("metrics")
+    if not isinstance(metrics, dict):
+        return f"its metrics are {type(metrics).__name__}, not a mapping"
+    bad = [k for k, v in metrics.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
+    if bad:
+        return f"metric(s) {', '.join(map(str, bad))} are not numbers"
+    names = {f.name for f in fields(CellResult)}
+    missing = [f.name for f in fields(CellResult) if f.default is MISSING and f.default_factory is MISSING
+               and f.name not in data]
+    if missing or set(data) - names:
+        return f"fields missing ({', '.join(missing)}) or unknown ({', '.join(sorted(set(data) - names))})"
+    return None
+
+
+def _set_aside(path: Path, why: str) -> None:
+    """Move a damaged cell file (or a folder where one should be) out of the way, with one warning."""
+    n = 1
+    while (aside := path.with_name(f"{path.name}.damaged{'' if n == 1 else f'-{n}'}")).exists():
+        n += 1
+    os.replace(path, aside)
+    logger.warning("reproduce: damaged cache %s (%s); set aside as %s and recomputed", path, why, aside.name)
+
+
 def _load_cached(path: Path, key: str) -> CellResult | None:
+    """The cached result of a cell, or None (absent, stale, a failure, or damaged: set aside)."""
+    if not path.exists() and not path.is_symlink():
+        return None
     if not path.is_file():
+        _set_aside(path, "not a file")
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        _set_aside(path, f"not readable JSON: {exc}")
         return None
-    if data.get("config_hash") != key:
+    why = _damage(data)
+    if why is not None:
+        _set_aside(path, why)
+        return None
+    if data.get("config_hash") != key or data.get("status") == "error":  # stale, or a failure: computed again
         return None
     data["cached"] = True
     return CellResult(**data)
@@ -390,6 +465,8 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
     cells, skipped = build_cells(experiments, data_dir, out, _model_type(cfg.model), quick)
     versions = library_versions()
     jobs = [(c, s) for c in cells for s in (cfg.seeds if c.seeded else (None,))]
+    if not cfg.report_only:
+        preflight(ctx, jobs)
     users: dict[Path, int] = {}
     for c, s in jobs:
         if c.train is not None:
@@ -416,14 +493,19 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
             left = sum(statistics.fmean(durations[c.train is not None or c.gr_arch is not None] or known)
                        for c, _ in jobs[i:]) if known else None
             progress(f"{label}: running" + (f" (est. {_fmt_s(est)}; about {_fmt_s(left)} left after it)" if est else ""))
+            cell_start = time.perf_counter()
             try:
                 result = compute_cell(ctx, cell, seed)
-            except UserError as exc:  # e.g. a training set too small: recorded, the grid goes on
-                result = CellResult(cell.id, cell.experiment, cell.state, seed, key, {}, status="error", message=str(exc))
+            except Exception as exc:  # noqa: BLE001  (out of memory, a training set too small...: the grid goes on)
+                logger.debug("cell %s failed", cell.id, exc_info=True)
+                message = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {first_line(exc)}"
+                result = CellResult(cell.id, cell.experiment, cell.state, seed, key, {}, status="error", message=message,
+                                    wall_s=time.perf_counter() - cell_start)
             result.config_hash, result.versions = key, versions
             durations[trains].append(result.wall_s)
             computed += 1
-            _write_json(path, asdict(result))
+            if result.status != "error":  # a failure is reported, never cached: the next run tries it again
+                _write_json(path, asdict(result))
             progress(f"{label}: done in {_fmt_s(result.wall_s)}" + (f" ({result.status}: {result.message})" if result.status != "ok" else ""))
         results.append(result)
         if cell.train is not None and not cfg.keep_models and not cfg.report_only:
