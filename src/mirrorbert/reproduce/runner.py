@@ -10,6 +10,7 @@ cell that needs them is done (``keep_models`` keeps them).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from typing import Any
 
 from mirrorbert.errors import UserError
 from mirrorbert.preflight import first_line
-from mirrorbert.reproduce.cells import PAPERS, Cell, QuickLimits, Skipped, build_cells
+from mirrorbert.reproduce.cells import PAPERS, Cell, QuickLimits, Skipped, build_cells, quick_data_dir
 from mirrorbert.reproduce.paper import detect_base_model
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class CellResult:
     versions: dict[str, str] = field(default_factory=dict)
     cached: bool = False
     est_s: float | None = None  # the estimate printed before the cell ran
+    train_s: float = 0.0  # of wall_s, training the cell's model
 
 
 @dataclass
@@ -342,6 +344,7 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
 
     start = time.perf_counter()
     model, commands, data = _prepare_model(ctx, cell, seed)
+    train_s = time.perf_counter() - start
     ev = cell.evaluation
     commands.append(_eval_command(model, cell, ctx.data_dir))
     for d in TASK_DATA.get(ev.task, ()):
@@ -381,7 +384,7 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
         result.metrics = {ev.rename.get(k, k): v for k, v in kept.items()}
         result.skipped = dict(outcome.skipped_parts)
         result.artifacts = {k: os.path.relpath(v, ctx.out) for k, v in outcome.artifacts.items()}
-    result.wall_s = time.perf_counter() - start
+    result.wall_s, result.train_s = time.perf_counter() - start, train_s
     return result
 
 
@@ -445,6 +448,83 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def _run_cell(ctx: _Context, cell: Cell, seed: int | None, key: str) -> CellResult:
+    """compute_cell, with any failure (out of memory, a training set too small...) as an error result."""
+    start = time.perf_counter()
+    try:
+        result = compute_cell(ctx, cell, seed)
+    except Exception as exc:  # noqa: BLE001  (recorded; the grid goes on)
+        logger.debug("cell %s failed", cell.id, exc_info=True)
+        message = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {first_line(exc)}"
+        result = CellResult(cell.id, cell.experiment, cell.state, seed, key, {}, status="error", message=message,
+                            wall_s=time.perf_counter() - start)
+    result.config_hash = key
+    return result
+
+
+class _Plan:
+    """Per-cell time estimates (see estimate.py); cells whose work cannot be counted (GR-BERT pre-training,
+    lexical substitution, STS-B fine-tuning) take the mean time of the computed cells of their experiment."""
+
+    def __init__(self, jobs: list[tuple[Cell, int | None]], estimator: Any, predictions: dict[int, tuple]) -> None:
+        self.jobs, self.estimator, self.predictions = jobs, estimator, predictions
+        self.pending = set(predictions)
+        self.by_experiment: dict[str, list[float]] = {}
+
+    def estimate(self, i: int) -> float | None:
+        train_pred, eval_pred = self.predictions.get(i, (None, None))
+        est = self.estimator.estimate(train_pred, eval_pred) if self.estimator is not None else None
+        if est is None:
+            seen = self.by_experiment.get(self.jobs[i][0].experiment)
+            est = statistics.fmean(seen) if seen else None
+        return est
+
+    def left_after(self, i: int) -> float | None:
+        rest = [self.estimate(j) for j in sorted(self.pending) if j > i]
+        return None if any(e is None for e in rest) else sum(rest)
+
+    def done(self, i: int, result: CellResult) -> None:
+        self.pending.discard(i)
+        self.by_experiment.setdefault(self.jobs[i][0].experiment, []).append(result.wall_s)
+        if self.estimator is not None and result.status == "ok":
+            train_pred, eval_pred = self.predictions.get(i, (None, None))
+            self.estimator.record(train_pred, result.train_s, eval_pred, result.wall_s - result.train_s)
+
+
+def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], progress: Callable[[str], None]) -> _Plan:
+    """Count each pending cell's work and measure this machine's throughput on it (a few seconds)."""
+    if not todo:
+        return _Plan(jobs, None, {})
+    from mirrorbert.config import resolve_config
+    from mirrorbert.reproduce.estimate import Estimator
+
+    importlib.import_module("mirrorbert.encoder")  # imported before the model load is timed
+    start = time.perf_counter()
+    estimator = Estimator(ctx.base_encoder("mean"), ctx.cfg.eval_batch_size, load_s=time.perf_counter() - start)
+    predictions: dict[int, tuple] = {}
+    trained: set[Path] = set()
+    for i in todo:
+        cell, seed = jobs[i]
+        train_pred = None
+        if cell.train is not None:
+            folder = ctx.trained_model_dir(cell, seed)
+            if folder not in trained and not (folder / "mirrorbert.json").is_file():
+                trained.add(folder)
+                train_pred = estimator.train_prediction(resolve_config(ctx.train_overrides(cell, seed)))
+        elif cell.gr_arch is not None:
+            continue  # gloss pre-training: counted from the cells already run
+        ev = cell.evaluation
+        eval_pred = estimator.eval_prediction(ev.task, ev.options, ctx.data_dir, ev.reference_base,
+                                              loads=cell.train is not None)
+        if eval_pred is None and train_pred is None:
+            continue
+        predictions[i] = (train_pred, eval_pred)
+    total = [estimator.estimate(*p) for p in predictions.values()]
+    progress(f"estimated {_fmt_s(sum(t for t in total if t is not None))} for {len(predictions)} cell runs "
+             f"(throughput measured here in {time.perf_counter() - start:.0f} s)")
+    return _Plan(jobs, estimator, predictions)
+
+
 def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = None) -> ReproduceResult:
     """Run every cell the data allows (resuming from the cache) and write results.json + report.md."""
     from mirrorbert.evaluation.datasets import resolve_data_dir
@@ -457,6 +537,8 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     quick = QuickLimits() if cfg.quick else None
+    if quick:  # every evaluation set cut to its first lines: a smoke test, not the paper's numbers
+        data_dir = quick_data_dir(data_dir, out / "data" / "quick", quick)
     ctx = _Context(cfg, data_dir, out, quick)
     if not Path(cfg.model).exists():
         from mirrorbert.encoder import check_model_reachable
@@ -472,14 +554,16 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
         if c.train is not None:
             users[ctx.trained_model_dir(c, s)] = users.get(ctx.trained_model_dir(c, s), 0) + 1
     start = time.perf_counter()
-    durations: dict[bool, list[float]] = {True: [], False: []}  # trains? -> wall times of computed cells
+    keys = [cell_hash(ctx, c, s) for c, s in jobs]
+    paths = [out / "cells" / f"{c.file_stem}--s{'x' if s is None else s}.json" for c, s in jobs]
+    cache = [_load_cached(p, k) for p, k in zip(paths, keys)]
+    todo = [] if cfg.report_only else [i for i, c in enumerate(cache) if c is None]
+    plan = _plan(ctx, jobs, todo, progress)
     results: list[CellResult] = []
     computed = 0
-    for i, (cell, seed) in enumerate(jobs, 1):
-        key = cell_hash(ctx, cell, seed)
-        path = out / "cells" / f"{cell.file_stem}--s{'x' if seed is None else seed}.json"
-        cached = _load_cached(path, key)
-        label = f"[{i}/{len(jobs)}] {cell.id}" + ("" if seed is None else f" seed {seed}")
+    for i, (cell, seed) in enumerate(jobs):
+        key, path, cached = keys[i], paths[i], cache[i]
+        label = f"[{i + 1}/{len(jobs)}] {cell.id}" + ("" if seed is None else f" seed {seed}")
         if cached is not None:
             progress(f"{label}: cached")
             result = cached
@@ -487,22 +571,14 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
             result = CellResult(cell.id, cell.experiment, cell.state, seed, key, {}, status="not run",
                                 message="no cached result (--report-only)")
         else:
-            trains = cell.train is not None or cell.gr_arch is not None
-            known = durations[trains] or durations[not trains]
-            est = statistics.fmean(known) if known else None
-            left = sum(statistics.fmean(durations[c.train is not None or c.gr_arch is not None] or known)
-                       for c, _ in jobs[i:]) if known else None
-            progress(f"{label}: running" + (f" (est. {_fmt_s(est)}; about {_fmt_s(left)} left after it)" if est else ""))
-            cell_start = time.perf_counter()
-            try:
-                result = compute_cell(ctx, cell, seed)
-            except Exception as exc:  # noqa: BLE001  (out of memory, a training set too small...: the grid goes on)
-                logger.debug("cell %s failed", cell.id, exc_info=True)
-                message = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {first_line(exc)}"
-                result = CellResult(cell.id, cell.experiment, cell.state, seed, key, {}, status="error", message=message,
-                                    wall_s=time.perf_counter() - cell_start)
-            result.config_hash, result.versions = key, versions
-            durations[trains].append(result.wall_s)
+            est = plan.estimate(i)
+            left = plan.left_after(i)
+            parts = ([f"est. {_fmt_s(est)}"] if est is not None else []) + \
+                ([f"about {_fmt_s(left)} left after it"] if left is not None else [])
+            progress(f"{label}: running" + (f" ({'; '.join(parts)})" if parts else ""))
+            result = _run_cell(ctx, cell, seed, key)
+            result.versions, result.est_s = versions, est
+            plan.done(i, result)
             computed += 1
             if result.status != "error":  # a failure is reported, never cached: the next run tries it again
                 _write_json(path, asdict(result))

@@ -1,0 +1,137 @@
+"""Per-cell time estimates of `mirrorbert reproduce`: measured throughput on this machine x the cell's work.
+
+A cell's work is counted, not guessed: a dry run of its evaluation with an encoder that only records
+the texts it is given (:class:`CountingEncoder`) lists every string the evaluation encodes; a training
+cell's work is its steps x batch x two views. The throughput is measured on this machine with the
+base model: a timed encoding of a sample of the very texts the cell encodes (and of its training
+strings, with a backward pass, for training). Once cells have run, the ratio of measured to predicted
+time (separately for training and for evaluation) corrects the later estimates, so a machine that is
+slower or busier than the calibration suggested is followed within a few cells.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+#: Texts timed per calibration sample (a seeded sample of the cell's own texts).
+SAMPLE = 96
+#: A training step costs about three forward passes (forward + backward) per view, two views per string.
+TRAIN_PASSES = 2 * 3
+
+
+class CountingEncoder:
+    """The evaluation encoder protocol without a model: records the texts, returns random unit vectors."""
+
+    def __init__(self, dim: int = 16) -> None:
+        self.dim = dim
+        self.texts: list[str] = []
+
+    def encode(self, texts, batch_size: int = 64, normalize: bool = False, show_progress: bool = False, **_: Any):
+        texts = list(texts)
+        self.texts.extend(texts)
+        rng = np.random.default_rng(len(self.texts))
+        vectors = rng.standard_normal((len(texts), self.dim)).astype(np.float32)
+        if normalize:
+            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors
+
+
+def evaluation_texts(task: str, options: dict[str, Any], data_dir) -> list[str] | None:
+    """Every text the evaluation `task` encodes with these options (None when it cannot be counted)."""
+    from mirrorbert.evaluation.runner import TASKS, get_task
+
+    if task not in TASKS:
+        return None
+    counter = CountingEncoder()
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)  # the real run says it (skipped sets and the like)
+    try:
+        get_task(task)(counter, data_dir, **{**options, "show_progress": False})
+    except Exception:  # noqa: BLE001  (absent data and the like: the real run reports it)
+        logger.debug("no work count for %s", task, exc_info=True)
+        return counter.texts or None
+    finally:
+        logging.disable(previous)
+    return counter.texts
+
+
+def _sample(texts: list[str], n: int = SAMPLE) -> list[str]:
+    return texts if len(texts) <= n else random.Random(0).sample(texts, n)
+
+
+@dataclass
+class Estimator:
+    """Seconds per text (encoding, training) measured with the base encoder, and corrections from real cells."""
+
+    encoder: Any
+    batch_size: int
+    load_s: float = 0.0  # loading a model of the base model's size
+    _eval: dict[str, tuple[int, float]] = field(default_factory=dict)  # work key -> (texts, predicted s)
+    _spent: dict[str, list[float]] = field(default_factory=lambda: {"train": [0.0, 0.0], "eval": [0.0, 0.0]})
+    _warm: bool = False
+
+    def _per_text(self, texts: list[str]) -> float:
+        sample = _sample(texts)
+        if not self._warm:  # the first call pays for thread pools and lazy initialisation
+            self.encoder.encode(sample[:8], batch_size=self.batch_size)
+            self._warm = True
+        start = time.perf_counter()
+        self.encoder.encode(sample, batch_size=self.batch_size)
+        return (time.perf_counter() - start) / max(1, len(sample))
+
+    def eval_prediction(self, task: str, options: dict[str, Any], data_dir, reference: bool,
+                        loads: bool) -> float | None:
+        """Seconds to encode what the evaluation encodes (twice with a reference model), plus a model load."""
+        key = json.dumps([task, options], sort_keys=True, default=str)
+        if key not in self._eval:
+            texts = evaluation_texts(task, options, data_dir)
+            self._eval[key] = (len(texts), len(texts) * self._per_text(texts)) if texts else (0, 0.0)
+        n, seconds = self._eval[key]
+        if not n:
+            return None
+        return seconds * (2 if reference else 1) + (self.load_s if loads else 0.0)
+
+    def train_prediction(self, train_cfg) -> float:
+        """Steps x batch x views x passes at the measured per-text time of the cell's training strings."""
+        from mirrorbert.data import strings_for_config
+
+        key = json.dumps(["train", train_cfg.data, train_cfg.words_top, train_cfg.random_strings, train_cfg.limit,
+                          train_cfg.column, train_cfg.max_length], default=str)
+        if key not in self._eval:
+            strings = strings_for_config(train_cfg).strings
+            self._eval[key] = (len(strings), self._per_text(strings))
+        n, per_text = self._eval[key]
+        steps = train_cfg.steps or train_cfg.epochs * math.ceil(n / train_cfg.batch_size)
+        return steps * train_cfg.batch_size * TRAIN_PASSES * per_text + 3 * self.load_s
+
+    def factor(self, part: str) -> float:
+        predicted, actual = self._spent[part]
+        return actual / predicted if predicted > 0 and actual > 0 else 1.0
+
+    def estimate(self, train_pred: float | None, eval_pred: float | None) -> float | None:
+        """Corrected seconds of a cell (None when its work could not be counted)."""
+        if eval_pred is None:
+            return None
+        total = self.factor("eval") * eval_pred
+        if train_pred is not None:
+            total += self.factor("train") * train_pred
+        return total
+
+    def record(self, train_pred: float | None, train_s: float, eval_pred: float | None, eval_s: float) -> None:
+        """What a computed cell took, split into training and evaluation: corrects later estimates."""
+        if train_pred is not None and train_s > 0:
+            self._spent["train"][0] += train_pred
+            self._spent["train"][1] += train_s
+        if eval_pred is not None and eval_s > 0:
+            self._spent["eval"][0] += eval_pred
+            self._spent["eval"][1] += eval_s
