@@ -301,3 +301,69 @@ def test_reproduce_damaged_cache_file_is_set_aside_and_recomputed(tiny_bert, tin
     assert calls == ["sts/before"] and again.computed == 1 and not again.failed
     assert cell.is_file() and json.loads(cell.read_text(encoding="utf-8"))["metrics"] == {"stsb": 0.5}
     assert (cell.parent / "sts__before--sx.json.damaged").exists()  # set aside, not deleted
+
+
+# ----------------------------------------------------------------------------- time estimates
+class _Recorder:
+    """A real encoder that records what it is asked to encode."""
+
+    def __init__(self, encoder):
+        self.encoder, self.texts = encoder, []
+
+    def encode(self, texts, *args, **kwargs):
+        self.texts.extend(texts)
+        return self.encoder.encode(texts, *args, **kwargs)
+
+
+@pytest.mark.parametrize("task, options, reference", [
+    ("sts", {}, False), ("wordsim", {"sets": ["multisimlex"], "languages": ["en"]}, False), ("qnli", {}, False),
+    ("bel", {}, False), ("isotropy", {"max_texts": 40, "texts_file": "corpora/en_words_top_10k.txt"}, True),
+])
+def test_dry_run_counts_exactly_what_the_evaluation_encodes(tiny_bert, tiny_data, tmp_path, task, options, reference):
+    """The estimate's work count is the evaluation's own: the same texts as a real run, in any order."""
+    from mirrorbert.encoder import Encoder
+    from mirrorbert.evaluation.runner import evaluate
+    from mirrorbert.reproduce.estimate import dry_run
+
+    if "texts_file" in options:
+        options = {**options, "texts_file": str(tiny_data / options["texts_file"])}
+    texts, other_s = dry_run(task, options, tiny_data, 16, reference)
+    model, before = (_Recorder(Encoder.load(str(tiny_bert), pooling="mean", device="cpu")) for _ in range(2))
+    evaluate(model, tasks=[task], data_dir=tiny_data, plot_dir=tmp_path, batch_size=16, task_options={task: options},
+             reference_encoder=before if reference else None)
+    assert texts and sorted(texts) == sorted(model.texts + before.texts) and other_s >= 0
+
+
+def test_estimator_arithmetic_and_correction(monkeypatch):
+    """est = steps x batch x 2 views x 3 passes x s/text + load and save; later cells are scaled by measured/predicted."""
+    from types import SimpleNamespace
+
+    from mirrorbert.reproduce import estimate
+
+    est = estimate.Estimator(encoder=None, batch_size=8, load_s=0.5)
+    monkeypatch.setattr(est, "_per_text", lambda texts: 0.01)
+    strings = SimpleNamespace(strings=[f"s{i}" for i in range(100)])
+    monkeypatch.setattr("mirrorbert.data.strings_for_config", lambda cfg: strings)
+    cfg = SimpleNamespace(data="x", words_top=None, random_strings=None, limit=None, column=None, max_length=32,
+                          steps=None, epochs=2, batch_size=16)
+    steps = 2 * 7  # two epochs of ceil(100 / 16) batches
+    assert est.train_prediction(cfg) == pytest.approx(steps * 16 * 6 * 0.01 + 2 * 0.5)
+    assert est.estimate(None, None) is None and est.estimate(3.0, 2.0) == pytest.approx(5.0)
+    est.record(train_pred=3.0, train_s=6.0, eval_pred=2.0, eval_s=1.0)  # training twice as slow, evaluation twice as fast
+    assert est.factor("train") == pytest.approx(2.0) and est.factor("eval") == pytest.approx(0.5)
+    assert est.estimate(3.0, 2.0) == pytest.approx(3.0 * 2 + 2.0 * 0.5)
+
+
+def test_quick_data_dir_cuts_evaluation_files_and_links_the_rest(tiny_data, tmp_path):
+    from mirrorbert.reproduce.cells import QuickLimits, quick_data_dir
+
+    limits = QuickLimits(eval_lines=10, bel_names=30)
+    quick = quick_data_dir(tiny_data, tmp_path / "q", limits)
+    src = tiny_data / "sts/STSBenchmark/sts-test.csv"
+    cut = (quick / "sts/STSBenchmark/sts-test.csv").read_text(encoding="utf-8").splitlines(keepends=True)
+    assert cut == src.read_text(encoding="utf-8").splitlines(keepends=True)[:10]
+    assert len((quick / "bel/ncbi/test_dictionary.txt").read_text(encoding="utf-8").splitlines()) == 30
+    assert (quick / "corpora").is_symlink() and (quick / "corpora").resolve() == (tiny_data / "corpora").resolve()
+    before = (quick / "sts/STSBenchmark/sts-test.csv").stat().st_mtime_ns
+    quick_data_dir(tiny_data, tmp_path / "q", limits)  # unchanged content is not rewritten: the cache stays valid
+    assert (quick / "sts/STSBenchmark/sts-test.csv").stat().st_mtime_ns == before

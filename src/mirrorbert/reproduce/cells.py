@@ -58,7 +58,8 @@ class QuickLimits:
     steps: int = 3
     batch_size: int = 16
     eval_lines: int = 400  # lines of each evaluation file (STS, QNLI, Multi-SimLex, BLI, BEL queries)
-    bel_names: int = 2000  # lines of each BEL dictionary file (NCBI: 81,820 names; MEDIC: 11,915 concepts)
+    bel_names: int = 2000  # names of each BEL dictionary (NCBI: 81,820 lines of one name; MEDIC: 11,915 concepts
+    #                        of about six names each, so bel_names // 6 of its lines)
     pubtator_docs: int = 40  # abstracts of each BC5CDR PubTator file
     bli_extra_vocab: int = 500  # wordfreq words added to the BLI search space (the paper: 20k per language)
     lexsub_items: int = 20
@@ -178,8 +179,11 @@ def _head_text(path: Path, quick: QuickLimits) -> str:
                     if len(docs) == quick.pubtator_docs:
                         break
             return "".join(docs + (["".join(current)] if current and len(docs) < quick.pubtator_docs else []))
-        big = path.name == "test_dictionary.txt" or path.name.startswith("medic")
-        n = quick.bel_names if big else quick.eval_lines
+        n = quick.eval_lines
+        if path.name == "test_dictionary.txt":
+            n = quick.bel_names
+        elif path.name.startswith("medic"):
+            n = quick.bel_names // 6
         return "".join(line for _, line in zip(range(n), f))
 
 

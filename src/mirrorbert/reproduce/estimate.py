@@ -1,7 +1,8 @@
 """Per-cell time estimates of `mirrorbert reproduce`: measured throughput on this machine x the cell's work.
 
 A cell's work is counted, not guessed: a dry run of its evaluation with an encoder that only records
-the texts it is given (:class:`CountingEncoder`) lists every string the evaluation encodes; a training
+the texts it is given (:class:`CountingEncoder`) lists every string the evaluation encodes and times
+everything else the evaluation does (reading the sets, the metrics, the plots); a training
 cell's work is its steps x batch x two views. The throughput is measured on this machine with the
 base model: a timed encoding of a sample of the very texts the cell encodes (and of its training
 strings, with a backward pass, for training). Once cells have run, the ratio of measured to predicted
@@ -46,23 +47,26 @@ class CountingEncoder:
         return vectors
 
 
-def evaluation_texts(task: str, options: dict[str, Any], data_dir) -> list[str] | None:
-    """Every text the evaluation `task` encodes with these options (None when it cannot be counted)."""
-    from mirrorbert.evaluation.runner import TASKS, get_task
+def dry_run(task: str, options: dict[str, Any], data_dir, batch_size: int, reference: bool) -> tuple[list[str], float]:
+    """(every text the evaluation encodes, seconds of everything else it does: reading the sets, the
+    metrics, the plots), from a run of the evaluation as the cell calls it, with counting encoders."""
+    import tempfile
+
+    from mirrorbert.evaluation.runner import TASKS, evaluate
 
     if task not in TASKS:
-        return None
-    counter = CountingEncoder()
+        return [], 0.0
+    counter, before = CountingEncoder(), CountingEncoder()
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # the real run says it (skipped sets and the like)
+    start = time.perf_counter()
     try:
-        get_task(task)(counter, data_dir, **{**options, "show_progress": False})
-    except Exception:  # noqa: BLE001  (absent data and the like: the real run reports it)
-        logger.debug("no work count for %s", task, exc_info=True)
-        return counter.texts or None
+        with tempfile.TemporaryDirectory(prefix="mirrorbert-estimate-") as plots:
+            evaluate(counter, tasks=[task], data_dir=data_dir, plot_dir=plots, batch_size=batch_size,
+                     task_options={task: dict(options)}, reference_encoder=before if reference else None)
     finally:
         logging.disable(previous)
-    return counter.texts
+    return counter.texts + before.texts, time.perf_counter() - start
 
 
 def _sample(texts: list[str], n: int = SAMPLE) -> list[str]:
@@ -92,14 +96,18 @@ class Estimator:
     def eval_prediction(self, task: str, options: dict[str, Any], data_dir, reference: bool,
                         loads: bool) -> float | None:
         """Seconds to encode what the evaluation encodes (twice with a reference model), plus a model load."""
-        key = json.dumps([task, options], sort_keys=True, default=str)
+        key = json.dumps([task, options, reference], sort_keys=True, default=str)
         if key not in self._eval:
-            texts = evaluation_texts(task, options, data_dir)
-            self._eval[key] = (len(texts), len(texts) * self._per_text(texts)) if texts else (0, 0.0)
+            try:
+                texts, other_s = dry_run(task, options, data_dir, self.batch_size, reference)
+            except Exception:  # noqa: BLE001  (the real run reports it; this cell just has no estimate)
+                logger.debug("no work count for %s", task, exc_info=True)
+                texts, other_s = [], 0.0
+            self._eval[key] = (len(texts), len(texts) * self._per_text(texts) + other_s) if texts else (0, 0.0)
         n, seconds = self._eval[key]
         if not n:
             return None
-        return seconds * (2 if reference else 1) + (self.load_s if loads else 0.0)
+        return seconds + (self.load_s if loads else 0.0)
 
     def train_prediction(self, train_cfg) -> float:
         """Steps x batch x views x passes at the measured per-text time of the cell's training strings."""
@@ -112,7 +120,7 @@ class Estimator:
             self._eval[key] = (len(strings), self._per_text(strings))
         n, per_text = self._eval[key]
         steps = train_cfg.steps or train_cfg.epochs * math.ceil(n / train_cfg.batch_size)
-        return steps * train_cfg.batch_size * TRAIN_PASSES * per_text + 3 * self.load_s
+        return steps * train_cfg.batch_size * TRAIN_PASSES * per_text + 2 * self.load_s  # load, save
 
     def factor(self, part: str) -> float:
         predicted, actual = self._spent[part]
