@@ -348,10 +348,17 @@ def test_estimator_arithmetic_and_correction(monkeypatch):
                           steps=None, epochs=2, batch_size=16)
     steps = 2 * 7  # two epochs of ceil(100 / 16) batches
     assert est.train_prediction(cfg) == pytest.approx(steps * 16 * 6 * 0.01 + 2 * 0.5)
-    assert est.estimate(None, None) is None and est.estimate(3.0, 2.0) == pytest.approx(5.0)
-    est.record(train_pred=3.0, train_s=6.0, eval_pred=2.0, eval_s=1.0)  # training twice as slow, evaluation twice as fast
-    assert est.factor("train") == pytest.approx(2.0) and est.factor("eval") == pytest.approx(0.5)
-    assert est.estimate(3.0, 2.0) == pytest.approx(3.0 * 2 + 2.0 * 0.5)
+    parts = [("train:word", 3.0), ("eval:sts", 2.0)]
+    assert est.estimate([]) is None and est.estimate(parts) == pytest.approx(5.0)
+    # measured: training twice as slow, evaluation twice as fast as predicted
+    est.record([("train:word", 3.0, 6.0), ("eval:sts", 2.0, 1.0)])
+    assert est.factor("train:word") == pytest.approx(2.0) and est.factor("eval:sts") == pytest.approx(0.5)
+    assert est.estimate(parts) == pytest.approx(3.0 * 2 + 2.0 * 0.5)
+    # a kind not seen yet takes its family's ratio; a kind seen takes its own
+    assert est.factor("train:sentence") == pytest.approx(2.0)
+    est.record([("train:sentence", 4.0, 4.0)])
+    assert est.factor("train:sentence") == pytest.approx(1.0) and est.factor("train:word") == pytest.approx(2.0)
+    assert est.factor("train:phrase") == pytest.approx((6.0 + 4.0) / (3.0 + 4.0))
 
 
 def test_quick_data_dir_cuts_evaluation_files_and_links_the_rest(tiny_data, tmp_path):

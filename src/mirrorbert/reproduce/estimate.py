@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 SAMPLE = 96
 #: A training step costs about three forward passes (forward + backward) per view, two views per string.
 TRAIN_PASSES = 2 * 3
+#: Cells whose measured / predicted time corrects the next estimates.
+RECENT = 6
 
 
 class CountingEncoder:
@@ -69,6 +71,23 @@ def dry_run(task: str, options: dict[str, Any], data_dir, batch_size: int, refer
     return counter.texts + before.texts, time.perf_counter() - start
 
 
+def warm_up() -> None:
+    """Import now what the first cells would otherwise pay for once (the trainer, the plotting library), so
+    that neither the first dry run's timing nor the first cells' times carry one-off costs."""
+    import importlib
+
+    for name in ("mirrorbert.trainer", "mirrorbert.evaluation.runner", "scipy.stats", "matplotlib"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        if name == "matplotlib":  # the backend the report and the evaluation plots use
+            import matplotlib
+
+            matplotlib.use("Agg")
+            importlib.import_module("matplotlib.pyplot")
+
+
 def _sample(texts: list[str], n: int = SAMPLE) -> list[str]:
     return texts if len(texts) <= n else random.Random(0).sample(texts, n)
 
@@ -81,7 +100,7 @@ class Estimator:
     batch_size: int
     load_s: float = 0.0  # loading a model of the base model's size
     _eval: dict[str, tuple[int, float]] = field(default_factory=dict)  # work key -> (texts, predicted s)
-    _spent: dict[str, list[float]] = field(default_factory=lambda: {"train": [0.0, 0.0], "eval": [0.0, 0.0]})
+    _spent: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     _warm: bool = False
 
     def _per_text(self, texts: list[str]) -> float:
@@ -122,24 +141,21 @@ class Estimator:
         steps = train_cfg.steps or train_cfg.epochs * math.ceil(n / train_cfg.batch_size)
         return steps * train_cfg.batch_size * TRAIN_PASSES * per_text + 2 * self.load_s  # load, save
 
-    def factor(self, part: str) -> float:
-        predicted, actual = self._spent[part]
+    def factor(self, kind: str) -> float:
+        """Measured / predicted time of the last RECENT parts of this kind ("train:word", "eval:sts"), else of
+        its family ("train", "eval"); 1 before any. A machine's load changes during a long run."""
+        family = kind.split(":")[0]
+        recent = (self._spent.get(kind) or self._spent.get(family) or [])[-RECENT:]
+        predicted, actual = sum(p for p, _ in recent), sum(a for _, a in recent)
         return actual / predicted if predicted > 0 and actual > 0 else 1.0
 
-    def estimate(self, train_pred: float | None, eval_pred: float | None) -> float | None:
-        """Corrected seconds of a cell (None when its work could not be counted)."""
-        if eval_pred is None:
-            return None
-        total = self.factor("eval") * eval_pred
-        if train_pred is not None:
-            total += self.factor("train") * train_pred
-        return total
+    def estimate(self, parts: list[tuple[str, float]]) -> float | None:
+        """Corrected seconds of a cell from its predicted parts [(kind, seconds)] (None: no part counted)."""
+        return sum(self.factor(kind) * seconds for kind, seconds in parts) if parts else None
 
-    def record(self, train_pred: float | None, train_s: float, eval_pred: float | None, eval_s: float) -> None:
-        """What a computed cell took, split into training and evaluation: corrects later estimates."""
-        if train_pred is not None and train_s > 0:
-            self._spent["train"][0] += train_pred
-            self._spent["train"][1] += train_s
-        if eval_pred is not None and eval_s > 0:
-            self._spent["eval"][0] += eval_pred
-            self._spent["eval"][1] += eval_s
+    def record(self, parts: list[tuple[str, float, float]]) -> None:
+        """What a computed cell's parts took [(kind, predicted, measured)]: corrects later estimates."""
+        for kind, predicted, actual in parts:
+            if predicted > 0 and actual > 0:
+                for key in (kind, kind.split(":")[0]):
+                    self._spent.setdefault(key, []).append((predicted, actual))

@@ -472,8 +472,8 @@ class _Plan:
         self.by_experiment: dict[str, list[float]] = {}
 
     def estimate(self, i: int) -> float | None:
-        train_pred, eval_pred = self.predictions.get(i, (None, None))
-        est = self.estimator.estimate(train_pred, eval_pred) if self.estimator is not None else None
+        parts = self.predictions.get(i)
+        est = self.estimator.estimate(parts) if self.estimator is not None and parts else None
         if est is None:
             seen = self.by_experiment.get(self.jobs[i][0].experiment)
             est = statistics.fmean(seen) if seen else None
@@ -487,8 +487,8 @@ class _Plan:
         self.pending.discard(i)
         self.by_experiment.setdefault(self.jobs[i][0].experiment, []).append(result.wall_s)
         if self.estimator is not None and result.status == "ok":
-            train_pred, eval_pred = self.predictions.get(i, (None, None))
-            self.estimator.record(train_pred, result.train_s, eval_pred, result.wall_s - result.train_s)
+            measured = {"train": result.train_s, "eval": result.wall_s - result.train_s}
+            self.estimator.record([(kind, p, measured[kind.split(":")[0]]) for kind, p in self.predictions.get(i, [])])
 
 
 def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], progress: Callable[[str], None]) -> _Plan:
@@ -496,32 +496,34 @@ def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], p
     if not todo:
         return _Plan(jobs, None, {})
     from mirrorbert.config import resolve_config
-    from mirrorbert.reproduce.estimate import Estimator
+    from mirrorbert.reproduce.estimate import Estimator, warm_up
 
     start = time.perf_counter()
+    warm_up()
     encoder = ctx.base_encoder("mean")
     load_start = time.perf_counter()  # a second load: the first one pays for imports and caches
     importlib.import_module("mirrorbert.encoder").Encoder.load(ctx.cfg.model, pooling="mean", device=ctx.cfg.device)
     estimator = Estimator(encoder, ctx.cfg.eval_batch_size, load_s=time.perf_counter() - load_start)
-    predictions: dict[int, tuple] = {}
+    predictions: dict[int, list[tuple[str, float]]] = {}
     trained: set[Path] = set()
     for i in todo:
         cell, seed = jobs[i]
-        train_pred = None
+        parts: list[tuple[str, float]] = []
         if cell.train is not None:
             folder = ctx.trained_model_dir(cell, seed)
             if folder not in trained and not (folder / "mirrorbert.json").is_file():
                 trained.add(folder)
-                train_pred = estimator.train_prediction(resolve_config(ctx.train_overrides(cell, seed)))
+                tcfg = resolve_config(ctx.train_overrides(cell, seed))
+                parts.append((f"train:{tcfg.preset}", estimator.train_prediction(tcfg)))
         elif cell.gr_arch is not None:
             continue  # gloss pre-training: counted from the cells already run
         ev = cell.evaluation
         eval_pred = estimator.eval_prediction(ev.task, ev.options, ctx.data_dir, ev.reference_base,
                                               loads=cell.train is not None)
-        if eval_pred is None and train_pred is None:
+        if eval_pred is None:
             continue
-        predictions[i] = (train_pred, eval_pred)
-    total = [estimator.estimate(*p) for p in predictions.values()]
+        predictions[i] = parts + [(f"eval:{ev.task}", eval_pred)]
+    total = [estimator.estimate(p) for p in predictions.values()]
     progress(f"estimated {_fmt_s(sum(t for t in total if t is not None))} for {len(predictions)} cell runs "
              f"(throughput measured here in {time.perf_counter() - start:.0f} s)")
     return _Plan(jobs, estimator, predictions)
