@@ -374,3 +374,21 @@ def test_quick_data_dir_cuts_evaluation_files_and_links_the_rest(tiny_data, tmp_
     before = (quick / "sts/STSBenchmark/sts-test.csv").stat().st_mtime_ns
     quick_data_dir(tiny_data, tmp_path / "q", limits)  # unchanged content is not rewritten: the cache stays valid
     assert (quick / "sts/STSBenchmark/sts-test.csv").stat().st_mtime_ns == before
+
+
+def test_reproduce_retries_a_failure_cached_by_an_older_version(tiny_bert, tiny_data, tmp_path, monkeypatch):
+    """Older versions cached failures as results; such a file is computed again, not reused."""
+    out = tmp_path / "out"
+    cfg = _config(tiny_bert, tiny_data, out, experiments=["sts"])
+    monkeypatch.setattr(runner_module, "compute_cell", _fake_compute())
+    reproduce(cfg, progress=lambda _: None)
+    cell = out / "cells" / "sts__before--sx.json"
+    record = json.loads(cell.read_text(encoding="utf-8"))
+    cell.write_text(json.dumps({**record, "status": "error", "metrics": {}, "message": "CUDA out of memory"}),
+                    encoding="utf-8")
+    calls: list[str] = []
+    ok = _fake_compute()
+    monkeypatch.setattr(runner_module, "compute_cell", lambda ctx, c, seed: calls.append(c.id) or ok(ctx, c, seed))
+    again = reproduce(cfg, progress=lambda _: None)
+    assert calls == ["sts/before"] and not again.failed
+    assert json.loads(cell.read_text(encoding="utf-8"))["status"] == "ok"
