@@ -514,7 +514,11 @@ def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], p
             if folder not in trained and not (folder / "mirrorbert.json").is_file():
                 trained.add(folder)
                 tcfg = resolve_config(ctx.train_overrides(cell, seed))
-                parts.append((f"train:{tcfg.preset}", estimator.train_prediction(tcfg)))
+                try:
+                    parts.append((f"train:{tcfg.preset}", estimator.train_prediction(tcfg)))
+                except Exception:  # noqa: BLE001  (e.g. too few strings: the cell fails and is reported)
+                    logger.debug("no training estimate for %s", cell.id, exc_info=True)
+                    continue
         elif cell.gr_arch is not None:
             continue  # gloss pre-training: counted from the cells already run
         ev = cell.evaluation
