@@ -235,7 +235,7 @@ def test_reproduce_empty_model_folder_is_refused_before_any_cell(tiny_data, tmp_
                "--experiments", "sts", "--quick"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("mirrorbert: error: --model"), err
-    assert not (tmp_path / "out" / "cells").exists() and not (tmp_path / "o2" / "cells").exists()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "o2").exists()  # nothing written
 
 
 @pytest.mark.parametrize("kw, message", [

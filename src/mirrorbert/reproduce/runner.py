@@ -313,17 +313,17 @@ def _prepare_model(ctx: _Context, cell: Cell, seed: int | None) -> tuple[str, li
     return ctx.cfg.model, [], {}
 
 
-def preflight(ctx: _Context, jobs: list[tuple[Cell, int | None]]) -> None:
+def preflight(ctx: _Context, jobs: list[tuple[Cell, int | None]], config: Any) -> None:
     """Every input of every cell, checked before the first one runs: one UserError naming what is wrong.
 
-    The model folder (config, tokenizer, weights), each training cell's options through the same typed
-    config as `mirrorbert train` (and its data file), each evaluation's options as `mirrorbert eval` takes them.
+    Each training cell's options through the same typed config as `mirrorbert train` (its data file, its
+    max length against the model's `config`), each evaluation's options as `mirrorbert eval` takes them.
+    (The model folder itself is checked by inspect_model before anything is written.)
     """
     from mirrorbert.config import resolve_config
     from mirrorbert.evaluation.runner import TASKS, check_task_options
-    from mirrorbert.preflight import check_max_length, check_readable, inspect_model
+    from mirrorbert.preflight import check_max_length, check_readable
 
-    config, _ = inspect_model(ctx.cfg.model)
     for cell, seed in jobs:
         try:
             if cell.train is not None:
@@ -542,6 +542,11 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
     experiments = cfg.validate()
     progress = progress or logger.info
     data_dir = resolve_data_dir(cfg.data_dir)
+    model_config = None
+    if not cfg.report_only:  # the model folder (config, tokenizer, weights), before anything is written
+        from mirrorbert.preflight import inspect_model
+
+        model_config, _ = inspect_model(cfg.model)
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     quick = QuickLimits() if cfg.quick else None
@@ -556,7 +561,7 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
     versions = library_versions()
     jobs = [(c, s) for c in cells for s in (cfg.seeds if c.seeded else (None,))]
     if not cfg.report_only:
-        preflight(ctx, jobs)
+        preflight(ctx, jobs, model_config)
     users: dict[Path, int] = {}
     for c, s in jobs:
         if c.train is not None:
