@@ -41,9 +41,8 @@ def tiny_data(shared_data, tmp_path_factory) -> Path:
 
 def _config(model: Path, data: Path, out: Path, **kw) -> ReproduceConfig:
     kw.setdefault("experiments", list(MIRROR_EXPERIMENTS))
-    # BLI's extra target vocabulary (20k wordfreq words) would dominate a smoke test's time
-    return ReproduceConfig(model=str(model), output=str(out), data_dir=str(data), quick=True, device="cpu",
-                           eval_batch_size=32, **kw)
+    kw.setdefault("eval_batch_size", 32)
+    return ReproduceConfig(model=str(model), output=str(out), data_dir=str(data), quick=True, device="cpu", **kw)
 
 
 @pytest.mark.slow  # ~25 s of CPU (every Mirror-BERT cell trains and evaluates twice), longer on a busy machine
@@ -213,3 +212,184 @@ def test_cli_bad_gr_option_is_one_line_before_any_work(tiny_bert, tiny_data, tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("mirrorbert: error: ") and message in err[0], err
     assert not (tmp_path / "out" / "cells").exists()  # refused before any cell ran
+
+
+# ----------------------------------------------------------------------------- refuse early, retry failures
+def _fake_compute(fail: set[str] = frozenset()):
+    """compute_cell without the work: a fixed metric, or an out-of-memory error for the cells in `fail`."""
+    def compute(ctx, cell, seed):
+        if cell.id in fail:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return runner_module.CellResult(cell.id, cell.experiment, cell.state, seed, "", {"stsb": 0.5}, wall_s=0.01)
+    return compute
+
+
+def test_reproduce_empty_model_folder_is_refused_before_any_cell(tiny_data, tmp_path, monkeypatch, capsys):
+    from mirrorbert.cli import main
+
+    monkeypatch.setattr(runner_module, "compute_cell", lambda *a: pytest.fail("a cell ran"))
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    with pytest.raises(UserError, match="--model .*config.json"):
+        reproduce(_config(empty, tiny_data, tmp_path / "out", experiments=["sts"]))
+    rc = main(["reproduce", "--model", str(empty), "--data-dir", str(tiny_data), "--output", str(tmp_path / "o2"),
+               "--experiments", "sts", "--quick"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("mirrorbert: error: --model"), err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "o2").exists()  # nothing written
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"train_options": {"lr": "abc"}}, r"--train-option: .*lr"),
+    ({"train_options": {"lr": -1.0}}, r"--train-option: --lr: must be a positive number"),
+    ({"train_options": {"max_length": 100000}}, r"cell sts/after: --max-length 100000"),
+    ({"eval_batch_size": 0}, r"--eval-batch-size 0: must be an integer >= 1"),
+])
+def test_reproduce_bad_options_refused_before_any_cell(tiny_bert, tiny_data, tmp_path, monkeypatch, kw, message):
+    monkeypatch.setattr(runner_module, "compute_cell", lambda *a: pytest.fail("a cell ran"))
+    with pytest.raises(UserError, match=message):
+        reproduce(_config(tiny_bert, tiny_data, tmp_path / "out", experiments=["sts"], **kw))
+    assert not (tmp_path / "out" / "cells").exists()
+
+
+def test_reproduce_failed_cell_is_reported_not_cached_and_retried(tiny_bert, tiny_data, tmp_path, monkeypatch, capsys):
+    from mirrorbert.cli import main
+
+    out = tmp_path / "out"
+    argv = ["reproduce", "--model", str(tiny_bert), "--data-dir", str(tiny_data), "--output", str(out),
+            "--experiments", "sts", "--quick", "--device", "cpu"]
+    monkeypatch.setattr(runner_module, "compute_cell", _fake_compute(fail={"sts/after"}))
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "mirrorbert: error: cell sts/after seed 0 failed: RuntimeError: CUDA out of memory" in err
+    assert not (out / "cells" / "sts__after--s0.json").exists()  # never cached as a result
+    assert (out / "cells" / "sts__before--sx.json").is_file()
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "## Failed cells" in report and "**sts/after** seed 0: RuntimeError: CUDA out of memory" in report
+    assert json.loads((out / "results.json").read_text(encoding="utf-8"))["cells"]["sts/after"]["status"] == "error"
+
+    # the next run retries the failed cell only; it now succeeds and the command exits 0
+    calls: list[str] = []
+    ok = _fake_compute()
+    monkeypatch.setattr(runner_module, "compute_cell", lambda ctx, cell, seed: calls.append(cell.id) or ok(ctx, cell, seed))
+    assert main(argv) == 0
+    assert calls == ["sts/after"] and (out / "cells" / "sts__after--s0.json").is_file()
+
+
+@pytest.mark.parametrize("damage", ["list", "null-metrics", "string-metric", "folder", "not-json"])
+def test_reproduce_damaged_cache_file_is_set_aside_and_recomputed(tiny_bert, tiny_data, tmp_path, monkeypatch,
+                                                                   caplog, damage):
+    out = tmp_path / "out"
+    cfg = _config(tiny_bert, tiny_data, out, experiments=["sts"])
+    monkeypatch.setattr(runner_module, "compute_cell", _fake_compute())
+    reproduce(cfg, progress=lambda _: None)
+    cell = out / "cells" / "sts__before--sx.json"
+    record = json.loads(cell.read_text(encoding="utf-8"))
+    if damage == "folder":
+        cell.unlink()
+        (cell / "inner").mkdir(parents=True)
+    else:
+        text = {"list": "[]", "null-metrics": json.dumps({**record, "metrics": None}),
+                "string-metric": json.dumps({**record, "metrics": {"stsb": "0.5"}}), "not-json": "{oops"}[damage]
+        cell.write_text(text, encoding="utf-8")
+    calls: list[str] = []
+    ok = _fake_compute()
+    monkeypatch.setattr(runner_module, "compute_cell", lambda ctx, c, seed: calls.append(c.id) or ok(ctx, c, seed))
+    with caplog.at_level("WARNING", logger="mirrorbert.reproduce.runner"):
+        again = reproduce(cfg, progress=lambda _: None)
+    warnings = [r for r in caplog.records if "damaged cache" in r.getMessage()]
+    assert len(warnings) == 1 and "sts__before--sx.json" in warnings[0].getMessage()
+    assert calls == ["sts/before"] and again.computed == 1 and not again.failed
+    assert cell.is_file() and json.loads(cell.read_text(encoding="utf-8"))["metrics"] == {"stsb": 0.5}
+    assert (cell.parent / "sts__before--sx.json.damaged").exists()  # set aside, not deleted
+
+
+# ----------------------------------------------------------------------------- time estimates
+class _Recorder:
+    """A real encoder that records what it is asked to encode."""
+
+    def __init__(self, encoder):
+        self.encoder, self.texts = encoder, []
+
+    def encode(self, texts, *args, **kwargs):
+        self.texts.extend(texts)
+        return self.encoder.encode(texts, *args, **kwargs)
+
+
+@pytest.mark.parametrize("task, options, reference", [
+    ("sts", {}, False), ("wordsim", {"sets": ["multisimlex"], "languages": ["en"]}, False), ("qnli", {}, False),
+    ("bel", {}, False), ("isotropy", {"max_texts": 40, "texts_file": "corpora/en_words_top_10k.txt"}, True),
+])
+def test_dry_run_counts_exactly_what_the_evaluation_encodes(tiny_bert, tiny_data, tmp_path, task, options, reference):
+    """The estimate's work count is the evaluation's own: the same texts as a real run, in any order."""
+    from mirrorbert.encoder import Encoder
+    from mirrorbert.evaluation.runner import evaluate
+    from mirrorbert.reproduce.estimate import dry_run
+
+    if "texts_file" in options:
+        options = {**options, "texts_file": str(tiny_data / options["texts_file"])}
+    texts, other_s = dry_run(task, options, tiny_data, 16, reference)
+    model, before = (_Recorder(Encoder.load(str(tiny_bert), pooling="mean", device="cpu")) for _ in range(2))
+    evaluate(model, tasks=[task], data_dir=tiny_data, plot_dir=tmp_path, batch_size=16, task_options={task: options},
+             reference_encoder=before if reference else None)
+    assert texts and sorted(texts) == sorted(model.texts + before.texts) and other_s >= 0
+
+
+def test_estimator_arithmetic_and_correction(monkeypatch):
+    """est = steps x batch x 2 views x 3 passes x s/text + load and save; later cells are scaled by measured/predicted."""
+    from types import SimpleNamespace
+
+    from mirrorbert.reproduce import estimate
+
+    est = estimate.Estimator(encoder=None, batch_size=8, load_s=0.5)
+    monkeypatch.setattr(est, "_per_text", lambda texts: 0.01)
+    strings = SimpleNamespace(strings=[f"s{i}" for i in range(100)])
+    monkeypatch.setattr("mirrorbert.data.strings_for_config", lambda cfg: strings)
+    cfg = SimpleNamespace(data="x", words_top=None, random_strings=None, limit=None, column=None, max_length=32,
+                          steps=None, epochs=2, batch_size=16)
+    steps = 2 * 7  # two epochs of ceil(100 / 16) batches
+    assert est.train_prediction(cfg) == pytest.approx(steps * 16 * 6 * 0.01 + 2 * 0.5)
+    parts = [("train:word", 3.0), ("eval:sts", 2.0)]
+    assert est.estimate([]) is None and est.estimate(parts) == pytest.approx(5.0)
+    # measured: training twice as slow, evaluation twice as fast as predicted
+    est.record([("train:word", 3.0, 6.0), ("eval:sts", 2.0, 1.0)])
+    assert est.factor("train:word") == pytest.approx(2.0) and est.factor("eval:sts") == pytest.approx(0.5)
+    assert est.estimate(parts) == pytest.approx(3.0 * 2 + 2.0 * 0.5)
+    # a kind not seen yet takes its family's ratio; a kind seen takes its own
+    assert est.factor("train:sentence") == pytest.approx(2.0)
+    est.record([("train:sentence", 4.0, 4.0)])
+    assert est.factor("train:sentence") == pytest.approx(1.0) and est.factor("train:word") == pytest.approx(2.0)
+    assert est.factor("train:phrase") == pytest.approx((6.0 + 4.0) / (3.0 + 4.0))
+
+
+def test_quick_data_dir_cuts_evaluation_files_and_links_the_rest(tiny_data, tmp_path):
+    from mirrorbert.reproduce.cells import QuickLimits, quick_data_dir
+
+    limits = QuickLimits(eval_lines=10, bel_names=30)
+    quick = quick_data_dir(tiny_data, tmp_path / "q", limits)
+    src = tiny_data / "sts/STSBenchmark/sts-test.csv"
+    cut = (quick / "sts/STSBenchmark/sts-test.csv").read_text(encoding="utf-8").splitlines(keepends=True)
+    assert cut == src.read_text(encoding="utf-8").splitlines(keepends=True)[:10]
+    assert len((quick / "bel/ncbi/test_dictionary.txt").read_text(encoding="utf-8").splitlines()) == 30
+    assert (quick / "corpora").is_symlink() and (quick / "corpora").resolve() == (tiny_data / "corpora").resolve()
+    before = (quick / "sts/STSBenchmark/sts-test.csv").stat().st_mtime_ns
+    quick_data_dir(tiny_data, tmp_path / "q", limits)  # unchanged content is not rewritten: the cache stays valid
+    assert (quick / "sts/STSBenchmark/sts-test.csv").stat().st_mtime_ns == before
+
+
+def test_reproduce_retries_a_failure_cached_by_an_older_version(tiny_bert, tiny_data, tmp_path, monkeypatch):
+    """Older versions cached failures as results; such a file is computed again, not reused."""
+    out = tmp_path / "out"
+    cfg = _config(tiny_bert, tiny_data, out, experiments=["sts"])
+    monkeypatch.setattr(runner_module, "compute_cell", _fake_compute())
+    reproduce(cfg, progress=lambda _: None)
+    cell = out / "cells" / "sts__before--sx.json"
+    record = json.loads(cell.read_text(encoding="utf-8"))
+    cell.write_text(json.dumps({**record, "status": "error", "metrics": {}, "message": "CUDA out of memory"}),
+                    encoding="utf-8")
+    calls: list[str] = []
+    ok = _fake_compute()
+    monkeypatch.setattr(runner_module, "compute_cell", lambda ctx, c, seed: calls.append(c.id) or ok(ctx, c, seed))
+    again = reproduce(cfg, progress=lambda _: None)
+    assert calls == ["sts/before"] and not again.failed
+    assert json.loads(cell.read_text(encoding="utf-8"))["status"] == "ok"

@@ -52,12 +52,16 @@ LEXSUB_POST = {"none": (), "emb+valid": ("emb", "valid")}
 
 @dataclass
 class QuickLimits:
-    """--quick: a smoke test of every cell, not a result."""
+    """--quick: a smoke test of every cell, not a result (the evaluation sets are cut too: see quick_data_dir)."""
 
     strings: int = 64
     steps: int = 3
     batch_size: int = 16
-    max_texts: int = 200
+    eval_lines: int = 400  # lines of each evaluation file (STS, QNLI, Multi-SimLex, BLI, BEL queries)
+    bel_names: int = 2000  # names of each BEL dictionary (NCBI: 81,820 lines of one name; MEDIC: 11,915 concepts
+    #                        of about six names each, so bel_names // 6 of its lines)
+    pubtator_docs: int = 40  # abstracts of each BC5CDR PubTator file
+    bli_extra_vocab: int = 500  # wordfreq words added to the BLI search space (the paper: 20k per language)
     lexsub_items: int = 20
     gr_triplets: int = 64
     datasizes: tuple[int, ...] = (32, 64)
@@ -155,6 +159,54 @@ def bel_names(data_dir: Path, out: Path, n: int, seed: int = 0) -> Path | None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(names[:n]) + "\n", encoding="utf-8")
     return out
+
+
+#: Evaluation folders that --quick cuts (the others, e.g. training corpora, WordNet, lexsub, are linked whole).
+QUICK_CUT = ("sts", "qnli", "bel", "bli", "wordsim")
+
+
+def _head_text(path: Path, quick: QuickLimits) -> str:
+    """The first lines of an evaluation file (whole documents for PubTator), as --quick evaluates it."""
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        if path.name.endswith(".PubTator.txt"):
+            docs, current = [], []
+            for line in f:
+                if line.strip():
+                    current.append(line)
+                elif current:
+                    docs.append("".join(current) + "\n")
+                    current = []
+                    if len(docs) == quick.pubtator_docs:
+                        break
+            return "".join(docs + (["".join(current)] if current and len(docs) < quick.pubtator_docs else []))
+        n = quick.eval_lines
+        if path.name == "test_dictionary.txt":
+            n = quick.bel_names
+        elif path.name.startswith("medic"):
+            n = quick.bel_names // 6
+        return "".join(line for _, line in zip(range(n), f))
+
+
+def quick_data_dir(data_dir: Path, dest: Path, quick: QuickLimits) -> Path:
+    """A copy of the data directory with every evaluation file cut to its first lines (--quick).
+
+    The evaluation code runs unchanged on it; the other folders are symbolic links to the originals.
+    Files are rewritten only when their content changes, so the cells' data fingerprints stay valid.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(data_dir.iterdir()):
+        target = dest / entry.name
+        if entry.name in QUICK_CUT and entry.is_dir():
+            for src in sorted(p for p in entry.rglob("*") if p.is_file()):
+                out = target / src.relative_to(entry)
+                text = _head_text(src, quick)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                data = text.encode("utf-8", errors="surrogateescape")
+                if not out.is_file() or out.read_bytes() != data:
+                    out.write_bytes(data)
+        elif not target.is_symlink() and not target.exists():
+            target.symlink_to(entry.resolve(), target_is_directory=entry.is_dir())
+    return dest
 
 
 def _write_lines(path: Path, lines: list[str]) -> Path:
@@ -268,7 +320,8 @@ def build_cells(
 
                     words += top_words(per_lang, lang)
             train_file = _write_lines(derived / f"bli_words_{'_'.join(langs)}_{per_lang}.txt", list(dict.fromkeys(words)))
-            spec = EvalSpec("bli", {"pairs": pairs}, keep=tuple(f"{p}_acc@1" for p in pairs) + ("avg",),
+            bli_opts: dict[str, Any] = {"pairs": pairs, **({"extra_vocab": quick.bli_extra_vocab} if quick else {})}
+            spec = EvalSpec("bli", bli_opts, keep=tuple(f"{p}_acc@1" for p in pairs) + ("avg",),
                             rename={"primary": "avg"})
             cells.append(Cell("bli/before", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
             cells.append(Cell("bli/after", exp, "after", spec, train={"preset": "word", "data": str(train_file)},

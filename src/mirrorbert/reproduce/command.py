@@ -88,4 +88,11 @@ def run_reproduce(args: argparse.Namespace) -> int:
     result = reproduce(cfg, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"report: {result.report}")
     print(f"results: {result.report.with_name('results.json')}")
+    if result.failed:  # reported, not cached: a rerun tries these cells again
+        for r in result.failed:
+            seed = "" if r.seed is None else f" seed {r.seed}"
+            print(f"mirrorbert: error: cell {r.cell}{seed} failed: {r.message}", file=sys.stderr)
+        print(f"mirrorbert: {len(result.failed)} of {len(result.results)} cells failed (see {result.report}); "
+              "rerun the same command to retry them", file=sys.stderr)
+        return 1
     return 0

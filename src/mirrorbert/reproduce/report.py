@@ -49,6 +49,7 @@ def aggregate(results: list[CellResult], base_model: str | None) -> OrderedDict[
             message="; ".join(sorted({r.message for r in runs if r.message})),
             seeds=[r.seed for r in runs],
             wall_s=sum(r.wall_s for r in runs if not r.cached) or sum(r.wall_s for r in runs),
+            est_s=sum(r.est_s for r in runs if r.est_s is not None and not r.cached) or None,
             cached=all(r.cached for r in runs),
             skipped=dict(kv for r in runs for kv in r.skipped.items()),
             artifacts=dict(kv for r in runs for kv in r.artifacts.items()),
@@ -197,6 +198,11 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
               f"- {run.computed} cell runs computed now, {len(run.results) - run.computed} reused from the cache; "
               f"this run took {run.wall_s:.0f} s",
               "- values x100; the paper's numbers come from `paper_numbers.json` (source and table of each)", ""]
+    failed = [r for r in run.results if r.status == "error"]
+    if failed:
+        lines += ["## Failed cells", "", "Not cached: rerun the same command to try them again.", ""]
+        lines += [f"- **{r.cell}**" + ("" if r.seed is None else f" seed {r.seed}") + f": {r.message}" for r in failed]
+        lines.append("")
     if "before_after" in plots:
         lines += [f"![before vs after]({os.path.relpath(plots['before_after'], out)})", ""]
     experiments = list(dict.fromkeys(e["experiment"] for e in cells.values()))
@@ -227,12 +233,14 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
     absent = dict(kv for e in cells.values() for kv in e["skipped"].items())
     if absent:
         lines += ["## Skipped data", ""] + [f"- **{k}**: {v}" for k, v in absent.items()] + [""]
-    lines += ["## Cell details", "", "| cell | seeds | wall s | cached | data (sha256) | commands |", "|---|---|---:|---|---|---|"]
+    lines += ["## Cell details", "", "Estimated s: printed before the cell ran (measured throughput x the cell's work).", "",
+              "| cell | seeds | estimated s | wall s | cached | data (sha256) | commands |", "|---|---|---:|---:|---|---|---|"]
     for cid, e in cells.items():
         data = "<br>".join(f"{k} `{v[:12]}`" for k, v in e["data"].items())
         cmds = "<br>".join(f"`{c}`" for c in e["commands"])
         seeds = ",".join("-" if s is None else str(s) for s in e["seeds"])
-        lines.append(f"| {cid} | {seeds} | {e['wall_s']:.1f} | {'yes' if e['cached'] else 'no'} | {data} | {cmds} |")
+        est = "-" if e["est_s"] is None else f"{e['est_s']:.1f}"
+        lines.append(f"| {cid} | {seeds} | {est} | {e['wall_s']:.1f} | {'yes' if e['cached'] else 'no'} | {data} | {cmds} |")
     lines += ["", "## Paper numbers not recorded", ""]
     lines += [f"- {u['what']}: {u['why']}" for u in load_paper_numbers()["unverified"]]
     lines.append("")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -18,13 +19,14 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from mirrorbert import jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.reproduce.cells import PAPERS, Cell, QuickLimits, Skipped, build_cells
+from mirrorbert.preflight import first_line
+from mirrorbert.reproduce.cells import PAPERS, Cell, QuickLimits, Skipped, build_cells, quick_data_dir
 from mirrorbert.reproduce.paper import detect_base_model
 from mirrorbert.safety import REPRODUCE_KIND
 
@@ -69,11 +71,18 @@ class ReproduceConfig:
             raise UserError(f"--experiments: unknown experiment(s) {', '.join(unknown)}; known: {', '.join(known)}")
         if not self.seeds:
             raise UserError("--seeds: give at least one seed")
-        from mirrorbert.config import FIELD_NAMES
+        bs = self.eval_batch_size
+        if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
+            raise UserError(f"--eval-batch-size {bs!r}: must be an integer >= 1")
+        from mirrorbert.config import FIELD_NAMES, resolve_config
 
         bad = sorted(set(self.train_options) - FIELD_NAMES)
         if bad:
             raise UserError(f"--train-option: unknown option(s) {', '.join(bad)}")
+        try:  # the values, through the same typed config as `mirrorbert train`
+            resolve_config({"model": self.model, **self.train_options})
+        except (UserError, TypeError) as exc:
+            raise UserError(f"--train-option: {exc}") from None
         from mirrorbert.gloss.pretrain import GlossPretrainConfig
 
         # the runner sets these itself (per cell) or they would break the cache and the report
@@ -107,6 +116,8 @@ class CellResult:
     x: float | None = None
     versions: dict[str, str] = field(default_factory=dict)
     cached: bool = False
+    est_s: float | None = None  # the estimate printed before the cell ran
+    train_s: float = 0.0  # of wall_s, training the cell's model
 
 
 @dataclass
@@ -118,6 +129,11 @@ class ReproduceResult:
     computed: int
     wall_s: float
     report: Path | None = None
+
+    @property
+    def failed(self) -> list[CellResult]:
+        """Cells that failed in this run (not cached; the next run tries them again)."""
+        return [r for r in self.results if r.status == "error"]
 
 
 # ----------------------------------------------------------------------------- fingerprints
@@ -301,12 +317,38 @@ def _prepare_model(ctx: _Context, cell: Cell, seed: int | None) -> tuple[str, li
     return ctx.cfg.model, [], {}
 
 
+def preflight(ctx: _Context, jobs: list[tuple[Cell, int | None]], config: Any) -> None:
+    """Every input of every cell, checked before the first one runs: one UserError naming what is wrong.
+
+    Each training cell's options through the same typed config as `mirrorbert train` (its data file, its
+    max length against the model's `config`), each evaluation's options as `mirrorbert eval` takes them.
+    (The model folder itself is checked by inspect_model before anything is written.)
+    """
+    from mirrorbert.config import resolve_config
+    from mirrorbert.evaluation.runner import TASKS, check_task_options
+    from mirrorbert.preflight import check_max_length, check_readable
+
+    for cell, seed in jobs:
+        try:
+            if cell.train is not None:
+                overrides = ctx.train_overrides(cell, seed)
+                tcfg = resolve_config({**overrides, "output": str(ctx.trained_model_dir(cell, seed)), "overwrite": True})
+                check_max_length(tcfg.max_length, config, "--max-length", ctx.cfg.model)
+                if tcfg.data:
+                    check_readable(tcfg.data, "--data")
+            if cell.evaluation.task in TASKS:
+                check_task_options({cell.evaluation.task: cell.evaluation.options})
+        except (UserError, TypeError) as exc:
+            raise UserError(f"cell {cell.id}: {exc}") from None
+
+
 def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
     """Train (if needed) and evaluate one cell for one seed."""
     from mirrorbert.evaluation.runner import evaluate
 
     start = time.perf_counter()
     model, commands, data = _prepare_model(ctx, cell, seed)
+    train_s = time.perf_counter() - start
     ev = cell.evaluation
     commands.append(_eval_command(model, cell, ctx.data_dir))
     for d in TASK_DATA.get(ev.task, ()):
@@ -346,7 +388,7 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
         result.metrics = {ev.rename.get(k, k): v for k, v in kept.items()}
         result.skipped = dict(outcome.skipped_parts)
         result.artifacts = {k: os.path.relpath(v, ctx.out) for k, v in outcome.artifacts.items()}
-    result.wall_s = time.perf_counter() - start
+    result.wall_s, result.train_s = time.perf_counter() - start, train_s
     return result
 
 
@@ -357,14 +399,50 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _damage(data: Any) -> str | None:
+    """Why a cell file's content is not a cell result (None when it is one)."""
+    if not isinstance(data, dict):
+        return f"holds {type(data).__name__}, not a cell record"
+    metrics = data.get("metrics")
+    if not isinstance(metrics, dict):
+        return f"its metrics are {type(metrics).__name__}, not a mapping"
+    bad = [k for k, v in metrics.items() if not isinstance(v, (int, float)) or isinstance(v, bool)]
+    if bad:
+        return f"metric(s) {', '.join(map(str, bad))} are not numbers"
+    names = {f.name for f in fields(CellResult)}
+    missing = [f.name for f in fields(CellResult) if f.default is MISSING and f.default_factory is MISSING
+               and f.name not in data]
+    if missing or set(data) - names:
+        return f"fields missing ({', '.join(missing)}) or unknown ({', '.join(sorted(set(data) - names))})"
+    return None
+
+
+def _set_aside(path: Path, why: str) -> None:
+    """Move a damaged cell file (or a folder where one should be) out of the way, with one warning."""
+    n = 1
+    while (aside := path.with_name(f"{path.name}.damaged{'' if n == 1 else f'-{n}'}")).exists():
+        n += 1
+    os.replace(path, aside)
+    logger.warning("reproduce: damaged cache %s (%s); set aside as %s and recomputed", path, why, aside.name)
+
+
 def _load_cached(path: Path, key: str) -> CellResult | None:
+    """The cached result of a cell, or None (absent, stale, a failure, or damaged: set aside)."""
+    if not path.exists() and not path.is_symlink():
+        return None
     if not path.is_file():
+        _set_aside(path, "not a file")
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        _set_aside(path, f"not readable JSON: {exc}")
         return None
-    if data.get("config_hash") != key:
+    why = _damage(data)
+    if why is not None:
+        _set_aside(path, why)
+        return None
+    if data.get("config_hash") != key or data.get("status") == "error":  # stale, or a failure: computed again
         return None
     data["cached"] = True
     return CellResult(**data)
@@ -374,6 +452,91 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def _run_cell(ctx: _Context, cell: Cell, seed: int | None, key: str) -> CellResult:
+    """compute_cell, with any failure (out of memory, a training set too small...) as an error result."""
+    start = time.perf_counter()
+    try:
+        result = compute_cell(ctx, cell, seed)
+    except Exception as exc:  # noqa: BLE001  (recorded; the grid goes on)
+        logger.debug("cell %s failed", cell.id, exc_info=True)
+        message = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {first_line(exc)}"
+        result = CellResult(cell.id, cell.experiment, cell.state, seed, key, {}, status="error", message=message,
+                            wall_s=time.perf_counter() - start)
+    result.config_hash = key
+    return result
+
+
+class _Plan:
+    """Per-cell time estimates (see estimate.py); cells whose work cannot be counted (GR-BERT pre-training,
+    lexical substitution, STS-B fine-tuning) take the mean time of the computed cells of their experiment."""
+
+    def __init__(self, jobs: list[tuple[Cell, int | None]], estimator: Any, predictions: dict[int, tuple]) -> None:
+        self.jobs, self.estimator, self.predictions = jobs, estimator, predictions
+        self.pending = set(predictions)
+        self.by_experiment: dict[str, list[float]] = {}
+
+    def estimate(self, i: int) -> float | None:
+        parts = self.predictions.get(i)
+        est = self.estimator.estimate(parts) if self.estimator is not None and parts else None
+        if est is None:
+            seen = self.by_experiment.get(self.jobs[i][0].experiment)
+            est = statistics.fmean(seen) if seen else None
+        return est
+
+    def left_after(self, i: int) -> float | None:
+        rest = [self.estimate(j) for j in sorted(self.pending) if j > i]
+        return None if any(e is None for e in rest) else sum(rest)
+
+    def done(self, i: int, result: CellResult) -> None:
+        self.pending.discard(i)
+        self.by_experiment.setdefault(self.jobs[i][0].experiment, []).append(result.wall_s)
+        if self.estimator is not None and result.status == "ok":
+            measured = {"train": result.train_s, "eval": result.wall_s - result.train_s}
+            self.estimator.record([(kind, p, measured[kind.split(":")[0]]) for kind, p in self.predictions.get(i, [])])
+
+
+def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], progress: Callable[[str], None]) -> _Plan:
+    """Count each pending cell's work and measure this machine's throughput on it (a few seconds)."""
+    if not todo:
+        return _Plan(jobs, None, {})
+    from mirrorbert.config import resolve_config
+    from mirrorbert.reproduce.estimate import Estimator, warm_up
+
+    start = time.perf_counter()
+    warm_up()
+    encoder = ctx.base_encoder("mean")
+    load_start = time.perf_counter()  # a second load: the first one pays for imports and caches
+    importlib.import_module("mirrorbert.encoder").Encoder.load(ctx.cfg.model, pooling="mean", device=ctx.cfg.device)
+    estimator = Estimator(encoder, ctx.cfg.eval_batch_size, load_s=time.perf_counter() - load_start)
+    predictions: dict[int, list[tuple[str, float]]] = {}
+    trained: set[Path] = set()
+    for i in todo:
+        cell, seed = jobs[i]
+        parts: list[tuple[str, float]] = []
+        if cell.train is not None:
+            folder = ctx.trained_model_dir(cell, seed)
+            if folder not in trained and not (folder / "mirrorbert.json").is_file():
+                trained.add(folder)
+                tcfg = resolve_config(ctx.train_overrides(cell, seed))
+                try:
+                    parts.append((f"train:{tcfg.preset}", estimator.train_prediction(tcfg)))
+                except Exception:  # noqa: BLE001  (e.g. too few strings: the cell fails and is reported)
+                    logger.debug("no training estimate for %s", cell.id, exc_info=True)
+                    continue
+        elif cell.gr_arch is not None:
+            continue  # gloss pre-training: counted from the cells already run
+        ev = cell.evaluation
+        eval_pred = estimator.eval_prediction(ev.task, ev.options, ctx.data_dir, ev.reference_base,
+                                              loads=cell.train is not None)
+        if eval_pred is None:
+            continue
+        predictions[i] = parts + [(f"eval:{ev.task}", eval_pred)]
+    total = [estimator.estimate(p) for p in predictions.values()]
+    progress(f"estimated {_fmt_s(sum(t for t in total if t is not None))} for {len(predictions)} cell runs "
+             f"(throughput measured here in {time.perf_counter() - start:.0f} s)")
+    return _Plan(jobs, estimator, predictions)
+
+
 def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = None) -> ReproduceResult:
     """Run every cell the data allows (resuming from the cache) and write results.json + report.md."""
     from mirrorbert.evaluation.datasets import resolve_data_dir
@@ -381,8 +544,13 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
     experiments = cfg.validate()
     progress = progress or logger.info
     data_dir = resolve_data_dir(cfg.data_dir)
+    model_config = None
+    if not cfg.report_only:  # the model folder (config, tokenizer, weights), before anything is written
+        from mirrorbert.preflight import inspect_model
+
+        model_config, _ = inspect_model(cfg.model)
     with output_folder(cfg, data_dir) as out:
-        return _reproduce(cfg, experiments, data_dir, out, progress)
+        return _reproduce(cfg, experiments, data_dir, out, progress, model_config)
 
 
 @contextlib.contextmanager
@@ -414,12 +582,14 @@ def output_folder(cfg: ReproduceConfig, data_dir: Path) -> Iterator[Path]:
 
 
 def _reproduce(cfg: ReproduceConfig, experiments: list[str], data_dir: Path, out: Path,
-               progress: Callable[[str], None]) -> ReproduceResult:
+               progress: Callable[[str], None], model_config: Any = None) -> ReproduceResult:
     from mirrorbert.reproduce.report import write_report
     from mirrorbert.runtime import library_versions
     from mirrorbert.safety import claim_files, record_files
 
     quick = QuickLimits() if cfg.quick else None
+    if quick:  # every evaluation set cut to its first lines: a smoke test, not the paper's numbers
+        data_dir = quick_data_dir(data_dir, out / "data" / "quick", quick)
     ctx = _Context(cfg, data_dir, out, quick)
     if not Path(cfg.model).exists():
         from mirrorbert.encoder import check_model_reachable
@@ -429,19 +599,23 @@ def _reproduce(cfg: ReproduceConfig, experiments: list[str], data_dir: Path, out
     record_files(out, REPRODUCE_KIND)  # the files build_cells derived into OUTPUT
     versions = library_versions()
     jobs = [(c, s) for c in cells for s in (cfg.seeds if c.seeded else (None,))]
+    if not cfg.report_only:
+        preflight(ctx, jobs, model_config)
     users: dict[Path, int] = {}
     for c, s in jobs:
         if c.train is not None:
             users[ctx.trained_model_dir(c, s)] = users.get(ctx.trained_model_dir(c, s), 0) + 1
     start = time.perf_counter()
-    durations: dict[bool, list[float]] = {True: [], False: []}  # trains? -> wall times of computed cells
+    keys = [cell_hash(ctx, c, s) for c, s in jobs]
+    paths = [out / "cells" / f"{c.file_stem}--s{'x' if s is None else s}.json" for c, s in jobs]
+    cache = [_load_cached(p, k) for p, k in zip(paths, keys)]
+    todo = [] if cfg.report_only else [i for i, c in enumerate(cache) if c is None]
+    plan = _plan(ctx, jobs, todo, progress)
     results: list[CellResult] = []
     computed = 0
-    for i, (cell, seed) in enumerate(jobs, 1):
-        key = cell_hash(ctx, cell, seed)
-        path = out / "cells" / f"{cell.file_stem}--s{'x' if seed is None else seed}.json"
-        cached = _load_cached(path, key)
-        label = f"[{i}/{len(jobs)}] {cell.id}" + ("" if seed is None else f" seed {seed}")
+    for i, (cell, seed) in enumerate(jobs):
+        key, path, cached = keys[i], paths[i], cache[i]
+        label = f"[{i + 1}/{len(jobs)}] {cell.id}" + ("" if seed is None else f" seed {seed}")
         if cached is not None:
             progress(f"{label}: cached")
             result = cached
@@ -449,22 +623,19 @@ def _reproduce(cfg: ReproduceConfig, experiments: list[str], data_dir: Path, out
             result = CellResult(cell.id, cell.experiment, cell.state, seed, key, {}, status="not run",
                                 message="no cached result (--report-only)")
         else:
-            trains = cell.train is not None or cell.gr_arch is not None
-            known = durations[trains] or durations[not trains]
-            est = statistics.fmean(known) if known else None
-            left = sum(statistics.fmean(durations[c.train is not None or c.gr_arch is not None] or known)
-                       for c, _ in jobs[i:]) if known else None
-            progress(f"{label}: running" + (f" (est. {_fmt_s(est)}; about {_fmt_s(left)} left after it)" if est else ""))
-            try:
-                result = compute_cell(ctx, cell, seed)
-            except UserError as exc:  # e.g. a training set too small: recorded, the grid goes on
-                result = CellResult(cell.id, cell.experiment, cell.state, seed, key, {}, status="error", message=str(exc))
-            result.config_hash, result.versions = key, versions
-            durations[trains].append(result.wall_s)
+            est = plan.estimate(i)
+            left = plan.left_after(i)
+            parts = ([f"est. {_fmt_s(est)}"] if est is not None else []) + \
+                ([f"about {_fmt_s(left)} left after it"] if left is not None else [])
+            progress(f"{label}: running" + (f" ({'; '.join(parts)})" if parts else ""))
+            result = _run_cell(ctx, cell, seed, key)
+            result.versions, result.est_s = versions, est
+            plan.done(i, result)
             computed += 1
-            claim_files(out, [path.relative_to(out).as_posix()], REPRODUCE_KIND)  # before it is written
-            _write_json(path, asdict(result))
-            record_files(out, REPRODUCE_KIND)
+            if result.status != "error":  # a failure is reported, never cached: the next run tries it again
+                claim_files(out, [path.relative_to(out).as_posix()], REPRODUCE_KIND)  # before it is written
+                _write_json(path, asdict(result))
+                record_files(out, REPRODUCE_KIND)
             progress(f"{label}: done in {_fmt_s(result.wall_s)}" + (f" ({result.status}: {result.message})" if result.status != "ok" else ""))
         results.append(result)
         if cell.train is not None and not cfg.keep_models and not cfg.report_only:
