@@ -330,7 +330,8 @@ def test_dry_run_counts_exactly_what_the_evaluation_encodes(tiny_bert, tiny_data
         options = {**options, "texts_file": str(tiny_data / options["texts_file"])}
     texts, other_s = dry_run(task, options, tiny_data, 16, reference)
     model, before = (_Recorder(Encoder.load(str(tiny_bert), pooling="mean", device="cpu")) for _ in range(2))
-    evaluate(model, tasks=[task], data_dir=tiny_data, plot_dir=tmp_path, batch_size=16, task_options={task: options},
+    evaluate(model, tasks=[task], data_dir=tiny_data, plot_dir=tmp_path / "plots", batch_size=16,
+             task_options={task: options},
              reference_encoder=before if reference else None)
     assert texts and sorted(texts) == sorted(model.texts + before.texts) and other_s >= 0
 

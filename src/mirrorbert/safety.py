@@ -44,6 +44,8 @@ MARKER = ".mirrorbert-output"
 MARKER_FORMAT = 1
 # The marker's kind of a `reproduce` output: such a folder is continued (it is a cache) without --overwrite.
 REPRODUCE_KIND = "reproduce"
+# Where a resumable kind of output keeps its cache (see `foreign_file`).
+RESUMABLE_CACHE: dict[str, str] = {REPRODUCE_KIND: "cells/"}
 # Names of mirrorbert's own locks and temporaries (an interrupted write may leave them behind).
 OWN_TEMPORARY = re.compile(r"^\.(.+\.(lock|tmp(-.*)?|tmp\.npy|old-\d+)|mirrorbert-write-test-.*)$")
 STEP_DIR = re.compile(r"^step-\d+$")
@@ -185,18 +187,22 @@ def _checkpoint_files(folder: Path) -> set[str] | None:
     return set(files) | {"manifest.json"} if isinstance(files, dict) else None
 
 
-def foreign_file(folder: PathLike) -> Path | None:
+def foreign_file(folder: PathLike, cache_prefix: str | None = None) -> Path | None:
     """The first file below `folder` that mirrorbert did not write, or None when all are ours.
 
     Ours: a file the folder's marker lists; anything in a subfolder (at any depth) with its own marker
     that vouches for it; in a marked folder, a `step-N` checkpoint whose manifest lists its files and
     gloss-pretrain's `best-model`; mirrorbert's own locks and temporaries. A folder without a marker,
-    or whose marker lists nothing (older mirrorbert), holds only foreign files.
+    or whose marker lists nothing (older mirrorbert), holds only foreign files. Files under
+    `cache_prefix` count by being listed, not by content: a continued run sets a damaged cache file
+    aside itself (renamed, never deleted).
     """
     folder = Path(folder)
     marker = read_marker(folder)
     listed = set(marker["files"]) if marker and marker.get("files") is not None else set()
     digests = marker.get("digests") if marker and isinstance(marker.get("digests"), dict) else {}
+    if cache_prefix:
+        digests = {rel: d for rel, d in digests.items() if not rel.startswith(cache_prefix)}
     return _foreign_below(folder, folder, listed, marker is not None, digests)
 
 
@@ -249,6 +255,7 @@ def record_files(folder: PathLike, kind: str) -> None:
         base = Path(root)
         dirs[:] = [d for d in dirs if not (base / d / MARKER).is_file() and not OWN_TEMPORARY.match(d)]
         owned.update((base / f).relative_to(folder).as_posix() for f in files if not OWN_TEMPORARY.match(f))
+        owned.update((base / d).relative_to(folder).as_posix() for d in dirs if (base / d).is_symlink())  # links
     owned.discard(MARKER)
     kept = {f for f in marker.get("files") or [] if (folder / f).exists()}
     mark_folder(folder, kind, owned | kept)
@@ -286,7 +293,8 @@ def check_replaceable(path: PathLike, overwrite: bool, option: str = "--output",
         why = "it has no " + MARKER if marker is None else f"its {MARKER} (older mirrorbert) lists no files"
         raise UserError(f"{option} {shown}: {'--overwrite' if overwrite else 'mirrorbert'} only replaces a folder "
                         f"mirrorbert wrote, listing its files ({why}); move it away or choose another folder")
-    stray = foreign_file(path)
+    continuing = resumable and not overwrite and marker.get("kind") == resume_kind
+    stray = foreign_file(path, RESUMABLE_CACHE.get(resume_kind) if continuing else None)
     if stray is not None:
         raise UserError(f"{option} {shown}: holds {stray}, which mirrorbert did not write (or which changed "
                         f"since); move it away or choose another folder")

@@ -17,6 +17,7 @@ import logging
 import math
 import random
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +65,7 @@ def dry_run(task: str, options: dict[str, Any], data_dir, batch_size: int, refer
     start = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="mirrorbert-estimate-") as plots:
-            evaluate(counter, tasks=[task], data_dir=data_dir, plot_dir=plots, batch_size=batch_size,
+            evaluate(counter, tasks=[task], data_dir=data_dir, plot_dir=Path(plots) / "plots", batch_size=batch_size,
                      task_options={task: dict(options)}, reference_encoder=before if reference else None)
     finally:
         logging.disable(previous)

@@ -544,6 +544,7 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
     experiments = cfg.validate()
     progress = progress or logger.info
     data_dir = resolve_data_dir(cfg.data_dir)
+    _output_plan(cfg, data_dir).check()  # the output's path rules first, before anything is opened
     model_config = None
     if not cfg.report_only:  # the model folder (config, tokenizer, weights), before anything is written
         from mirrorbert.preflight import inspect_model
@@ -551,6 +552,13 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
         model_config, _ = inspect_model(cfg.model)
     with output_folder(cfg, data_dir) as out:
         return _reproduce(cfg, experiments, data_dir, out, progress, model_config)
+
+
+def _output_plan(cfg: ReproduceConfig, data_dir: Path):
+    from mirrorbert.safety import WritePlan
+
+    plan = WritePlan({"--model": cfg.model, "--data-dir": data_dir}, overwrite=cfg.overwrite)
+    return plan.folder("--output", cfg.output, resume_kind=REPRODUCE_KIND)
 
 
 @contextlib.contextmanager
@@ -562,11 +570,9 @@ def output_folder(cfg: ReproduceConfig, data_dir: Path) -> Iterator[Path]:
     anything else needs --overwrite, which replaces only a folder mirrorbert wrote. The marker lists
     the files written; it is brought up to date after every cell (see `safety.record_files`).
     """
-    from mirrorbert.safety import WritePlan, discard_folder, mark_folder, read_marker, record_files
+    from mirrorbert.safety import discard_folder, mark_folder, read_marker, record_files
 
-    plan = WritePlan({"--model": cfg.model, "--data-dir": data_dir}, overwrite=cfg.overwrite)
-    plan.folder("--output", cfg.output, resume_kind=REPRODUCE_KIND)
-    with plan.locked() as paths:
+    with _output_plan(cfg, data_dir).locked() as paths:
         out = Path(cfg.output)
         marker = read_marker(paths["--output"]) if paths["--output"].is_dir() else None
         if cfg.overwrite and paths["--output"].exists():
