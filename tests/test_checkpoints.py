@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mirrorbert.checkpoints import MANIFEST, verify_checkpoint
+from mirrorbert.training.checkpoints import MANIFEST, verify_checkpoint
 from mirrorbert.config import TrainConfig
 from mirrorbert.errors import UserError
 from mirrorbert.trainer import train
@@ -194,7 +194,7 @@ def test_sigterm_writes_a_checkpoint_and_resume_is_exact(reference, isolated, ti
 
 
 def test_interrupt_flag_restores_both_handlers():
-    from mirrorbert.runtime import InterruptFlag
+    from mirrorbert.training.signals import InterruptFlag
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with InterruptFlag() as flag:

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from mirrorbert.config import TrainConfig
 from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
-from mirrorbert.runtime import InterruptFlag
+from mirrorbert.training.signals import InterruptFlag
 from mirrorbert.trainer import mirror_step_loss, train
 from mirrorbert.views import pad_batch, tokenize_once
 
@@ -44,7 +44,7 @@ def _views(encoder, texts, controlled):
     batch = pad_batch(ids + ids, encoder.tokenizer.pad_token_id)
     encoder.train()
     if controlled:
-        from mirrorbert.runtime import replay_rng
+        from mirrorbert.training.randomness import replay_rng
 
         half = len(texts)
         with replay_rng():

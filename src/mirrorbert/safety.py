@@ -258,8 +258,6 @@ def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
     `model_bytes` (size of the starting weights) gives the rough free-space estimate: the output needs
     about one copy, each checkpoint about three (weights plus AdamW's two moments).
     """
-    from mirrorbert.checkpoints import check_checkpoint_root
-
     check_not_overlapping(output, "--output", inputs)
     check_replaceable(output, overwrite)
     check_writable(output, "--output", needed_bytes=model_bytes, probe_parent=True)
@@ -281,7 +279,6 @@ def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
     stack.enter_context(folder_lock(output, "--output"))
     if checkpoint_dir is not None:
         stack.enter_context(folder_lock(checkpoint_dir, checkpoint_option))
-        check_checkpoint_root(checkpoint_dir, resuming=resuming, overwrite=overwrite, option=checkpoint_option)
 
 
 __all__ = [

@@ -16,36 +16,20 @@ from mirrorbert.data import TrainingStrings, strings_for_config
 from mirrorbert.distributed import init_from_env, sharded_encoding
 from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
-from mirrorbert.checkpoints import check_resume_config
+from mirrorbert.training.checkpoints import check_resume_config
 from mirrorbert.gradcache import cached_embeddings
 from mirrorbert.loss import build_loss, mirror_infonce
-from mirrorbert.modelcard import check_eval_after, evaluate_after_training
+from mirrorbert.training.eval_after import check_eval_after, evaluate_after_training
 from mirrorbert.packing import packing_flag
 from mirrorbert.preflight import inspect_model
-from mirrorbert.runtime import (
-    CheckpointManager,
-    InterruptFlag,
-    MetricLogger,
-    autocast,
-    backward_and_step,
-    build_optimizer,
-    build_scheduler,
-    check_finite_loss,
-    compile_model,
-    enable_gradient_checkpointing,
-    enable_tf32,
-    derived_generator,
-    library_versions,
-    load_checkpoint,
-    make_grad_scaler,
-    peak_memory_bytes,
-    replay_rng,
-    resolve_precision,
-    restore_training_state,
-    seed_everything,
-    set_threads,
-)
-from mirrorbert.safety import guard_run, weights_size
+from mirrorbert.training.checkpoints import CheckpointManager, load_checkpoint, restore_training_state
+from mirrorbert.training.device import autocast, compile_model, enable_gradient_checkpointing, enable_tf32, make_grad_scaler, peak_memory_bytes, resolve_precision, set_threads
+from mirrorbert.training.metrics import MetricLogger, library_versions
+from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler, check_finite_loss
+from mirrorbert.training.randomness import derived_generator, replay_rng, seed_everything
+from mirrorbert.training.signals import InterruptFlag
+from mirrorbert.safety import weights_size
+from mirrorbert.training.checkpoints import guard_training_run
 from mirrorbert.views import DropHead, SecondViews, dropout_overrides, tokenize_once
 
 logger = logging.getLogger(__name__)
@@ -141,7 +125,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         raise UserError("--output is required: the folder to write the trained model to")
     with set_threads(cfg.threads), contextlib.ExitStack() as locks:
         # path rules, writability and locks, before anything is loaded
-        guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
+        guard_training_run(locks, output=cfg.output, overwrite=cfg.overwrite,
                   inputs={"--model": cfg.model, "--data": cfg.data, "--resume": cfg.resume,
                           "--data-dir": cfg.data_dir},
                   checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,

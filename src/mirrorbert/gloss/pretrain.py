@@ -4,7 +4,7 @@ Optimisation follows the paper: AdamW (lr 2e-5), 10% linear warmup then linear d
 batches of triplets (paper: 48), several epochs; after every epoch the gloss-matching
 accuracy on the held-out triplets is measured and the best epoch's model is kept. Device,
 precision, seeding, checkpoints (optimiser, scheduler and RNG state; exact resume) and the
-atomic output folder come from :mod:`mirrorbert.runtime`, shared with ``mirrorbert train``.
+atomic output folder come from :mod:`mirrorbert.training`, shared with ``mirrorbert train``.
 
 The output is the inference MLM only (``mt``: the single encoder; ``sc``: enc2) as a
 Hugging Face ``*ForMaskedLM`` folder with its tokenizer, plus ``gr_training.json``.
@@ -93,7 +93,7 @@ class GlossPretrainConfig:
             raise UserError(f"--save-every must be >= 0, got {self.save_every}")
 
     def resolved_checkpoint_dir(self) -> Path:
-        from mirrorbert.runtime import default_checkpoint_dir
+        from mirrorbert.outputs import default_checkpoint_dir
 
         return default_checkpoint_dir(self.output, self.checkpoint_dir)
 
@@ -209,11 +209,12 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     """Run GR-BERT pre-training as configured and write the best model to ``cfg.output``."""
     import contextlib
 
-    from mirrorbert.safety import guard_run, weights_size
+    from mirrorbert.safety import weights_size
+    from mirrorbert.training.checkpoints import guard_training_run
 
     cfg.validate()
     with contextlib.ExitStack() as locks:  # path rules, writability and locks, before anything is loaded
-        guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
+        guard_training_run(locks, output=cfg.output, overwrite=cfg.overwrite,
                   inputs={"--model": cfg.model, "--triplets": cfg.triplets, "--data-dir": cfg.data_dir,
                           "--resume": cfg.resume},
                   checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,
@@ -233,25 +234,13 @@ def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
         gloss_matching_accuracy,
         model_max_length,
     )
-    from mirrorbert.runtime import (
-        CheckpointManager,
-        InterruptFlag,
-        MetricLogger,
-        atomic_output_dir,
-        autocast,
-        backward_and_step,
-        build_optimizer,
-        build_scheduler,
-        check_finite_loss,
-        derived_generator,
-        library_versions,
-        load_checkpoint,
-        make_grad_scaler,
-        resolve_device,
-        resolve_precision,
-        restore_training_state,
-        seed_everything,
-    )
+    from mirrorbert.outputs import atomic_output_dir
+    from mirrorbert.training.checkpoints import CheckpointManager, load_checkpoint, restore_training_state
+    from mirrorbert.training.device import autocast, make_grad_scaler, resolve_device, resolve_precision
+    from mirrorbert.training.metrics import MetricLogger, library_versions
+    from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler, check_finite_loss
+    from mirrorbert.training.randomness import derived_generator, seed_everything
+    from mirrorbert.training.signals import InterruptFlag
 
     device = resolve_device(cfg.device)
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
@@ -262,7 +251,7 @@ def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
 
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
     if resume is not None:
-        from mirrorbert.checkpoints import check_resume_config
+        from mirrorbert.training.checkpoints import check_resume_config
 
         check_resume_config(resume.path, resume.meta.get("config"), cfg.to_dict(), RESUME_HARMLESS)
         if resume.meta.get("data_sha256") not in (None, fingerprint):

@@ -3,7 +3,7 @@
 The corpus is tokenised once into memory-mapped token streams (`corpus.py`); batches are packed
 windows of `seq_length` tokens, corrupted by `masking.py` in a background thread. The training
 machinery (device, precision, optimiser, schedule, checkpoints, RNG state, TensorBoard, atomic output)
-is the shared one of `mirrorbert.runtime`, so `pretrain-mlm` behaves like `mirrorbert train`.
+is the shared one of `mirrorbert.training`, so `pretrain-mlm` behaves like `mirrorbert train`.
 
 Exact resume: the data position and every mask are pure functions of (seed, step), the optimiser,
 scheduler and RNG state live in the checkpoint, so N steps + resume N steps equals 2N steps.
@@ -25,33 +25,20 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from mirrorbert.checkpoints import check_resume_config
+from mirrorbert.training.checkpoints import check_resume_config
 from mirrorbert.errors import UserError, first_line
 from mirrorbert.preflight import check_max_length, inspect_model, max_positions, weights_load_error
 from mirrorbert.mlm.corpus import PackedSequences, check_corpus_files, epoch_order, prefetch, prepare_corpus
 from mirrorbert.mlm.masking import IGNORE_INDEX, MaskingConfig, MlmMasker
-from mirrorbert.runtime import (
-    CheckpointManager,
-    InterruptFlag,
-    MetricLogger,
-    atomic_output_dir,
-    autocast,
-    backward_and_step,
-    build_optimizer,
-    build_scheduler,
-    default_checkpoint_dir,
-    derived_generator,
-    library_versions,
-    load_checkpoint,
-    make_grad_scaler,
-    resolve_device,
-    resolve_precision,
-    restore_training_state,
-    seed_everything,
-    set_threads,
-    write_json_atomic,
-)
-from mirrorbert.safety import guard_run, weights_size
+from mirrorbert.outputs import atomic_output_dir, default_checkpoint_dir, write_json_atomic
+from mirrorbert.training.checkpoints import CheckpointManager, load_checkpoint, restore_training_state
+from mirrorbert.training.device import autocast, make_grad_scaler, resolve_device, resolve_precision, set_threads
+from mirrorbert.training.metrics import MetricLogger, library_versions
+from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
+from mirrorbert.training.randomness import derived_generator, seed_everything
+from mirrorbert.training.signals import InterruptFlag
+from mirrorbert.safety import weights_size
+from mirrorbert.training.checkpoints import guard_training_run
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +50,7 @@ ARCHITECTURES: dict[str, dict[str, int]] = {
     "bert-medium": {"num_hidden_layers": 8, "hidden_size": 512},
 }
 INFO_FILE = "mlm_pretraining.json"
-# Random streams derived from the seed (see runtime.derived_generator), one per purpose.
+# Random streams derived from the seed (see training.randomness.derived_generator), one per purpose.
 STREAM_MASK, STREAM_EVAL = 11, 12
 # Data-order settings: a checkpoint can only be resumed when all of these are unchanged.
 RESUME_KEYS = ("seq_length", "batch_size", "grad_accum", "seed", "mlm_probability", "whole_word_mask", "eval_fraction")
@@ -375,7 +362,7 @@ def pretrain(cfg: PretrainConfig) -> PretrainResult:
     validate(cfg)
     with set_threads(cfg.threads), contextlib.ExitStack() as locks:
         # path rules, writability and locks, before anything is loaded
-        guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
+        guard_training_run(locks, output=cfg.output, overwrite=cfg.overwrite,
                   inputs={"--corpus": list(cfg.corpus), "--model": cfg.model, "--tokenizer": cfg.tokenizer,
                           "--resume": cfg.resume},
                   checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,

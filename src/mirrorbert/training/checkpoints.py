@@ -1,7 +1,6 @@
 """Checkpoints that survive crashes and bit rot: manifests, fsync, verification, stale temp folders.
 
-`runtime.CheckpointManager` writes `root/step-N/` through a temporary folder; this module adds what
-makes the result trustworthy: every file's size and SHA-256 in `manifest.json` (written last), fsync of
+`CheckpointManager` writes `root/step-N/` through a temporary folder; what makes the result trustworthy: every file's size and SHA-256 in `manifest.json` (written last), fsync of
 files and folders before the rename, a check on load that names the first bad file, and the rules for
 reusing a checkpoint folder (`check_checkpoint_root`) and for resuming with changed options
 (`check_resume_config`).
@@ -15,10 +14,17 @@ import logging
 import os
 import re
 import shutil
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import torch
+
 from mirrorbert.errors import UserError
+from mirrorbert.outputs import write_json_atomic
+from mirrorbert.safety import MARKER, fix_folder_mode, guard_run, mark_folder
+from mirrorbert.training.randomness import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +185,15 @@ def check_checkpoint_root(root: str | os.PathLike, resuming: bool, overwrite: bo
         shutil.rmtree(folder)
 
 
+def guard_training_run(stack, *, checkpoint_dir: str | os.PathLike | None = None, resuming: bool = False,
+                       overwrite: bool, checkpoint_option: str = "--checkpoint-dir", **kwargs) -> None:
+    """`safety.guard_run` (path rules, writability, locks) plus the checkpoint folder's run rule, before any work."""
+    guard_run(stack, checkpoint_dir=checkpoint_dir, resuming=resuming, overwrite=overwrite,
+              checkpoint_option=checkpoint_option, **kwargs)
+    if checkpoint_dir is not None and int(os.environ.get("RANK", "0") or 0) == 0:  # rank 0 holds the lock
+        check_checkpoint_root(checkpoint_dir, resuming=resuming, overwrite=overwrite, option=checkpoint_option)
+
+
 def check_resume_config(where: str | os.PathLike, saved: Mapping[str, Any] | None, current: Mapping[str, Any],
                         harmless: Iterable[str]) -> None:
     """Refuse to resume with changed options, except bookkeeping ones that cannot change the result.
@@ -197,8 +212,118 @@ def check_resume_config(where: str | os.PathLike, saved: Mapping[str, Any] | Non
                         f"values or start a new run")
 
 
-__all__ = [
-    "CheckpointDamaged", "MANIFEST", "check_checkpoint_root", "check_resume_config", "fsync_path",
-    "is_named_checkpoint", "newest_intact", "remove_stale_temps", "step_folders", "verify_checkpoint",
-    "write_manifest",
-]
+# --------------------------------------------------------------------------- the manager
+@dataclass
+class Checkpoint:
+    """What a resumed run needs besides the model weights (which live in `path/model`)."""
+
+    path: Path
+    step: int
+    meta: dict[str, Any]
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+
+class CheckpointManager:
+    """Writes `root/step-N/{model/, training_state.pt, checkpoint.json}` atomically and keeps the newest few."""
+
+    def __init__(self, root: str | Path, keep: int = 2):
+        self.root = Path(root)
+        self.keep = keep
+
+    def save(
+        self,
+        step: int,
+        save_model,
+        optimizer: torch.optim.Optimizer,
+        scheduler=None,
+        scaler=None,
+        meta: dict[str, Any] | None = None,
+        extra_state: dict[str, Any] | None = None,
+    ) -> Path:
+        """`save_model(folder)` writes the weights (and tokenizer); the rest is pickled state."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not (self.root / MARKER).exists():
+            mark_folder(self.root)
+        remove_stale_temps(self.root)
+        final = self.root / f"step-{step}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}.tmp-", dir=self.root))
+        try:
+            save_model(tmp / "model")
+            state = {
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "rng": rng_state(),
+                "extra": extra_state or {},
+            }
+            torch.save(state, tmp / TRAINING_STATE)
+            write_json_atomic(tmp / CHECKPOINT_META, {"step": step, **(meta or {})})
+            write_manifest(tmp)  # sizes and SHA-256 of every file, fsynced, written last
+            fix_folder_mode(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fsync_path(self.root)
+        self._prune(step)
+        logger.info("checkpoint written: %s", final)
+        return final
+
+    def _prune(self, current: int) -> None:
+        """Keep the newest `keep` checkpoints up to `current`; newer ones (a damaged future) are left alone."""
+        steps = sorted(s for s in self.all_steps() if s <= current)
+        for step in steps[: max(0, len(steps) - self.keep)]:
+            shutil.rmtree(self.root / f"step-{step}", ignore_errors=True)
+
+    def all_steps(self) -> list[int]:
+        return [step for step, _ in step_folders(self.root)]
+
+    def latest(self) -> Checkpoint | None:
+        """The newest intact checkpoint; damaged or incomplete newer ones are skipped with a warning each.
+
+        Stale temporary folders are only removed by `save` and `checkpoints.check_checkpoint_root`, which
+        run under the folder's lock: a root read here may belong to a run still writing.
+        """
+        found = newest_intact(self.root)
+        if found is None:
+            return None
+        folder, meta = found
+        return Checkpoint(path=folder, step=int(meta["step"]), meta=meta)
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Accept either one `step-N` folder (verified, one line naming a bad file) or a checkpoint root."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"--resume {path}: no such checkpoint folder")
+    if not is_named_checkpoint(path):
+        latest = CheckpointManager(path).latest()
+        if latest is None:
+            raise UserError(f"--resume {path}: no intact checkpoint found (expected step-N folders with "
+                            f"{CHECKPOINT_META})")
+        return latest
+    try:
+        meta = verify_checkpoint(path)
+    except CheckpointDamaged as exc:
+        raise UserError(f"--resume {path}: {exc}") from None
+    return Checkpoint(path=path, step=int(meta["step"]), meta=meta)
+
+
+def restore_training_state(ckpt: Checkpoint, optimizer, scheduler=None, scaler=None) -> dict[str, Any]:
+    """Load optimiser/scheduler/scaler/RNG state; returns the trainer's extra state (epoch, batch...)."""
+    try:
+        state = torch.load(ckpt.path / TRAINING_STATE, map_location="cpu", weights_only=False)
+    except Exception as exc:  # verified by the manifest, so only an unverifiable legacy file gets here
+        raise UserError(f"--resume {ckpt.path}: {ckpt.path / TRAINING_STATE} cannot be read ({exc})") from None
+    optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state.get("scheduler") is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state.get("scaler") is not None:
+        scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"])
+    return state.get("extra", {})
