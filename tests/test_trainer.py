@@ -150,13 +150,11 @@ def test_interrupt_writes_checkpoint_then_resume_finishes(tiny_bert, data_file, 
             self.raised = True
             return self
 
-    import mirrorbert.trainer as trainer_module
-
-    monkeypatch.setattr(trainer_module, "InterruptFlag", InterruptAtOnce)
+    monkeypatch.setattr("mirrorbert.training.engine.InterruptFlag", InterruptAtOnce)
     result = train(cfg_for(tiny_bert, data_file, tmp_path / "int", steps=3))
     assert result.interrupted and result.steps == 1 and not (tmp_path / "int").exists()
     assert result.checkpoint.name == "step-1"
-    monkeypatch.setattr(trainer_module, "InterruptFlag", InterruptFlag)
+    monkeypatch.setattr("mirrorbert.training.engine.InterruptFlag", InterruptFlag)
     done = train(cfg_for(tiny_bert, data_file, tmp_path / "int", steps=3, resume=str(result.checkpoint.parent)))
     assert done.steps == 3 and (tmp_path / "int" / "model.safetensors").exists()
 

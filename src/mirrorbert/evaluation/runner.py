@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorbert.errors import DatasetMissing, UserError
-from mirrorbert.scores import format_value, is_count  # noqa: F401 (is_count re-exported)
+from mirrorbert.scores import format_value
 from mirrorbert.evaluation import datasets
 
 logger = logging.getLogger(__name__)

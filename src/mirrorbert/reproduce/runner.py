@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorbert.errors import UserError
-from mirrorbert.reproduce.cells import Cell, QuickLimits, Skipped, build_cells
+from mirrorbert.reproduce.cells import Cell, QuickLimits, build_cells
 from mirrorbert.reproduce.results import CellResult, ReproduceConfig, ReproduceResult
 from mirrorbert.reproduce.paper import detect_base_model
 
