@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -134,14 +135,29 @@ def step_folders(root: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def newest_intact(root: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies; each damaged newer one is skipped with one warning."""
+def newest_intact(root: str | os.PathLike, set_aside: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that verifies; each damaged newer one is skipped with one warning.
+
+    With `set_aside`, a damaged one is also renamed (`step-N.damaged-<time>`, never deleted), so that it
+    is never counted as the newest again and rotation cannot keep it in place of a good one.
+    """
     for _, folder in step_folders(root):
         try:
             return folder, verify_checkpoint(folder)
         except CheckpointDamaged as exc:
-            logger.warning("skipping %s", exc)
+            aside = set_aside_damaged(folder) if set_aside else None
+            logger.warning("skipping %s%s", exc, f"; set aside as {aside.name}" if aside else "")
     return None
+
+
+def set_aside_damaged(folder: Path) -> Path | None:
+    """Rename a damaged checkpoint out of the `step-N` namespace (kept for inspection); None if it is gone."""
+    aside = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    try:
+        os.replace(folder, aside)
+    except OSError:  # another process of the job set it aside first, or the folder is read-only
+        return None
+    return aside
 
 
 def is_named_checkpoint(path: Path) -> bool:
@@ -263,11 +279,16 @@ class CheckpointManager:
             write_json_atomic(tmp / CHECKPOINT_META, {"step": step, **(meta or {})})
             write_manifest(tmp)  # sizes and SHA-256 of every file, fsynced, written last
             fix_folder_mode(tmp)
+            verify_checkpoint(tmp)  # it counts only once every file reads back as written
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if final.exists():
-            shutil.rmtree(final)
+        if final.exists():  # the same step written again (a resumed run passing an older run's step)
+            try:
+                verify_checkpoint(final)
+                shutil.rmtree(final)
+            except CheckpointDamaged:
+                set_aside_damaged(final)
         os.replace(tmp, final)
         fsync_path(self.root)
         self._prune(step)
@@ -275,9 +296,13 @@ class CheckpointManager:
         return final
 
     def _prune(self, current: int) -> None:
-        """Keep the newest `keep` checkpoints up to `current`; newer ones (a damaged future) are left alone."""
-        steps = sorted(s for s in self.all_steps() if s <= current)
-        for step in steps[: max(0, len(steps) - self.keep)]:
+        """Keep the newest `keep` checkpoints up to `current`, the one just written and verified.
+
+        Only checkpoints older than it are deleted, so the newest good one always stays; newer ones
+        (an earlier run's steps that this resumed run has not reached yet) are left alone.
+        """
+        steps = sorted(s for s in self.all_steps() if s < current)
+        for step in steps[: max(0, len(steps) + 1 - max(1, self.keep))]:
             shutil.rmtree(self.root / f"step-{step}", ignore_errors=True)
 
     def all_steps(self) -> list[int]:
@@ -286,10 +311,11 @@ class CheckpointManager:
     def latest(self) -> Checkpoint | None:
         """The newest intact checkpoint; damaged or incomplete newer ones are skipped with a warning each.
 
-        Stale temporary folders are only removed by `save` and `checkpoints.check_checkpoint_root`, which
-        run under the folder's lock: a root read here may belong to a run still writing.
+        A damaged one is set aside (renamed) by rank 0: `step-N` folders appear by one rename once
+        complete, so one that does not verify is damaged, not being written. Stale temporary folders are
+        only removed by `save` and `check_checkpoint_root`, which run under the folder's lock.
         """
-        found = newest_intact(self.root)
+        found = newest_intact(self.root, set_aside=int(os.environ.get("RANK", "0") or 0) == 0)
         if found is None:
             return None
         folder, meta = found
