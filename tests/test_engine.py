@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from mirrorbert.cli import main
 from mirrorbert.training.checkpoints import CheckpointManager, verify_checkpoint
@@ -161,3 +162,95 @@ def test_parent_removed_mid_run_keeps_the_weights_in_a_temporary_folder(tmp_path
         assert Encoder.load(str(kept), device="cpu").encode(["a cat"]).shape[0] == 1
     finally:
         shutil.rmtree(kept, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- kill -9 at a random step
+KILL_SCRIPT = """
+import importlib, json, sys, time
+import mirrorbert.training.engine as engine
+
+real = engine.Engine.check_finite
+
+def slowed(self, loss):  # every step takes >= 0.15 s, so the test can kill it mid-run
+    time.sleep(0.15)
+    return real(self, loss)
+
+engine.Engine.check_finite = slowed
+spec = json.loads(sys.argv[1])
+config_module, config_name = spec["config"].split(":")
+run_module, run_name = spec["run"].split(":")
+config = getattr(importlib.import_module(config_module), config_name)(**spec["kwargs"])
+getattr(importlib.import_module(run_module), run_name)(config)
+"""
+
+
+def _kill_at_random_step(spec: dict, root: Path, cwd: Path) -> str:
+    """Start the run in a subprocess, SIGKILL it at a random moment after its first checkpoint."""
+    import json
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    delay = random.Random(seed).uniform(0.0, 0.8)  # the run lasts >= 1.3 s beyond its first checkpoint
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests"),
+                                                        os.environ.get("PYTHONPATH", "")]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, json.dumps(spec)], cwd=cwd, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not (root / "step-1").exists():
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            assert time.time() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.02)
+        time.sleep(delay)
+        assert proc.poll() is None, f"the run finished before the kill (seed {seed})"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+        proc.stderr.close()
+    return f"kill seed {seed}, delay {delay:.2f} s, checkpoints then: {_steps(root)}"
+
+
+def _equal_weights(a: Path, b: Path, where: str) -> None:
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), f"{key} differs ({where})"
+
+
+@pytest.mark.slow  # reason: a subprocess killed mid-run plus two training runs per trainer (~25 s each)
+@pytest.mark.parametrize("trainer", ["mirror", "mlm", "gloss"])
+def test_kill_9_at_a_random_step_then_resume_equals_an_uninterrupted_run(trainer, tmp_path, tiny_bert, corpus):
+    if trainer == "mirror":
+        data = tmp_path / "strings.txt"
+        data.write_text("\n".join(corpus) + "\n", encoding="utf-8")
+        kwargs = dict(model=str(tiny_bert), data=str(data), batch_size=4, max_length=16, device="cpu",
+                      show_progress=False, lr=1e-3, temperature=0.05, mask_span=1, pooling="cls", steps=10)
+        config, run = "mirrorbert.config:TrainConfig", "mirrorbert.trainer:train"
+    elif trainer == "mlm":
+        text = tmp_path / "toy.txt"
+        text.write_text("\n\n".join("\n".join(corpus[i % 3] for i in range(j, j + 3)) for j in range(60)) + "\n",
+                        encoding="utf-8")
+        kwargs = dict(model=str(tiny_bert), corpus=[str(text)], seq_length=32, batch_size=8, lr=2e-3,
+                      eval_fraction=0.1, eval_every=4, log_every=2, cache_dir=str(tmp_path / "cache"),
+                      show_progress=False, device="cpu", prefetch_batches=2, threads=1, max_tokens=10 * 8 * 32)
+        config, run = "mirrorbert.mlm.pretrain:PretrainConfig", "mirrorbert.mlm.pretrain:pretrain"
+    else:
+        from test_gloss_pretrain import ROWS
+
+        tsv = tmp_path / "triplets.tsv"
+        tsv.write_text("".join(f"{w}\t{s}\t{g}\n" for w, s, g in ROWS), encoding="utf-8")
+        kwargs = dict(model=str(tiny_bert), triplets=str(tsv), batch_size=4, epochs=2, holdout=0.0, device="cpu",
+                      precision="fp32", show_progress=False, lr=1e-3, warmup=0.1, seed=3, mlm_prob=0.2)
+        config, run = "mirrorbert.gloss.pretrain:GlossPretrainConfig", "mirrorbert.gloss.pretrain:pretrain"
+    import importlib
+
+    make = getattr(importlib.import_module(config.split(":")[0]), config.split(":")[1])
+    train_fn = getattr(importlib.import_module(run.split(":")[0]), run.split(":")[1])
+    root = tmp_path / "killed.checkpoints"
+    killed = dict(kwargs, output=str(tmp_path / "killed"), save_every=1, keep_checkpoints=3)
+    where = _kill_at_random_step({"config": config, "run": run, "kwargs": killed}, root, tmp_path)
+    assert not (tmp_path / "killed").exists(), where
+    train_fn(make(**killed, resume=str(root)))  # the checkpoint root: the newest intact checkpoint
+    train_fn(make(**kwargs, output=str(tmp_path / "whole")))
+    _equal_weights(tmp_path / "killed", tmp_path / "whole", where)
