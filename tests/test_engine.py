@@ -153,7 +153,7 @@ def test_parent_removed_mid_run_keeps_the_weights_in_a_temporary_folder(tmp_path
     with pytest.raises(UserError) as caught:
         train(cfg_for(tiny_bert, data_file, parent / "out", steps=2))
     message = str(caught.value)
-    assert "\n" not in message and "the trained weights are kept in " in message
+    assert "\n" not in message and "the trained model is kept in " in message
     kept = Path(message.rsplit("kept in ", 1)[1])
     try:
         assert (kept / "model.safetensors").is_file()

@@ -265,7 +265,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     if eval_tasks:
         with sharded_encoding(dist_ctx):  # every rank evaluates, sharing the encoding work
             info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
-    output = engine.save_final(cfg.output, lambda: encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite))
+    output = engine.save_final(cfg.output, lambda folder: encoder.write(folder, info), overwrite=cfg.overwrite)
     logger.info("model written to %s (%d steps, final loss %s)", output, outcome.steps, method.loss_value)
     return TrainResult(output, outcome.steps, method.loss_value, wall, checkpoint=outcome.checkpoint, info=info,
                        step_log=method.step_log)

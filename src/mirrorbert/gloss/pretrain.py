@@ -360,37 +360,31 @@ def _run_info(cfg: GlossPretrainConfig, method: GlossMethod, stats, batch_size: 
     }
 
 
-def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
+def _load_resume(cfg: GlossPretrainConfig, fingerprint: str):
+    """The checkpoint to resume from (None for a new run), refused when its options, triplets or arch differ."""
+    from mirrorbert.training.checkpoints import check_resume_config, load_checkpoint
+
+    if not cfg.resume:
+        return None
+    resume = load_checkpoint(cfg.resume)
+    check_resume_config(resume.path, resume.meta.get("config"), cfg.to_dict(), RESUME_HARMLESS)
+    if resume.meta.get("data_sha256") not in (None, fingerprint):
+        raise UserError(f"--resume {resume.path}: the triplets differ from the run that wrote this checkpoint")
+    if resume.meta.get("arch") not in (None, cfg.arch):
+        raise UserError(f"--resume {resume.path}: checkpoint was written with --arch {resume.meta.get('arch')}")
+    return resume
+
+
+def _model_and_data(cfg: GlossPretrainConfig, resume, train_t, held_t, device):
+    """The model (from the checkpoint when resuming), the encoded triplets and the optional MLM masker."""
     from mirrorbert.gloss.model import GlossRegularizedMLM, encode_triplets, model_max_length
-    from mirrorbert.outputs import atomic_output_dir
-    from mirrorbert.training.checkpoints import CheckpointManager, load_checkpoint, restore_training_state
-    from mirrorbert.training.device import make_grad_scaler, resolve_device, resolve_precision
-    from mirrorbert.training.engine import Engine
-    from mirrorbert.training.optim import build_optimizer, build_scheduler
-    from mirrorbert.training.randomness import seed_everything
 
-    device = resolve_device(cfg.device)
-    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
-    started = time.time()
-    train_t, held_t, inventory, stats = prepare_triplets(cfg)
-    fingerprint = _fingerprint(train_t)
-    seed_everything(cfg.seed)
-
-    resume = load_checkpoint(cfg.resume) if cfg.resume else None
     if resume is not None:
-        from mirrorbert.training.checkpoints import check_resume_config
-
-        check_resume_config(resume.path, resume.meta.get("config"), cfg.to_dict(), RESUME_HARMLESS)
-        if resume.meta.get("data_sha256") not in (None, fingerprint):
-            raise UserError(f"--resume {resume.path}: the triplets differ from the run that wrote this checkpoint")
-        if resume.meta.get("arch") not in (None, cfg.arch):
-            raise UserError(f"--resume {resume.path}: checkpoint was written with --arch {resume.meta.get('arch')}")
         tokenizer, model = load_parts(resume.model_dir, cfg)
     else:
         tokenizer, mlm = load_start_model(cfg.model)
         model = GlossRegularizedMLM.from_mlm(mlm, arch=cfg.arch, lam=cfg.lam, tau=cfg.tau)
     model.to(device).train()
-
     max_length = min(cfg.max_length, model_max_length(model.context, tokenizer))
     gloss_length = min(cfg.max_gloss_length, model_max_length(model.context, tokenizer))
     train_enc = encode_triplets(tokenizer, train_t, max_length)
@@ -403,6 +397,42 @@ def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
 
         vocab = model.context.get_input_embeddings().weight.shape[0]
         masker = MlmMasker.from_tokenizer(tokenizer, MaskingConfig(mlm_probability=cfg.mlm_prob), vocab_size=vocab)
+    return tokenizer, model, train_enc, held_enc, masker, gloss_length
+
+
+def _restore(resume, engine, method: GlossMethod) -> None:
+    """Optimiser, scheduler, scaler and RNG state, the position, the history and the best model so far."""
+    from mirrorbert.training.checkpoints import restore_training_state
+
+    extra = restore_training_state(resume, method.optimizer, method.scheduler, method.scaler)
+    engine.step, method.epoch, method.next_batch = extra["step"], extra["epoch"], extra["next_batch"]
+    method.history, method.best = extra.get("history", []), extra.get("best")
+    best_dir = method.ckpt_root / "best-model"
+    if method.best is not None and best_dir.is_dir():
+        from transformers import AutoModelForMaskedLM
+
+        method.best_state = _cpu_state(AutoModelForMaskedLM.from_pretrained(best_dir))
+    engine.last_checkpoint = resume.path
+    logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, engine.step, method.epoch,
+                method.next_batch)
+
+
+def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
+    from mirrorbert.training.checkpoints import CheckpointManager
+    from mirrorbert.training.device import make_grad_scaler, resolve_device, resolve_precision
+    from mirrorbert.training.engine import Engine
+    from mirrorbert.training.optim import build_optimizer, build_scheduler
+    from mirrorbert.training.randomness import seed_everything
+
+    device = resolve_device(cfg.device)
+    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
+    started = time.time()
+    train_t, held_t, inventory, stats = prepare_triplets(cfg)
+    fingerprint = _fingerprint(train_t)
+    seed_everything(cfg.seed)
+
+    resume = _load_resume(cfg, fingerprint)
+    tokenizer, model, train_enc, held_enc, masker, gloss_length = _model_and_data(cfg, resume, train_t, held_t, device)
 
     batch_size = min(cfg.batch_size, len(train_enc))
     n = len(train_enc)
@@ -422,17 +452,7 @@ def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     engine = Engine(method, total_steps=total_steps, checkpoints=checkpoints, save_every=cfg.save_every,
                     checkpointing=checkpointing, desc="gloss-pretrain", show_progress=cfg.show_progress)
     if resume is not None:
-        extra = restore_training_state(resume, optimizer, scheduler, scaler)
-        engine.step, method.epoch, method.next_batch = extra["step"], extra["epoch"], extra["next_batch"]
-        method.history, method.best = extra.get("history", []), extra.get("best")
-        best_dir = ckpt_root / "best-model"
-        if method.best is not None and best_dir.is_dir():
-            from transformers import AutoModelForMaskedLM
-
-            method.best_state = _cpu_state(AutoModelForMaskedLM.from_pretrained(best_dir))
-        engine.last_checkpoint = resume.path
-        logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, engine.step, method.epoch,
-                    method.next_batch)
+        _restore(resume, engine, method)
     try:
         if engine.step == 0 and not method.history:
             method.record_eval(0, 0)  # the starting point, for comparison
@@ -451,13 +471,13 @@ def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     info = _run_info(cfg, method, stats, batch_size, warmup_steps, total_steps, step, wall, device)
     final.eval()
 
-    def write() -> None:
-        with atomic_output_dir(cfg.output, overwrite=cfg.overwrite) as tmp:
-            final.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            (tmp / TRAINING_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
+    def write_into(folder: Path) -> None:
+        final.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        (folder / TRAINING_INFO).write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
 
-    engine.save_final(cfg.output, write)
+    # with the best epoch's weights loaded, a new checkpoint would not be the last step's state
+    engine.save_final(cfg.output, write_into, overwrite=cfg.overwrite, resumable=method.best_state is None)
     logger.info("GR-BERT model written to %s (%d steps)", cfg.output, step)
     return GlossPretrainResult(Path(cfg.output), step, history, best, stats, wall, checkpoint=last_checkpoint)
 

@@ -30,7 +30,7 @@ from mirrorbert.errors import UserError, first_line
 from mirrorbert.preflight import check_max_length, inspect_model, max_positions, weights_load_error
 from mirrorbert.mlm.corpus import PackedSequences, check_corpus_files, epoch_order, prefetch, prepare_corpus
 from mirrorbert.mlm.masking import IGNORE_INDEX, MaskingConfig, MlmMasker
-from mirrorbert.outputs import atomic_output_dir, default_checkpoint_dir, write_json_atomic
+from mirrorbert.outputs import default_checkpoint_dir, write_json_atomic
 from mirrorbert.training.checkpoints import CheckpointManager, load_checkpoint, restore_training_state
 from mirrorbert.training.device import autocast, make_grad_scaler, resolve_device, resolve_precision, set_threads
 from mirrorbert.training.metrics import MetricLogger, library_versions
@@ -509,6 +509,17 @@ def _run_info(cfg, source, lr, warmup, corpus, packed, eval_packed, plan, result
     }
 
 
+def _load_resume(cfg: PretrainConfig):
+    """The checkpoint to resume from (None for a new run), refused early when its options differ."""
+    if not cfg.resume:
+        return None
+    resume = load_checkpoint(cfg.resume)
+    saved_config = resume.meta.get("pretrain", {}).get("config", {})
+    check_resume_config(resume.path, {k: v for k, v in saved_config.items() if k not in RESUME_KEYS},
+                        cfg.to_dict(), RESUME_HARMLESS)  # RESUME_KEYS keep their own message in _check_resume
+    return resume
+
+
 def _check_resume(resume, cfg: PretrainConfig, corpus_key: str, total_steps: int) -> None:
     """The checkpoint's corpus and data-order settings must be this run's."""
     saved = resume.meta.get("pretrain", {})
@@ -523,21 +534,9 @@ def _check_resume(resume, cfg: PretrainConfig, corpus_key: str, total_steps: int
                        "is stretched from here on", saved.get("total_steps"), total_steps)
 
 
-def _pretrain(cfg: PretrainConfig) -> PretrainResult:
-    device = resolve_device(cfg.device)
-    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
-    started = time.time()
-    seed_everything(cfg.seed)
-
-    check_corpus_files(cfg.corpus)  # a missing or binary corpus fails before the model loads
-    resume = load_checkpoint(cfg.resume) if cfg.resume else None
-    if resume is not None:
-        saved_config = resume.meta.get("pretrain", {}).get("config", {})
-        check_resume_config(resume.path, {k: v for k, v in saved_config.items() if k not in RESUME_KEYS},
-                            cfg.to_dict(), RESUME_HARMLESS)  # RESUME_KEYS keep their own message below
-    model, tokenizer, source, masker, corpus, packed, eval_packed = _model_and_data(cfg)
-
-    plan = _Plan(len(packed), cfg.batch_size, cfg.grad_accum, cfg.seed)
+def _budget(cfg: PretrainConfig, n_sequences: int):
+    """The plan with its total steps (from --max-tokens or --epochs), tokens per step, warmup and lr."""
+    plan = _Plan(n_sequences, cfg.batch_size, cfg.grad_accum, cfg.seed)
     tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_length
     if cfg.max_tokens is not None:
         plan.total_steps = max(1, math.ceil(cfg.max_tokens / tokens_per_step))
@@ -546,6 +545,33 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
         plan.total_steps = max(1, math.ceil(math.ceil(epochs * plan.batches_per_epoch) / cfg.grad_accum))
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(10_000, round(0.06 * plan.total_steps))
     lr = cfg.lr if cfg.lr is not None else (5e-4 if cfg.architecture else 5e-5)
+    return plan, tokens_per_step, warmup, lr
+
+
+def _result(method: MlmMethod, step: int, wall: float) -> PretrainResult:
+    last_train, last_eval, history = method.last_train, method.last_eval, method.history
+    if not last_train and history:
+        last_train = next((h for h in reversed(history) if "loss" in h), {})
+    return PretrainResult(
+        output=None, steps=step, tokens=method.tokens_seen, train_loss=last_train.get("loss"),
+        train_accuracy=last_train.get("accuracy"),
+        eval_loss=(last_eval or {}).get("eval_loss"), eval_accuracy=(last_eval or {}).get("eval_accuracy"),
+        tokens_per_s=method.run_tokens / max(time.time() - method.loop_start, 1e-9), wall_time_s=wall,
+        history=history,
+    )
+
+
+def _pretrain(cfg: PretrainConfig) -> PretrainResult:
+    device = resolve_device(cfg.device)
+    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
+    started = time.time()
+    seed_everything(cfg.seed)
+
+    check_corpus_files(cfg.corpus)  # a missing or binary corpus fails before the model loads
+    resume = _load_resume(cfg)
+    model, tokenizer, source, masker, corpus, packed, eval_packed = _model_and_data(cfg)
+
+    plan, tokens_per_step, warmup, lr = _budget(cfg, len(packed))
 
     if resume is not None:  # weights come from the checkpoint; everything else was built identically
         from transformers import AutoModelForMaskedLM
@@ -583,20 +609,9 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
         outcome = engine.run()
     finally:
         method.close()
-    step, tokens_seen, history, last_eval = outcome.steps, method.tokens_seen, method.history, method.last_eval
-    last_train, run_tokens, loop_start = method.last_train, method.run_tokens, method.loop_start
-    last_checkpoint = outcome.checkpoint
-
-    wall = time.time() - started
-    rate = run_tokens / max(time.time() - loop_start, 1e-9)
-    if not last_train and history:
-        last_train = next((h for h in reversed(history) if "loss" in h), {})
-    result = PretrainResult(
-        output=None, steps=step, tokens=tokens_seen, train_loss=last_train.get("loss"),
-        train_accuracy=last_train.get("accuracy"),
-        eval_loss=(last_eval or {}).get("eval_loss"), eval_accuracy=(last_eval or {}).get("eval_accuracy"),
-        tokens_per_s=rate, wall_time_s=wall, history=history,
-    )
+    step, last_checkpoint, wall = outcome.steps, outcome.checkpoint, time.time() - started
+    result = _result(method, step, wall)
+    rate = result.tokens_per_s
     if outcome.stopped:  # interrupted or --stop-after-steps: the engine left a checkpoint to resume from
         result.interrupted, result.checkpoint = outcome.interrupted, last_checkpoint
         logger.warning("stopped at step %d of %d; resume with --resume %s", step, plan.total_steps, last_checkpoint)
@@ -607,13 +622,12 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
     result.info = info
     model.eval()
 
-    def write() -> None:
-        with atomic_output_dir(cfg.output, overwrite=cfg.overwrite) as tmp:
-            method.save_model(tmp)
-            write_json_atomic(tmp / INFO_FILE, info)
+    def write_into(folder: Path) -> None:
+        method.save_model(folder)
+        write_json_atomic(folder / INFO_FILE, info)
 
-    result.output = engine.save_final(cfg.output, write)
-    logger.info("model written to %s (%d steps, %d tokens)", cfg.output, step, tokens_seen)
+    result.output = engine.save_final(cfg.output, write_into, overwrite=cfg.overwrite)
+    logger.info("model written to %s (%d steps, %d tokens)", cfg.output, step, result.tokens)
     return result
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from mirrorbert.errors import UserError, first_line
+from mirrorbert.outputs import atomic_output_dir
 from mirrorbert.training.checkpoints import CheckpointManager
 from mirrorbert.training.signals import InterruptFlag
 
@@ -149,43 +150,44 @@ class Engine:
         return self.last_checkpoint
 
     # ------------------------------------------------------------------ the final save
-    def save_final(self, output: str | Path, write: Callable[[], Any]) -> Path:
-        """Run `write()` (the atomic save of the output) on rank 0; if it fails, keep the trained state.
+    def save_final(self, output: str | Path, write_into: Callable[[Path], None], overwrite: bool = False,
+                   resumable: bool = True) -> Path:
+        """Write the output atomically on rank 0 (`write_into(folder)` fills it); never lose the trained state.
 
-        The state goes to a checkpoint (or, when that cannot be written either, a temporary folder), the
-        error is one line naming where it is, and the run ends non-zero.
+        If the output cannot be written (replaced by a file, its parent removed, disk full), the state is
+        kept: in the checkpoint of this step, or a new one (when `resumable`: the weights are those of the
+        last step), or else a temporary folder holding what the output would have held. The error is one
+        line naming where, and the run ends non-zero.
         """
         def work() -> Path:
             try:
-                write()
+                with atomic_output_dir(output, overwrite=overwrite) as tmp:
+                    write_into(tmp)
             except (OSError, UserError) as exc:
                 raise UserError(f"--output {output}: the model cannot be written there ({first_line(exc)}); "
-                                f"{self._keep_state()}") from None
+                                f"{self._keep_state(write_into, resumable)}") from None
             return Path(output)
 
         return self.dist.on_main(work, Path(output))
 
-    def _keep_state(self) -> str:
-        if self.last_checkpoint is not None and self.last_checkpoint.name == f"step-{self.step}" \
-                and self.last_checkpoint.is_dir():
-            return (f"the trained state is kept in {self.last_checkpoint}; write it elsewhere with the same "
-                    f"command plus --resume {self.last_checkpoint} --output OTHER")
-        try:
-            kept = self.checkpoints.save(self.step, self.method.save_model, self.method.optimizer,
-                                         self.method.scheduler, self.method.scaler,
-                                         meta=self.method.checkpoint_meta(),
-                                         extra_state={"step": self.step, **self.method.checkpoint_state()})
-            return (f"the trained state is kept in {kept}; write it elsewhere with the same command plus "
-                    f"--resume {kept} --output OTHER")
-        except (OSError, UserError) as exc:
-            logger.warning("the checkpoint cannot be written either (%s)", first_line(exc))
+    def _keep_state(self, write_into: Callable[[Path], None], resumable: bool) -> str:
+        hint = "write it elsewhere with the same command plus --resume {} --output OTHER"
+        here = self.last_checkpoint
+        if here is not None and here.name == f"step-{self.step}" and here.is_dir():
+            return f"the trained state is kept in {here}; " + hint.format(here)
+        if resumable:
+            try:
+                kept = self.save_checkpoint()
+                return f"the trained state is kept in {kept}; " + hint.format(kept)
+            except (OSError, UserError) as exc:
+                logger.warning("the checkpoint cannot be written either (%s)", first_line(exc))
         folder = Path(tempfile.mkdtemp(prefix="mirrorbert-kept-model-"))
         try:
-            self.method.save_model(folder)
+            write_into(folder)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        return f"the trained weights are kept in {folder}"
+        return f"the trained model is kept in {folder}"
 
 
 __all__ = ["Engine", "Method", "Outcome"]
