@@ -254,3 +254,42 @@ def test_kill_9_at_a_random_step_then_resume_equals_an_uninterrupted_run(trainer
     train_fn(make(**killed, resume=str(root)))  # the checkpoint root: the newest intact checkpoint
     train_fn(make(**kwargs, output=str(tmp_path / "whole")))
     _equal_weights(tmp_path / "killed", tmp_path / "whole", where)
+
+
+@pytest.mark.parametrize("trainer", ["mlm", "gloss"])
+def test_pretraining_output_replaced_by_a_file_keeps_the_state(trainer, tmp_path, tiny_bert, corpus, monkeypatch):
+    """The same final save serves MLM pre-training and GR-BERT."""
+    from mirrorbert.errors import UserError
+
+    out = tmp_path / "out"
+    if trainer == "mlm":
+        import mirrorbert.mlm.pretrain as module
+
+        text = tmp_path / "toy.txt"
+        text.write_text("\n\n".join(corpus) + "\n", encoding="utf-8")
+        cfg = module.PretrainConfig(model=str(tiny_bert), corpus=[str(text)], output=str(out), seq_length=16,
+                                    batch_size=2, max_tokens=2 * 2 * 16, eval_fraction=0.0, device="cpu",
+                                    show_progress=False, cache_dir=str(tmp_path / "cache"), threads=1)
+        run = module.pretrain
+    else:
+        import mirrorbert.gloss.pretrain as module
+        from test_gloss_pretrain import ROWS
+
+        tsv = tmp_path / "triplets.tsv"
+        tsv.write_text("".join(f"{w}\t{s}\t{g}\n" for w, s, g in ROWS), encoding="utf-8")
+        cfg = module.GlossPretrainConfig(model=str(tiny_bert), triplets=str(tsv), output=str(out), batch_size=4,
+                                         steps=2, holdout=0.0, device="cpu", show_progress=False)
+        run = module.pretrain
+    real = module._run_info
+
+    def run_info(*args, **kwargs):
+        out.write_text("someone else's file\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "_run_info", run_info)
+    with pytest.raises(UserError) as caught:
+        run(cfg)
+    message = str(caught.value)
+    kept = tmp_path / "out.checkpoints" / "step-2"
+    assert "\n" not in message and f"kept in {kept}" in message
+    assert verify_checkpoint(kept)["step"] == 2 and out.read_text() == "someone else's file\n"
