@@ -34,15 +34,6 @@ def build_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: in
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def check_finite_loss(loss: torch.Tensor, step: int, last_checkpoint: Path | None) -> None:
-    """Stop on a NaN/inf loss before it reaches the weights, naming the last good checkpoint."""
-    if torch.isfinite(loss):
-        return
-    where = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else \
-        "no checkpoint was written (use --save-every N)"
-    raise UserError(f"loss is {loss.item()} at step {step}: training stopped; {where}")
-
-
 def backward_and_step(loss: torch.Tensor, optimizer, scheduler=None, scaler=None, parameters=None,
                       max_grad_norm: float | None = None, accumulation: int = 1, update: bool = True) -> None:
     """Backward pass and (when `update`) one optimiser step, with fp16 loss scaling and clipping.
