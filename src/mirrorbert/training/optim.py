@@ -1,10 +1,8 @@
-"""Optimisation: AdamW with the BERT decay convention, the learning-rate schedule, one update, finite loss."""
+"""Optimisation: AdamW with the BERT decay convention, the learning-rate schedule, one update."""
 
 from __future__ import annotations
 
-
 import torch
-
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
