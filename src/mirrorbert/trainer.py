@@ -16,20 +16,23 @@ from mirrorbert.data import TrainingStrings, strings_for_config
 from mirrorbert.distributed import init_from_env, sharded_encoding
 from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
-from mirrorbert.training.checkpoints import check_resume_config
 from mirrorbert.gradcache import cached_embeddings
 from mirrorbert.loss import build_loss, mirror_infonce
-from mirrorbert.training.eval_after import check_eval_after, evaluate_after_training
 from mirrorbert.packing import packing_flag
 from mirrorbert.preflight import inspect_model
-from mirrorbert.training.checkpoints import CheckpointManager, load_checkpoint, restore_training_state
-from mirrorbert.training.device import autocast, compile_model, enable_gradient_checkpointing, enable_tf32, make_grad_scaler, peak_memory_bytes, resolve_precision, set_threads
-from mirrorbert.training.metrics import MetricLogger, library_versions
+from mirrorbert.safety import weights_size
+from mirrorbert.training.checkpoints import (
+    CheckpointManager, check_resume_config, guard_training_run, load_checkpoint, restore_training_state,
+)
+from mirrorbert.training.device import (
+    autocast, compile_model, enable_gradient_checkpointing, enable_tf32, make_grad_scaler, peak_memory_bytes,
+    resolve_precision, set_threads,
+)
 from mirrorbert.training.engine import Engine
+from mirrorbert.training.eval_after import check_eval_after, evaluate_after_training
+from mirrorbert.training.metrics import MetricLogger, library_versions
 from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
 from mirrorbert.training.randomness import derived_generator, replay_rng, seed_everything
-from mirrorbert.safety import weights_size
-from mirrorbert.training.checkpoints import guard_training_run
 from mirrorbert.views import DropHead, SecondViews, dropout_overrides, tokenize_once
 
 logger = logging.getLogger(__name__)

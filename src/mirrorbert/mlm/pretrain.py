@@ -25,20 +25,20 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from mirrorbert.training.checkpoints import check_resume_config
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.preflight import check_max_length, inspect_model, max_positions, weights_load_error
 from mirrorbert.mlm.corpus import PackedSequences, check_corpus_files, epoch_order, prefetch, prepare_corpus
 from mirrorbert.mlm.masking import IGNORE_INDEX, MaskingConfig, MlmMasker
 from mirrorbert.outputs import default_checkpoint_dir, write_json_atomic
-from mirrorbert.training.checkpoints import CheckpointManager, load_checkpoint, restore_training_state
+from mirrorbert.preflight import check_max_length, inspect_model, max_positions, weights_load_error
+from mirrorbert.safety import weights_size
+from mirrorbert.training.checkpoints import (
+    CheckpointManager, check_resume_config, guard_training_run, load_checkpoint, restore_training_state,
+)
 from mirrorbert.training.device import autocast, make_grad_scaler, resolve_device, resolve_precision, set_threads
+from mirrorbert.training.engine import Engine
 from mirrorbert.training.metrics import MetricLogger, library_versions
 from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
 from mirrorbert.training.randomness import derived_generator, seed_everything
-from mirrorbert.training.engine import Engine
-from mirrorbert.safety import weights_size
-from mirrorbert.training.checkpoints import guard_training_run
 
 logger = logging.getLogger(__name__)
 
