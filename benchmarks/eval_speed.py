@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mirrorbert.encoder import Encoder
     from mirrorbert.evaluation.sts import load_set
-    from mirrorbert.runtime import resolve_device
+    from mirrorbert.training.device import resolve_device
     from train_speed import matmul_peak_gflops, model_flops  # this folder is on sys.path when run as a script
 
     model = args.model or default_model()

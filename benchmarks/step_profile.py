@@ -106,7 +106,8 @@ def profile_train(model: Path, strings: list[str], args, peak: float) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from mirrorbert.encoder import Encoder
-    from mirrorbert.runtime import backward_and_step, build_optimizer, derived_generator
+    from mirrorbert.training.optim import backward_and_step, build_optimizer
+    from mirrorbert.training.randomness import derived_generator
     from mirrorbert.trainer import STREAM_MASK, _Plan, mirror_step_loss
     from mirrorbert.views import SecondViews, tokenize_once
 

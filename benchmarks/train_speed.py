@@ -83,7 +83,7 @@ def peer(model: Path, batches: list[list[str]], steps: int, precision: str, batc
     from sentence_transformers import SentenceTransformer, models
     from sentence_transformers.sentence_transformer import losses
 
-    from mirrorbert.runtime import autocast
+    from mirrorbert.training.device import autocast
 
     word = models.Transformer(str(model), max_seq_length=max_length)
     dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension

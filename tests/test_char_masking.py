@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 
 from mirrorbert.config import TrainConfig, resolve_config
 from mirrorbert.data import load_training_strings
-from mirrorbert.runtime import derived_generator
+from mirrorbert.training.randomness import derived_generator
 from mirrorbert.trainer import STREAM_MASK, train
 from mirrorbert.views import SecondViews, char_span_starts, mask_chars, special_token_ids, tokenize_once
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mirrorbert.checkpoints import MANIFEST, verify_checkpoint
+from mirrorbert.training.checkpoints import MANIFEST, verify_checkpoint
 from mirrorbert.config import TrainConfig
 from mirrorbert.errors import UserError
 from mirrorbert.trainer import train
@@ -101,7 +101,7 @@ DAMAGE = {
 def test_resume_skips_a_damaged_newest_checkpoint(reference, isolated, tiny_bert, data_file, caplog, damage):
     root = copy_checkpoints(reference, isolated)
     DAMAGE[damage](root / "step-4")
-    with caplog.at_level(logging.WARNING, logger="mirrorbert.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="mirrorbert.training.checkpoints"):
         result = train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, save_every=2, keep_checkpoints=3,
                                resume=str(root), checkpoint_dir=str(root)))
     warnings = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
@@ -194,7 +194,7 @@ def test_sigterm_writes_a_checkpoint_and_resume_is_exact(reference, isolated, ti
 
 
 def test_interrupt_flag_restores_both_handlers():
-    from mirrorbert.runtime import InterruptFlag
+    from mirrorbert.training.signals import InterruptFlag
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with InterruptFlag() as flag:
@@ -214,7 +214,7 @@ def test_pretrain_mlm_skips_a_damaged_newest_checkpoint(isolated, tiny_bert, cor
     full = pretrain(PretrainConfig(output=str(isolated / "a"), **common))
     root = isolated / "a.checkpoints"
     _truncate(root / "step-4" / "model" / "model.safetensors")
-    with caplog.at_level(logging.WARNING, logger="mirrorbert.checkpoints"):
+    with caplog.at_level(logging.WARNING, logger="mirrorbert.training.checkpoints"):
         again = pretrain(PretrainConfig(output=str(isolated / "b"), resume=str(root), checkpoint_dir=str(root),
                                         **common))
     assert any("skipping" in r.getMessage() and "step-4" in r.getMessage() for r in caplog.records)

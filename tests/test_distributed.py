@@ -230,3 +230,62 @@ def test_two_process_checkpoint_resumes_in_one_process(train_runs):
     assert max_weight_diff(root / "resumed", root / "two" / "out") < TOLERANCE
     meta = json.loads((root / "two" / "out.checkpoints" / "step-2" / "checkpoint.json").read_text())
     assert meta["world_size"] == 2
+
+
+def _children(pid: int) -> list[int]:
+    import psutil
+
+    return [child.pid for child in psutil.Process(pid).children(recursive=True)
+            if "torch.distributed.run" not in " ".join(child.cmdline())]
+
+
+@pytest.mark.slow  # reason: three torchrun launches with 2 processes (~80 s on 2 shared cores)
+def test_sigterm_to_one_process_of_a_two_process_job_checkpoints_and_resume_equals_uninterrupted(
+        tiny_bert, tmp_path, corpus):
+    """Preemption: SIGTERM reaches rank 1 only; both ranks agree at the next step, rank 0 writes step-N,
+    each process prints one line naming it, and resuming gives the weights of a run that was never stopped."""
+    import time
+
+    (tmp_path / "strings.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    common = ["train", "--model", str(tiny_bert), "--batch-size", "5", "--dropout", "0", "--mask-span", "1",
+              "--seed", "3", "--lr", "1e-3", "--pooling", "mean", "--max-length", "16", "--log-every", "1",
+              "--no-progress", "--device", "cpu", "--precision", "fp32"]
+    (tmp_path / "two").mkdir()
+    logs = tmp_path / "logs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--log-dir", str(logs),
+           "--tee", "3", "-m", "mirrorbert", "-v", *common, "--data", "../strings.txt", "--steps", "100000",
+           "--output", "out"]
+    launcher = subprocess.Popen(cmd, cwd=tmp_path / "two", env=_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + PROCESS_TIMEOUT_S
+        while time.time() < deadline:  # wait until training runs (step 2 logged), then preempt rank 1
+            logged = list(logs.glob("*/attempt_0/0/stderr.log"))
+            if logged and 2 in step_losses(logged[0].read_text(encoding="utf-8")):
+                break
+            assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+            time.sleep(0.2)
+        workers = _children(launcher.pid)
+        assert len(workers) == 2
+        rank1 = next(pid for pid in workers if "LOCAL_RANK=1" in
+                     open(f"/proc/{pid}/environ", encoding="utf-8", errors="replace").read().replace("\0", " ") + " ")
+        os.kill(rank1, signal.SIGTERM)
+        launcher.communicate(timeout=PROCESS_TIMEOUT_S)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.communicate()
+    assert launcher.returncode != 0  # the job stopped before its budget
+    assert not (tmp_path / "two" / "out").exists()
+    (checkpoint,) = (tmp_path / "two" / "out.checkpoints").glob("step-*")
+    steps = int(checkpoint.name.split("-")[1])
+    for rank in (0, 1):
+        said = "interrupted at step" if rank == 0 else "rank 1: interrupted at step"
+        lines = [line for line in rank_log(logs, rank, "stderr").splitlines() if line.startswith(said)
+                 and line.rstrip().endswith(str(Path("out.checkpoints") / checkpoint.name))]
+        assert len(lines) == 1, rank_log(logs, rank, "stderr")[-2000:]
+    for name, extra in (("resumed", ["--resume", str(checkpoint)]), ("whole", [])):  # both on 2 processes again
+        run = torchrun(tmp_path / "two", "-m", "mirrorbert", *common, "--data", "../strings.txt",
+                       "--steps", str(steps + 2), "--output", name, *extra)
+        assert run.returncode == 0, run.stderr[-3000:]
+    assert max_weight_diff(tmp_path / "two" / "resumed", tmp_path / "two" / "whole") < 1e-6

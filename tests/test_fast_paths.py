@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from mirrorbert.runtime import build_optimizer
+from mirrorbert.training.optim import build_optimizer
 
 
 def _model() -> torch.nn.Module:
@@ -60,7 +60,7 @@ def test_fused_optimizer_state_round_trips_through_a_checkpoint():
 
 
 def test_fused_adamw_with_clipping_via_backward_and_step():
-    from mirrorbert.runtime import backward_and_step
+    from mirrorbert.training.optim import backward_and_step
 
     ours, plain = _model(), _model()
     optimizer = build_optimizer(ours, lr=1e-2, weight_decay=0.0)

@@ -14,7 +14,8 @@ import torch
 
 from mirrorbert.config import TrainConfig
 from mirrorbert.encoder import Encoder
-from mirrorbert.runtime import autocast, backward_and_step, build_optimizer, make_grad_scaler
+from mirrorbert.training.device import autocast, make_grad_scaler
+from mirrorbert.training.optim import backward_and_step, build_optimizer
 from mirrorbert.trainer import embed_views, mirror_step_loss, train
 from mirrorbert.views import dropout_overrides
 

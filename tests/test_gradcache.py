@@ -9,7 +9,7 @@ from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.gradcache import cached_embeddings, cached_step
 from mirrorbert.loss import mirror_infonce
-from mirrorbert.runtime import enable_gradient_checkpointing
+from mirrorbert.training.device import enable_gradient_checkpointing
 from mirrorbert.trainer import embed_views, train
 from mirrorbert.views import masked_views, special_token_ids, tokenize_once
 

@@ -132,7 +132,7 @@ def test_training_with_ms_loss_lowers_it(tiny_bert, corpus, tmp_path):
     """A short run on a tiny BERT: the multi-similarity loss of fixed views falls (eval mode, no dropout)."""
     from mirrorbert.config import TrainConfig
     from mirrorbert.encoder import Encoder
-    from mirrorbert.runtime import derived_generator
+    from mirrorbert.training.randomness import derived_generator
     from mirrorbert.trainer import train
     from mirrorbert.views import SecondViews, tokenize_once
 

@@ -14,7 +14,7 @@ import torch
 from mirrorbert.cli import main
 from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
-from mirrorbert.modelcard import check_eval_after
+from mirrorbert.training.eval_after import check_eval_after
 from mirrorbert.trainer import train
 from test_trainer import cfg_for
 

@@ -16,7 +16,7 @@ from mirrorbert.config import TrainConfig
 from mirrorbert.encoder import Encoder
 from mirrorbert.loss import mirror_infonce
 from mirrorbert.packing import choose_layout, length_groups, pack, plan_rows
-from mirrorbert.runtime import replay_rng
+from mirrorbert.training.randomness import replay_rng
 from mirrorbert.trainer import embed_views, train
 from mirrorbert.views import DropHead, dropout_overrides
 from tiny_models import (

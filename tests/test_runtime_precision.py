@@ -5,19 +5,11 @@ import logging
 import pytest
 import torch
 
-from mirrorbert import runtime
+from mirrorbert.training import device as runtime
 from mirrorbert.cli import build_parser
 from mirrorbert.config import TrainConfig, resolve_config
 from mirrorbert.errors import UserError
-from mirrorbert.runtime import (
-    compile_model,
-    cpu_has_native_bf16,
-    enable_tf32,
-    matmul_slowdown,
-    peak_memory_bytes,
-    resolve_precision,
-    set_threads,
-)
+from mirrorbert.training.device import compile_model, cpu_has_native_bf16, enable_tf32, matmul_slowdown, peak_memory_bytes, resolve_precision, set_threads
 
 CPU, CUDA, MPS = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
 AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw\n"
@@ -70,7 +62,7 @@ def test_bf16_on_a_cpu_without_it_warns_once_with_the_measured_slowdown(monkeypa
         return 37.25
 
     monkeypatch.setattr(runtime, "matmul_slowdown", fake_slowdown)
-    with caplog.at_level(logging.WARNING, logger="mirrorbert.runtime"):
+    with caplog.at_level(logging.WARNING, logger="mirrorbert.training.device"):
         assert resolve_precision("bf16", CPU) == "bf16"
         assert resolve_precision("bf16", CPU) == "bf16"
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -134,7 +126,7 @@ def test_compile_falls_back_to_eager_with_one_warning(caplog):
     # what nn.Module.compile does, without importing dynamo (18 s here)
     model.compile = lambda: setattr(model, "_compiled_call_impl", lambda *a, **k: None)
 
-    with caplog.at_level(logging.WARNING, logger="mirrorbert.runtime"):
+    with caplog.at_level(logging.WARNING, logger="mirrorbert.training.device"):
         assert compile_model(model, warm_up=failing_warm_up) is False
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "no C++ compiler" in warnings[0] and "more detail" not in warnings[0]

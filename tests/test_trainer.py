@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from mirrorbert.config import TrainConfig
 from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
-from mirrorbert.runtime import InterruptFlag
+from mirrorbert.training.signals import InterruptFlag
 from mirrorbert.trainer import mirror_step_loss, train
 from mirrorbert.views import pad_batch, tokenize_once
 
@@ -44,7 +44,7 @@ def _views(encoder, texts, controlled):
     batch = pad_batch(ids + ids, encoder.tokenizer.pad_token_id)
     encoder.train()
     if controlled:
-        from mirrorbert.runtime import replay_rng
+        from mirrorbert.training.randomness import replay_rng
 
         half = len(texts)
         with replay_rng():
@@ -170,13 +170,11 @@ def test_interrupt_writes_checkpoint_then_resume_finishes(tiny_bert, data_file, 
             self.raised = True
             return self
 
-    import mirrorbert.trainer as trainer_module
-
-    monkeypatch.setattr(trainer_module, "InterruptFlag", InterruptAtOnce)
+    monkeypatch.setattr("mirrorbert.training.engine.InterruptFlag", InterruptAtOnce)
     result = train(cfg_for(tiny_bert, data_file, tmp_path / "int", steps=3))
     assert result.interrupted and result.steps == 1 and not (tmp_path / "int").exists()
     assert result.checkpoint.name == "step-1"
-    monkeypatch.setattr(trainer_module, "InterruptFlag", InterruptFlag)
+    monkeypatch.setattr("mirrorbert.training.engine.InterruptFlag", InterruptFlag)
     done = train(cfg_for(tiny_bert, data_file, tmp_path / "int", steps=3, resume=str(result.checkpoint.parent)))
     assert done.steps == 3 and (tmp_path / "int" / "model.safetensors").exists()
 

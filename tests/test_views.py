@@ -7,7 +7,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from mirrorbert.errors import UserError
-from mirrorbert.runtime import derived_generator
+from mirrorbert.training.randomness import derived_generator
 from mirrorbert.views import (
     DropHead,
     dropout_overrides,

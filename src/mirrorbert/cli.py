@@ -149,7 +149,10 @@ def run_train(args) -> int:
     if main_rank:
         print("resolved configuration:\n" + jsonio.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
     result = train(cfg, strings)
-    if not main_rank:
+    if not main_rank:  # every process of an interrupted job names the checkpoint that rank 0 wrote
+        if result.interrupted:
+            print(f"rank {launched_rank()}: interrupted at step {result.steps}; checkpoint (written by rank 0): "
+                  f"{result.checkpoint}", file=sys.stderr)
         return EXIT_INTERRUPTED if result.interrupted else 0
     if result.interrupted:
         print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"

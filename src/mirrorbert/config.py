@@ -104,7 +104,7 @@ class TrainConfig:
 
     def resolved_checkpoint_dir(self) -> Path:
         """Checkpoints live beside the output so the final model folder can be written atomically."""
-        from mirrorbert.checkpoints import default_checkpoint_dir
+        from mirrorbert.safety import default_checkpoint_dir
 
         return default_checkpoint_dir(self.output, self.checkpoint_dir)
 

@@ -31,7 +31,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from mirrorbert.errors import UserError
-from mirrorbert.runtime import derived_generator, resolve_device
+from mirrorbert.training.device import resolve_device
+from mirrorbert.training.randomness import derived_generator
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,9 @@ from mirrorbert.preflight import (  # noqa: F401  (model_load_error etc. re-expo
     model_load_error,
     weights_load_error,
 )
-from mirrorbert.runtime import atomic_output_dir, autocast, check_precision, library_versions, resolve_device
+from mirrorbert.safety import atomic_output_dir
+from mirrorbert.training.device import autocast, check_precision, resolve_device
+from mirrorbert.training.metrics import library_versions
 from mirrorbert.batching import pad_batch
 from mirrorbert.packing import choose_layout, grouped_embed, packed_embed
 

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from mirrorbert.runtime import set_torch_rng_state, torch_rng_state
+from mirrorbert.training.randomness import set_torch_rng_state, torch_rng_state
 
 EmbedFn = Callable[[Sequence[Sequence[int]]], torch.Tensor]
 

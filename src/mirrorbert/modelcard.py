@@ -1,20 +1,19 @@
-"""Model card (`README.md`) of every saved model, and the `--eval-after` evaluation whose scores it shows.
+"""Model card (`README.md`) of every saved model.
 
 The card follows what sentence-transformers writes (YAML front matter, model details, training settings,
-evaluation, usage, citation) from the same facts as `mirrorbert.json`, so the two never disagree.
-
-`--eval-after` runs the evaluation suite on the trained encoder before the atomic save. The evaluation
-package sits above the trainer, so it is imported only inside the two functions that need it: a run
-without `--eval-after` never loads it.
+evaluation, usage, citation) from the same facts as `mirrorbert.json`, so the two never disagree. The
+`--eval-after` scores come in as data (`meta["training"]["eval_after"]`, written by
+`mirrorbert.training.eval_after`); the card imports nothing of the evaluation package.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from mirrorbert.scores import format_value
 
 logger = logging.getLogger(__name__)
 
@@ -52,36 +51,6 @@ TRANSFORMERS_POOLING = {
                    "tokens = (out.hidden_states[1] + out.hidden_states[-1]) / 2\n"
                    "vectors = (tokens * mask).sum(1) / mask.sum(1)"),
 }
-
-
-# ------------------------------------------------------------------------------------------ --eval-after
-def check_eval_after(tasks: str | Iterable[str] | None, data_dir: str | None) -> list[str]:
-    """Validated task names (empty when none asked); fails before training on unknown tasks or data dir."""
-    if tasks is None or (isinstance(tasks, str) and not tasks.strip()):
-        return []
-    from mirrorbert.evaluation import datasets
-    from mirrorbert.evaluation.runner import parse_tasks
-    from mirrorbert.errors import UserError
-
-    try:
-        names = parse_tasks(tasks)
-        datasets.resolve_data_dir(data_dir)
-    except UserError as exc:
-        raise UserError(f"--eval-after: {str(exc).removeprefix('--tasks: ')}") from None
-    return names
-
-
-def evaluate_after_training(encoder, tasks: list[str], data_dir: str | None, batch_size: int = 64) -> dict[str, Any]:
-    """Run the evaluation suite on the trained encoder: flat metrics ``{"task/metric": value}`` and statuses."""
-    from mirrorbert.evaluation import evaluate
-
-    result = evaluate(encoder, tasks, data_dir, batch_size=batch_size, model_name=str(encoder.source))
-    metrics = {f"{task}/{key}": value for task, outcome in result.outcomes.items() for key, value in outcome.metrics.items()}
-    not_run = {task: f"{o.status}: {o.message}" for task, o in result.outcomes.items() if o.status != "ok"}
-    for task, message in not_run.items():
-        logger.warning("--eval-after %s: %s", task, message)
-    return {"tasks": list(tasks), "data_dir": result.data_dir, "scale": "fractions (x100 in the card)",
-            "metrics": metrics, "not_run": not_run}
 
 
 # ------------------------------------------------------------------------------------------ the card
@@ -152,8 +121,6 @@ def render_model_card(meta: dict[str, Any]) -> str:
 def _evaluation_section(eval_after: dict[str, Any] | None) -> list[str]:
     if not eval_after:
         return []
-    from mirrorbert.evaluation.runner import format_value  # only reached when the evaluation already ran
-
     lines = ["", "## Evaluation", "",
              f"`--eval-after {','.join(eval_after.get('tasks', []))}` on `{eval_after.get('data_dir')}` "
              "(values x100, counts as integers):", ""]

@@ -584,6 +584,13 @@ def check_outputs_avoid(inputs: Inputs, *outputs: tuple[str, PathLike | None]) -
 
 
 # --------------------------------------------------------------------------- one call per trainer
+def default_checkpoint_dir(output: PathLike, checkpoint_dir: PathLike | None = None) -> Path:
+    """Checkpoints live beside the output (`<output>.checkpoints`) so the final folder can be written atomically."""
+    if checkpoint_dir:
+        return Path(checkpoint_dir)
+    return Path(f"{Path(output).as_posix().rstrip('/')}.checkpoints")
+
+
 def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
               inputs: Inputs, checkpoint_dir: PathLike | None = None,
               checkpoint_option: str = "--checkpoint-dir", resuming: bool = False,
@@ -595,8 +602,6 @@ def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
     about one copy, each checkpoint about three (weights plus AdamW's two moments). `extra_outputs`
     are log and cache folders (files are added there, nothing is replaced); `extra_files` single files.
     """
-    from mirrorbert.checkpoints import check_checkpoint_root
-
     plan = WritePlan(inputs, overwrite=overwrite).folder("--output", output, needed_bytes=model_bytes)
     for option, location in extra_outputs:
         plan.append_folder(option, location)
@@ -616,10 +621,10 @@ def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
     plan.lock(stack)
     if checkpoint_dir is not None:
         stack.enter_context(folder_lock(checkpoint_dir, checkpoint_option))
-        check_checkpoint_root(checkpoint_dir, resuming=resuming, overwrite=overwrite, option=checkpoint_option)
 
 
 __all__ = [
+    "default_checkpoint_dir",
     "MARKER", "REPRODUCE_KIND", "WritePlan", "atomic_output_dir", "atomic_output_file", "check_not_nested",
     "check_not_overlapping", "check_output_dir", "check_outputs_avoid", "check_replaceable", "check_replaceable_file",
     "check_writable", "claim_files", "discard_folder", "fix_folder_mode", "folder_lock", "foreign_file", "guard_run",

@@ -17,37 +17,24 @@ from mirrorbert.data import TrainingStrings, strings_for_config
 from mirrorbert.distributed import init_from_env, sharded_encoding
 from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
-from mirrorbert.checkpoints import check_resume_config
 from mirrorbert.gradcache import cached_embeddings
 from mirrorbert.loss import build_loss, mirror_infonce
-from mirrorbert.modelcard import check_eval_after, evaluate_after_training
 from mirrorbert.packing import packing_flag
 from mirrorbert.phases import PhaseTimer
 from mirrorbert.preflight import inspect_model
-from mirrorbert.runtime import (
-    CheckpointManager,
-    InterruptFlag,
-    MetricLogger,
-    autocast,
-    backward_and_step,
-    build_optimizer,
-    build_scheduler,
-    check_finite_loss,
-    compile_model,
-    enable_gradient_checkpointing,
-    enable_tf32,
-    derived_generator,
-    library_versions,
-    load_checkpoint,
-    make_grad_scaler,
-    peak_memory_bytes,
-    replay_rng,
-    resolve_precision,
-    restore_training_state,
-    seed_everything,
-    set_threads,
+from mirrorbert.safety import weights_size
+from mirrorbert.training.checkpoints import (
+    CheckpointManager, check_resume_config, guard_training_run, load_checkpoint, restore_training_state,
 )
-from mirrorbert.safety import guard_run, weights_size
+from mirrorbert.training.device import (
+    autocast, compile_model, enable_gradient_checkpointing, enable_tf32, make_grad_scaler, peak_memory_bytes,
+    resolve_precision, set_threads,
+)
+from mirrorbert.training.engine import Engine
+from mirrorbert.training.eval_after import check_eval_after, evaluate_after_training
+from mirrorbert.training.metrics import MetricLogger, library_versions
+from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
+from mirrorbert.training.randomness import derived_generator, replay_rng, seed_everything
 from mirrorbert.views import DropHead, SecondViews, dropout_overrides, tokenize_once
 
 logger = logging.getLogger(__name__)
@@ -143,7 +130,7 @@ def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResu
         raise UserError("--output is required: the folder to write the trained model to")
     with set_threads(cfg.threads), contextlib.ExitStack() as locks:
         # path rules, writability and locks, before anything is loaded
-        guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
+        guard_training_run(locks, output=cfg.output, overwrite=cfg.overwrite,
                   inputs={"--model": cfg.model, "--data": cfg.data, "--resume": cfg.resume,
                           "--data-dir": cfg.data_dir},
                   checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,
@@ -158,195 +145,193 @@ def _compile_warm_up(encoder: Encoder, sample: list[list[int]], device: torch.de
     encoder.zero_grad(set_to_none=True)
 
 
+class MirrorMethod:
+    """Mirror-BERT for the engine: batches of the epoch's order, two views each, InfoNCE over the pair."""
+
+    def __init__(self, cfg: TrainConfig, encoder: Encoder, token_ids: list[list[int]], views: SecondViews,
+                 plan: _Plan, dist_ctx, device: torch.device, precision: str, fingerprint: str, timer: PhaseTimer):
+        self.timer = timer  # wall time per phase (phases.py): span masking is its own phase
+        self.cfg, self.encoder, self.token_ids, self.views, self.plan = cfg, encoder, token_ids, views, plan
+        self.dist, self.device, self.precision, self.fingerprint = dist_ctx, device, precision, fingerprint
+        self.pad_id = encoder.tokenizer.pad_token_id if encoder.tokenizer.pad_token_id is not None else 0
+        self.loss_fn = build_loss(cfg.loss, cfg.temperature)
+        self.optimizer = build_optimizer(encoder, cfg.lr, cfg.weight_decay)
+        self.scheduler = build_scheduler(self.optimizer, cfg.schedule, cfg.warmup_steps, plan.total_steps)
+        self.scaler = make_grad_scaler(device, precision)
+        self.metrics = MetricLogger(cfg.log_dir if dist_ctx.is_main else None)
+        self.epoch, self.next_batch, self.loss_value, self.epoch_done = 0, 0, None, False
+        # final_loss is one (possibly short) batch; the epoch mean is the number to compare runs by
+        self.epoch_losses: list[float] = []
+        self.mean_loss_last_epoch: float | None = None
+        self.seen_strings, self.seen_tokens, self.start = 0, 0, time.time()
+        self.step_log: list[tuple[float, int, int]] = []
+
+    def batches(self):
+        while True:  # the engine stops at the budget
+            order = self.plan.epoch_batches(self.epoch)
+            with self.timer.phase("mask"):
+                second = self.views.draw(derived_generator(self.cfg.seed, STREAM_MASK, self.epoch))
+            for index in order[self.next_batch:]:
+                yield index, second
+
+    def train_step(self, batch, engine) -> dict[str, str]:
+        index, second_views = batch  # the global batch; this process embeds its shard
+        started, local = time.perf_counter(), self.dist.shard(index)
+        self.dist.seed_step(self.cfg.seed, engine.step)
+        loss = mirror_step_loss(self.encoder, [self.token_ids[i] for i in local], [second_views[i] for i in local],
+                                self.pad_id, self.cfg.temperature, self.cfg.controlled_dropout, self.device,
+                                self.precision, self.loss_fn, lambda rows: self.dist.gather_views(rows, len(index)),
+                                self.cfg.grad_cache_chunk)
+        engine.check_finite(loss)
+        backward_and_step(loss, self.optimizer, self.scheduler, self.scaler, max_grad_norm=self.cfg.max_grad_norm)
+        self.loss_value = loss.item()
+        self.epoch_losses.append(self.loss_value)
+        tokens = sum(len(self.token_ids[i]) + len(second_views[i]) for i in index)
+        self.seen_strings, self.seen_tokens = self.seen_strings + len(index), self.seen_tokens + tokens
+        self.step_log.append((time.perf_counter() - started, len(index), tokens))
+        self.next_batch += 1
+        return {"loss": f"{self.loss_value:.4f}", "strings_s": f"{self.seen_strings / self.elapsed():.1f}"}
+
+    def after_step(self, step: int) -> bool:
+        if step % self.cfg.log_every == 0 or step == self.plan.total_steps:
+            self.metrics.log(step, loss=self.loss_value, lr=self.scheduler.get_last_lr()[0],
+                             strings_per_s=self.seen_strings / self.elapsed())
+            logger.debug("step %d loss %.8f", step, self.loss_value)
+        if self.next_batch >= self.plan.batches_per_epoch:  # the next epoch gets its own order and masks
+            self.epoch, self.next_batch = self.epoch + 1, 0
+            self.mean_loss_last_epoch, self.epoch_losses = sum(self.epoch_losses) / len(self.epoch_losses), []
+        return False
+
+    def finish(self) -> None:
+        if self.epoch_losses:  # stopped inside an epoch (--steps): the mean of that epoch's batches so far
+            self.mean_loss_last_epoch = sum(self.epoch_losses) / len(self.epoch_losses)
+
+    def elapsed(self) -> float:
+        return max(time.time() - self.start, 1e-9)
+
+    def save_model(self, folder: Path) -> None:
+        self.encoder.write(folder)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "next_batch": self.next_batch}
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        return {"data_sha256": self.fingerprint, "config": self.cfg.to_dict(), "world_size": self.dist.world_size}
+
+
 def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     eval_tasks = check_eval_after(cfg.eval_after, cfg.data_dir)
     dist_ctx = init_from_env(cfg.device)  # one process, or this process's rank under torchrun/accelerate
-    device = dist_ctx.device
+    device, started = dist_ctx.device, time.time()
     precision = resolve_precision(cfg.precision, device)
     enable_tf32(device)
     if cfg.grad_cache_chunk and dist_ctx.world_size > 1:
         raise UserError("--grad-cache-chunk: not supported with several processes yet (DDP's gradient hooks "
                         "would fire inside the cached replay); use --gradient-checkpointing there")
-    timer = PhaseTimer()  # [phases] wall time per phase -> info["timings"]; -v logs it (phases.py)
-    with timer.phase("data"):  # [phases]
+    timer = PhaseTimer()  # wall time per phase -> info["timings"]; -v logs it (phases.py)
+    with timer.phase("data"):
         strings = strings or strings_for_config(cfg)
     seed_everything(cfg.seed)
-    started = time.time()
-
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
     if resume is not None:
         check_resume_config(resume.path, resume.meta.get("config"), cfg.to_dict(), RESUME_HARMLESS)
-    with timer.phase("load"):  # [phases]
-        base_config = load_model_config(cfg.model, cfg)
-        pooling = resolve_pooling(cfg.pooling, base_config.model_type)
-        overrides = dropout_overrides(base_config, cfg.dropout)
-        encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
-                               config_overrides=overrides)
-    encoder.packing = packing_flag(cfg.packing)
-    encoder.train()
-    drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
-    tokenizer = encoder.tokenizer
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    with timer.phase("tokenise"):  # [phases]
-        token_ids = tokenize_once(tokenizer, strings.strings, cfg.max_length)
-        second_view_masker = SecondViews(tokenizer, strings.strings, token_ids, cfg.mask_unit, cfg.mask_span,
-                                         cfg.mask_min_chars, cfg.max_length)
-    second_view_masker.warn_if_never_applies()
-    loss_fn = build_loss(cfg.loss, cfg.temperature)
-    if cfg.gradient_checkpointing:
-        enable_gradient_checkpointing(encoder.model)
-    with timer.phase("compile"):  # [phases]
-        compiled = cfg.compile and compile_model(
-            encoder.model, warm_up=lambda: _compile_warm_up(encoder, token_ids[:2], device, precision))
-
-    batch_size = cfg.batch_size
-    if batch_size > len(token_ids):
-        logger.warning("--batch-size %d is larger than the data (%d strings): using %d", batch_size,
-                       len(token_ids), len(token_ids))
-        batch_size = len(token_ids)
-    plan = _Plan(len(token_ids), batch_size, 0, cfg.seed)
-    plan.total_steps = cfg.steps or cfg.epochs * plan.batches_per_epoch
-
-    optimizer = build_optimizer(encoder, cfg.lr, cfg.weight_decay)
-    scheduler = build_scheduler(optimizer, cfg.schedule, cfg.warmup_steps, plan.total_steps)
-    scaler = make_grad_scaler(device, precision)
-    checkpoints = CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints)
-    checkpointing = cfg.save_every > 0 or cfg.checkpoint_dir is not None or resume is not None
-    dist_ctx.wrap(encoder)
-
-    step, epoch, next_batch, last_checkpoint = 0, 0, 0, None
-    if resume is not None:
         if resume.meta.get("data_sha256") not in (None, strings.fingerprint):
             raise UserError(f"--resume {resume.path}: the training data differ from the run that wrote this checkpoint")
-        extra = restore_training_state(resume, optimizer, scheduler, scaler)
-        step, epoch, next_batch = extra["step"], extra["epoch"], extra["next_batch"]
-        last_checkpoint = resume.path
-        logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, step, epoch, next_batch)
-
-    def save_checkpoint() -> Path:
-        with timer.phase("checkpoint"):  # [phases]
-            return _save_checkpoint()
-
-    def _save_checkpoint() -> Path:
-        return dist_ctx.on_main(lambda: checkpoints.save(
-            step, lambda folder: encoder.write(folder), optimizer, scheduler, scaler,
-            meta={"data_sha256": strings.fingerprint, "config": cfg.to_dict(), "world_size": dist_ctx.world_size},
-            extra_state={"step": step, "epoch": epoch, "next_batch": next_batch},
-        ), checkpoints.root / f"step-{step}")
-
-    metrics = MetricLogger(cfg.log_dir if dist_ctx.is_main else None)
-    from mirrorbert.progress import progress_bar
-
-    progress = progress_bar(total=plan.total_steps, initial=step, show=cfg.show_progress and dist_ctx.is_main,
-                            desc="mirror", unit="step")
-    loss_value, seen_strings, seen_tokens, loop_start = None, 0, 0, time.time()
-    # final_loss is one (possibly short) batch; the epoch mean is the number to compare runs by
-    epoch_loss_sum, epoch_loss_n, mean_loss_last_epoch = 0.0, 0, None
-    interrupted = False
-    step_log: list[tuple[float, int, int]] = []
+    encoder, token_ids, views, pooling, drophead = _build_encoder(cfg, strings, resume, device, timer)
+    with timer.phase("compile"):
+        compiled = cfg.compile and compile_model(
+            encoder.model, warm_up=lambda: _compile_warm_up(encoder, token_ids[:2], device, precision))
+    batch_size = min(cfg.batch_size, len(token_ids))
+    if batch_size < cfg.batch_size:
+        logger.warning("--batch-size %d is larger than the data (%d strings): using %d", cfg.batch_size,
+                       len(token_ids), batch_size)
+    plan = _Plan(len(token_ids), batch_size, 0, cfg.seed)
+    plan.total_steps = cfg.steps or cfg.epochs * plan.batches_per_epoch
+    method = MirrorMethod(cfg, encoder, token_ids, views, plan, dist_ctx, device, precision, strings.fingerprint, timer)
+    engine = Engine(method, total_steps=plan.total_steps, dist=dist_ctx, save_every=cfg.save_every,
+                    checkpoints=CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints),
+                    checkpointing=cfg.save_every > 0 or cfg.checkpoint_dir is not None or resume is not None,
+                    desc="mirror", show_progress=cfg.show_progress, timer=timer)
+    if resume is not None:
+        extra = restore_training_state(resume, method.optimizer, method.scheduler, method.scaler)
+        engine.step, method.epoch, method.next_batch = extra["step"], extra["epoch"], extra["next_batch"]
+        engine.last_checkpoint = resume.path
+        logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, engine.step, method.epoch,
+                    method.next_batch)
+    dist_ctx.wrap(encoder)
     try:
-        with InterruptFlag() as interrupt, dist_ctx.failure_guard(lambda: last_checkpoint), \
-                timer.phase("steps"):  # [phases] the loop, less the nested mask and checkpoint phases
-            while step < plan.total_steps and not interrupted:
-                batches = plan.epoch_batches(epoch)
-                with timer.phase("mask"):  # [phases]
-                    second_views = second_view_masker.draw(derived_generator(cfg.seed, STREAM_MASK, epoch))
-                while next_batch < len(batches) and step < plan.total_steps:
-                    step_start = time.perf_counter()
-                    index = batches[next_batch]  # the global batch; this process embeds its shard
-                    local = dist_ctx.shard(index)
-                    first = [token_ids[i] for i in local]
-                    second = [second_views[i] for i in local]
-                    dist_ctx.seed_step(cfg.seed, step)
-                    loss = mirror_step_loss(encoder, first, second, pad_id, cfg.temperature,
-                                            cfg.controlled_dropout, device, precision, loss_fn,
-                                            lambda rows: dist_ctx.gather_views(rows, len(index)),
-                                            cfg.grad_cache_chunk)
-                    check_finite_loss(loss, step + 1, last_checkpoint)
-                    backward_and_step(loss, optimizer, scheduler, scaler, max_grad_norm=cfg.max_grad_norm)
-                    step += 1
-                    next_batch += 1
-                    loss_value = loss.item()
-                    epoch_loss_sum, epoch_loss_n = epoch_loss_sum + loss_value, epoch_loss_n + 1
-                    step_tokens = sum(len(token_ids[i]) + len(second_views[i]) for i in index)
-                    seen_strings += len(index)
-                    seen_tokens += step_tokens
-                    step_log.append((time.perf_counter() - step_start, len(index), step_tokens))
-                    elapsed = max(time.time() - loop_start, 1e-9)
-                    progress.update(1)
-                    progress.set_postfix(loss=f"{loss_value:.4f}", strings_s=f"{seen_strings / elapsed:.1f}",
-                                         refresh=False)  # shown by the next update, at its refresh rate
-                    if step % cfg.log_every == 0 or step == plan.total_steps:
-                        metrics.log(step, loss=loss_value, lr=scheduler.get_last_lr()[0],
-                                    strings_per_s=seen_strings / elapsed)
-                        logger.debug("step %d loss %.8f", step, loss_value)
-                    epoch_done = next_batch >= len(batches)
-                    if epoch_done:
-                        epoch, next_batch = epoch + 1, 0
-                        mean_loss_last_epoch = epoch_loss_sum / epoch_loss_n
-                        epoch_loss_sum, epoch_loss_n = 0.0, 0
-                    if cfg.save_every and step % cfg.save_every == 0:
-                        last_checkpoint = save_checkpoint()
-                    if dist_ctx.any(interrupt.raised):
-                        interrupted = True
-                        break
-                    if epoch_done:  # the next epoch needs its own order and masks
-                        break
+        outcome = engine.run()
     finally:
-        progress.close()
-        metrics.close()
+        method.metrics.close()
         dist_ctx.unwrap(encoder)
         if drophead is not None:
             drophead.remove()
-
     wall = time.time() - started
-    if interrupted:
-        last_checkpoint = save_checkpoint()
-        logger.warning("interrupted at step %d; checkpoint written to %s", step, last_checkpoint)
-        return TrainResult(None, step, loss_value, wall, interrupted=True, checkpoint=last_checkpoint,
-                           step_log=step_log)
-    if checkpointing and last_checkpoint != checkpoints.root / f"step-{step}":
-        last_checkpoint = save_checkpoint()
+    if outcome.interrupted:
+        return TrainResult(None, outcome.steps, method.loss_value, wall, interrupted=True,
+                           checkpoint=outcome.checkpoint, step_log=method.step_log)
+    info = _run_info(cfg, method, strings, pooling, batch_size, outcome.steps, wall, compiled)
+    encoder.eval()
+    if eval_tasks:
+        with sharded_encoding(dist_ctx), timer.phase("eval"):  # every rank evaluates, sharing the encoding work
+            info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
+    info["timings"] = timer.report()  # up to here: the save cannot time itself into its own file
+    output = engine.save_final(cfg.output, lambda folder: encoder.write(folder, info), overwrite=cfg.overwrite)
+    info["timings"] = timer.report()  # now with the save, for the caller and the -v line
+    logger.debug("phase timings (s): %s", jsonio.dumps(info["timings"]))
+    logger.info("model written to %s (%d steps, final loss %s)", output, outcome.steps, method.loss_value)
+    return TrainResult(output, outcome.steps, method.loss_value, wall, checkpoint=outcome.checkpoint, info=info,
+                       step_log=method.step_log)
 
-    elapsed = max(time.time() - loop_start, 1e-9)
-    masking = second_view_masker.stats.shares()
+
+def _build_encoder(cfg: TrainConfig, strings: TrainingStrings, resume, device: torch.device, timer: PhaseTimer):
+    """The encoder to train (from the checkpoint when resuming), its token ids and the second-view masker."""
+    with timer.phase("load"):
+        base_config = load_model_config(cfg.model, cfg)
+        pooling = resolve_pooling(cfg.pooling, base_config.model_type)
+        encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
+                               config_overrides=dropout_overrides(base_config, cfg.dropout))
+    encoder.packing = packing_flag(cfg.packing)
+    encoder.train()
+    drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
+    with timer.phase("tokenise"):
+        token_ids = tokenize_once(encoder.tokenizer, strings.strings, cfg.max_length)
+        views = SecondViews(encoder.tokenizer, strings.strings, token_ids, cfg.mask_unit, cfg.mask_span,
+                            cfg.mask_min_chars, cfg.max_length)
+    views.warn_if_never_applies()
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(encoder.model)
+    return encoder, token_ids, views, pooling, drophead
+
+
+def _run_info(cfg: TrainConfig, method: MirrorMethod, strings: TrainingStrings, pooling: str, batch_size: int,
+              steps: int, wall: float, compiled: bool) -> dict[str, Any]:
+    """What `mirrorbert.json` records about the run."""
+    device, elapsed = method.device, method.elapsed()
+    masking = method.views.stats.shares()
     logger.info("span masking (%s, k=%d): %.1f%% of real tokens hidden, %.1f%% of strings masked", cfg.mask_unit,
                 cfg.mask_span, 100 * masking["masked_token_share"], 100 * masking["masked_string_share"])
-    if epoch_loss_n:  # stopped inside an epoch (--steps): the mean of that epoch's batches so far
-        mean_loss_last_epoch = epoch_loss_sum / epoch_loss_n
-    info = {
+    return {
         "method": "mirror-bert",
         "config": {**cfg.to_dict(), "pooling": pooling, "batch_size": batch_size},
         "data": strings.summary(),
         "seed": cfg.seed,
-        "steps": step,
-        "epochs": round(step / max(1, plan.batches_per_epoch), 3),
-        "final_loss": loss_value,
-        "mean_loss_last_epoch": mean_loss_last_epoch,
+        "steps": steps,
+        "epochs": round(steps / max(1, method.plan.batches_per_epoch), 3),
+        "final_loss": method.loss_value,
+        "mean_loss_last_epoch": method.mean_loss_last_epoch,
         **masking,
         "wall_time_s": round(wall, 2),
-        "strings_per_s": round(seen_strings / elapsed, 2),
-        "real_tokens_per_s": round(seen_tokens / elapsed, 2),
+        "strings_per_s": round(method.seen_strings / elapsed, 2),
+        "real_tokens_per_s": round(method.seen_tokens / elapsed, 2),
         "device": str(device),
-        "world_size": dist_ctx.world_size,
-        "precision": precision,
+        "world_size": method.dist.world_size,
+        "precision": method.precision,
         "compiled": bool(compiled),
         "peak_memory_bytes": peak_memory_bytes(device),
         "peak_memory_measure": "cuda max_memory_allocated" if device.type == "cuda" else "process peak RSS",
         "versions": library_versions(),
     }
-    encoder.eval()
-    if eval_tasks:
-        with sharded_encoding(dist_ctx), timer.phase("eval"):  # every rank evaluates, sharing the encoding work
-            info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
-    info["timings"] = timer.report()  # [phases] up to here: the save cannot time itself into its own file
-    with timer.phase("save"):  # [phases]
-        output = dist_ctx.on_main(lambda: encoder.save(cfg.output, training_info=info, overwrite=cfg.overwrite),
-                                  Path(cfg.output))
-    info["timings"] = timer.report()  # [phases] now with the save, for the caller and the -v line
-    logger.debug("phase timings (s): %s", jsonio.dumps(info["timings"]))  # [phases]
-    logger.info("model written to %s (%d steps, final loss %s)", output, step, loss_value)
-    return TrainResult(output, step, loss_value, wall, checkpoint=last_checkpoint, info=info, step_log=step_log)
 
 
 def steps_per_epoch(n_strings: int, batch_size: int) -> int:

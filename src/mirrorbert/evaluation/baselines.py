@@ -96,3 +96,44 @@ class SentenceTransformerEncoder:
             convert_to_numpy=True,
         )
         return np.asarray(emb, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- --model by name
+GLOVE = "glove"
+
+
+def load_model(
+    name: str,
+    pooling: str | None = None,
+    device: str | None = None,
+    max_length: int | None = None,
+    backend: str = "auto",
+    option: str = "--model",
+    packing: str = "auto",
+) -> Any:
+    """An object with the encoder protocol for ``--model`` (errors name ``option``)."""
+    try:
+        return _load_model(name, pooling, device, max_length, backend, packing)
+    except UserError as exc:
+        if option == "--model":
+            raise
+        raise UserError(str(exc).replace("--model", option)) from None
+
+
+def _load_model(name: str, pooling: str | None, device: str | None, max_length: int | None, backend: str,
+                packing: str = "auto") -> Any:
+    if name == GLOVE or name.startswith(GLOVE + ":"):
+        return GloveEncoder(name.split(":", 1)[1] if ":" in name else None)
+    if backend == "sentence-transformers":
+        if pooling is not None:
+            raise UserError("--pooling cannot be combined with --backend sentence-transformers")
+        encoder = SentenceTransformerEncoder(name, device=device)
+        if max_length is not None:
+            encoder.model.max_seq_length = max_length
+        return encoder
+    from mirrorbert.encoder import Encoder
+    from mirrorbert.packing import packing_flag
+
+    encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length)
+    encoder.packing = packing_flag(packing)
+    return encoder

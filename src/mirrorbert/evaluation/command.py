@@ -13,9 +13,6 @@ from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-GLOVE = "glove"
-
-
 def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``eval`` on an argparse subparsers object; the parser's ``func`` default is ``run_eval``."""
     from mirrorbert.evaluation.runner import DEFAULT_TASKS, TASKS
@@ -87,47 +84,6 @@ def _parse_option(text: str) -> tuple[str, str, Any]:
     return task.strip(), name.strip().replace("-", "_"), value
 
 
-def load_model(
-    name: str,
-    pooling: str | None = None,
-    device: str | None = None,
-    max_length: int | None = None,
-    backend: str = "auto",
-    option: str = "--model",
-    packing: str = "auto",
-) -> Any:
-    """An object with the encoder protocol for ``--model`` (errors name ``option``)."""
-    try:
-        return _load_model(name, pooling, device, max_length, backend, packing)
-    except UserError as exc:
-        if option == "--model":
-            raise
-        raise UserError(str(exc).replace("--model", option)) from None
-
-
-def _load_model(name: str, pooling: str | None, device: str | None, max_length: int | None, backend: str,
-                packing: str = "auto") -> Any:
-    if name == GLOVE or name.startswith(GLOVE + ":"):
-        from mirrorbert.evaluation.baselines import GloveEncoder
-
-        return GloveEncoder(name.split(":", 1)[1] if ":" in name else None)
-    if backend == "sentence-transformers":
-        from mirrorbert.evaluation.baselines import SentenceTransformerEncoder
-
-        if pooling is not None:
-            raise UserError("--pooling cannot be combined with --backend sentence-transformers")
-        encoder = SentenceTransformerEncoder(name, device=device)
-        if max_length is not None:
-            encoder.model.max_seq_length = max_length
-        return encoder
-    from mirrorbert.encoder import Encoder
-    from mirrorbert.packing import packing_flag
-
-    encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length)
-    encoder.packing = packing_flag(packing)
-    return encoder
-
-
 def run_eval(args: argparse.Namespace) -> int:
     """Run the evaluation described by parsed ``eval`` arguments; 0 if no task failed, 1 otherwise."""
     from mirrorbert.evaluation import datasets
@@ -161,6 +117,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def _write_plan(args: argparse.Namespace, data_dir: Path, options: dict[str, dict[str, Any]]):
     """Every path `eval` writes (JSON, report, plot folder, BEL predictions), under the write policy."""
+    from mirrorbert.evaluation.baselines import GLOVE
     from mirrorbert.safety import WritePlan
 
     inputs = {"--model": None if args.model == GLOVE else args.model.removeprefix(GLOVE + ":"),
@@ -183,6 +140,7 @@ def plot_folder(report: str | Path | None, plot_dir: str | Path | None) -> Path 
 
 def _run_eval(args: argparse.Namespace, tasks: list[str], data_dir: Path, options: dict[str, dict[str, Any]]) -> int:
     from mirrorbert.distributed import init_from_env, sharded_encoding
+    from mirrorbert.evaluation.baselines import load_model
     from mirrorbert.evaluation.runner import evaluate
 
     dist_ctx = init_from_env(args.device)  # under torchrun the processes share the encoding work

@@ -621,7 +621,7 @@ def evaluate_lexsub(
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     from mirrorbert.gloss.wordnet import WordNet
-    from mirrorbert.runtime import resolve_device
+    from mirrorbert.training.device import resolve_device
 
     items = load_lexsub(dataset, data_dir)
     wn = WordNet.load(data_dir)

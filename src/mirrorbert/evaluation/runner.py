@@ -12,7 +12,6 @@ import contextlib
 import datetime as _dt
 import importlib
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -22,6 +21,7 @@ from typing import Any
 
 from mirrorbert import jsonio
 from mirrorbert.errors import DatasetMissing, UserError
+from mirrorbert.scores import format_value
 from mirrorbert.evaluation import datasets
 
 logger = logging.getLogger(__name__)
@@ -181,20 +181,6 @@ def _one_line(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def is_count(key: str) -> bool:
-    """Counts are printed as integers, not scaled."""
-    return key == "n" or key.endswith("_n") or key.startswith("n_")
-
-
-def format_value(key: str, value: float) -> str:
-    """x100 with two decimals (counts as integers, NaN as 'nan')."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "nan"
-    if is_count(key):
-        return str(int(round(value)))
-    return f"{value * 100:.2f}"
-
-
 def _ordered_metrics(metrics: Mapping[str, float]) -> list[tuple[str, float]]:
     items = [(k, v) for k, v in metrics.items() if k != "primary"]
     return [("primary", metrics["primary"])] + items if "primary" in metrics else items
@@ -242,7 +228,7 @@ def evaluate(
     names = parse_tasks(tasks)
     root = datasets.resolve_data_dir(data_dir)
     if isinstance(encoder, (str, os.PathLike)):  # a model folder, hub id or "glove"
-        from mirrorbert.evaluation.command import load_model
+        from mirrorbert.evaluation.baselines import load_model
 
         model_name = model_name or str(encoder)
         encoder = load_model(str(encoder))

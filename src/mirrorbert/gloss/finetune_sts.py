@@ -105,9 +105,9 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
 
     from mirrorbert.encoder import Encoder
     from mirrorbert.evaluation.sts import score_pairs
-    from mirrorbert.runtime import (
-        autocast, backward_and_step, build_optimizer, build_scheduler, check_precision, resolve_device, seed_everything,
-    )
+    from mirrorbert.training.device import autocast, check_precision, resolve_device
+    from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
+    from mirrorbert.training.randomness import seed_everything
     from mirrorbert.batching import pad_batch
 
     started = time.time()

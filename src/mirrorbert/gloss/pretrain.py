@@ -4,7 +4,7 @@ Optimisation follows the paper: AdamW (lr 2e-5), 10% linear warmup then linear d
 batches of triplets (paper: 48), several epochs; after every epoch the gloss-matching
 accuracy on the held-out triplets is measured and the best epoch's model is kept. Device,
 precision, seeding, checkpoints (optimiser, scheduler and RNG state; exact resume) and the
-atomic output folder come from :mod:`mirrorbert.runtime`, shared with ``mirrorbert train``.
+atomic output folder come from :mod:`mirrorbert.training`, shared with ``mirrorbert train``.
 
 The output is the inference MLM only (``mt``: the single encoder; ``sc``: enc2) as a
 Hugging Face ``*ForMaskedLM`` folder with its tokenizer, plus ``gr_training.json``.
@@ -93,7 +93,7 @@ class GlossPretrainConfig:
             raise UserError(f"--save-every must be >= 0, got {self.save_every}")
 
     def resolved_checkpoint_dir(self) -> Path:
-        from mirrorbert.checkpoints import default_checkpoint_dir
+        from mirrorbert.safety import default_checkpoint_dir
 
         return default_checkpoint_dir(self.output, self.checkpoint_dir)
 
@@ -205,15 +205,132 @@ RESUME_HARMLESS = ("model", "output", "triplets", "data_dir", "overwrite", "limi
                    "log_dir", "show_progress")
 
 
+class GlossMethod:
+    """GR-BERT for the engine: triplet batches of the epoch's order, held-out evaluation at every epoch end."""
+
+    def __init__(self, cfg, model, tokenizer, train_t, held_t, train_enc, held_enc, inventory, masker, batch_size,
+                 per_epoch, total_steps, gloss_length, optimizer, scheduler, scaler, device, fingerprint, ckpt_root,
+                 checkpointing):
+        from mirrorbert.training.metrics import MetricLogger
+
+        self.cfg, self.model, self.tokenizer, self.train_t, self.held_t = cfg, model, tokenizer, train_t, held_t
+        self.train_enc, self.held_enc, self.inventory, self.masker = train_enc, held_enc, inventory, masker
+        self.batch_size, self.per_epoch, self.total_steps, self.gloss_length = batch_size, per_epoch, total_steps, gloss_length
+        self.optimizer, self.scheduler, self.scaler, self.device = optimizer, scheduler, scaler, device
+        self.fingerprint, self.ckpt_root, self.checkpointing = fingerprint, ckpt_root, checkpointing
+        self.epoch, self.next_batch, self.loss_value = 0, 0, None
+        self.history: list[dict[str, Any]] = []
+        self.best: dict[str, Any] | None = None
+        self.best_state: dict[str, Any] | None = None
+        self.metrics = MetricLogger(cfg.log_dir)
+
+    def batches(self):
+        import torch
+
+        from mirrorbert.training.randomness import derived_generator
+
+        n = len(self.train_enc)
+        while True:
+            order = torch.randperm(n, generator=derived_generator(self.cfg.seed, STREAM_ORDER, self.epoch)).tolist()
+            batches = [order[i:i + self.batch_size] for i in range(0, n, self.batch_size)][:self.per_epoch]
+            yield from batches[self.next_batch:]
+
+    def train_step(self, index, engine) -> dict[str, str]:
+        from mirrorbert.gloss.model import collate
+        from mirrorbert.training.device import autocast
+        from mirrorbert.training.optim import backward_and_step
+        from mirrorbert.training.randomness import derived_generator
+
+        cfg, step = self.cfg, engine.step
+        batch = collate(
+            [self.train_enc[i] for i in index], self.train_t, self.tokenizer,
+            inventory=self.inventory if cfg.hard_negatives else None,
+            rng=random.Random(cfg.seed * 1_000_003 + STREAM_HARD * 7919 + step),
+            masker=self.masker, generator=derived_generator(cfg.seed, STREAM_MASK, step),
+            max_gloss_length=self.gloss_length,
+        ).to(self.device)
+        with autocast(self.device, cfg.precision):
+            out = self.model(batch)
+        engine.check_finite(out.loss)
+        backward_and_step(out.loss, self.optimizer, self.scheduler, self.scaler, self.model.parameters(),
+                          cfg.max_grad_norm)
+        self.next_batch += 1
+        self.loss_value = float(out.loss.item())
+        self.metrics.log(step + 1, loss=self.loss_value, gr_loss=float(out.gr.item()), mlm_loss=float(out.mlm.item()),
+                         batch_accuracy=out.accuracy, lr=self.scheduler.get_last_lr()[0])
+        return {"loss": f"{self.loss_value:.3f}", "gr": f"{out.gr.item():.3f}", "mlm": f"{out.mlm.item():.3f}",
+                "acc": f"{out.accuracy:.2f}"}
+
+    def after_step(self, step: int) -> bool:
+        if self.next_batch < self.per_epoch:
+            return False
+        self.epoch, self.next_batch = self.epoch + 1, 0
+        self.record_eval(self.epoch, step)
+        return True  # a checkpoint at every epoch end (when checkpointing)
+
+    def finish(self) -> None:
+        if self.next_batch != 0:  # --steps ended mid-epoch: evaluate the final model too
+            self.record_eval(self.epoch + 1, self.total_steps)
+
+    def record_eval(self, tag_epoch: int, step: int) -> None:
+        from mirrorbert.gloss.model import gloss_matching_accuracy
+        from mirrorbert.training.device import autocast
+
+        if not self.held_enc:
+            return
+        res = gloss_matching_accuracy(self.model, self.tokenizer, self.held_t, self.held_enc, device=self.device,
+                                      batch_size=self.cfg.eval_batch_size, max_gloss_length=self.gloss_length,
+                                      autocast_ctx=lambda: autocast(self.device, self.cfg.precision))
+        if not res:
+            return
+        entry = {"epoch": tag_epoch, "step": step, **{k: round(float(v), 6) for k, v in res.items()}}
+        self.history.append(entry)
+        self.metrics.log(step, heldout_accuracy=res["accuracy"], heldout_accuracy_word=res["accuracy_word"])
+        logger.info("epoch %d (step %d): held-out gloss-matching accuracy %.4f (within word %.4f, %d triplets)",
+                    tag_epoch, step, res["accuracy"], res["accuracy_word"], int(res["n"]))
+        if step > 0 and (self.best is None or res["accuracy"] > self.best["accuracy"]):
+            self.best = {"epoch": tag_epoch, "step": step, "accuracy": entry["accuracy"],
+                         "accuracy_word": entry["accuracy_word"]}
+            self.best_state = _cpu_state(self.model.inference_model)
+            if self.checkpointing:
+                self.save_best_dir()
+
+    def save_best_dir(self) -> None:
+        """Keep the best model on disk too, so that a resumed run still knows it."""
+        import shutil
+        import tempfile
+
+        from mirrorbert.safety import mark_folder
+
+        self.ckpt_root.mkdir(parents=True, exist_ok=True)
+        mark_folder(self.ckpt_root)  # a later run over this folder needs --resume or --overwrite
+        tmp = Path(tempfile.mkdtemp(prefix=".best-model.tmp-", dir=self.ckpt_root))
+        self.model.save_inference(tmp, self.tokenizer)
+        final = self.ckpt_root / "best-model"
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+
+    def save_model(self, folder: Path) -> None:
+        save_parts(self.model, self.tokenizer, folder)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "next_batch": self.next_batch, "history": self.history, "best": self.best}
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        return {"data_sha256": self.fingerprint, "arch": self.cfg.arch, "config": self.cfg.to_dict()}
+
+
 def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     """Run GR-BERT pre-training as configured and write the best model to ``cfg.output``."""
     import contextlib
 
-    from mirrorbert.safety import guard_run, weights_size
+    from mirrorbert.safety import weights_size
+    from mirrorbert.training.checkpoints import guard_training_run
 
     cfg.validate()
     with contextlib.ExitStack() as locks:  # path rules, writability and locks, before anything is loaded
-        guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
+        guard_training_run(locks, output=cfg.output, overwrite=cfg.overwrite,
                   inputs={"--model": cfg.model, "--triplets": cfg.triplets, "--data-dir": cfg.data_dir,
                           "--resume": cfg.resume},
                   checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,
@@ -222,59 +339,52 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
         return _pretrain(cfg)
 
 
-def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
-    import torch
-    from mirrorbert.progress import progress_bar
+def _run_info(cfg: GlossPretrainConfig, method: GlossMethod, stats, batch_size: int, warmup_steps: int,
+              total_steps: int, step: int, wall: float, device) -> dict[str, Any]:
+    """What the model folder's training-info file records about the run."""
+    from mirrorbert.training.metrics import library_versions
 
-    from mirrorbert.gloss.model import (
-        GlossRegularizedMLM,
-        collate,
-        encode_triplets,
-        gloss_matching_accuracy,
-        model_max_length,
-    )
-    from mirrorbert.runtime import (
-        CheckpointManager,
-        InterruptFlag,
-        MetricLogger,
-        atomic_output_dir,
-        autocast,
-        backward_and_step,
-        build_optimizer,
-        build_scheduler,
-        check_finite_loss,
-        derived_generator,
-        library_versions,
-        load_checkpoint,
-        make_grad_scaler,
-        resolve_device,
-        resolve_precision,
-        restore_training_state,
-        seed_everything,
-    )
+    return {
+        "method": "gr-bert",
+        "arch": cfg.arch,
+        "config": {**cfg.to_dict(), "batch_size": batch_size, "warmup_steps": warmup_steps, "total_steps": total_steps},
+        "triplets": stats,
+        "heldout_history": method.history,
+        "best": method.best,
+        "steps": step,
+        "final_loss": method.loss_value,
+        "wall_time_s": round(wall, 2),
+        "device": str(device),
+        "precision": cfg.precision,
+        "versions": library_versions(),
+    }
 
-    device = resolve_device(cfg.device)
-    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
-    started = time.time()
-    train_t, held_t, inventory, stats = prepare_triplets(cfg)
-    fingerprint = _fingerprint(train_t)
-    seed_everything(cfg.seed)
 
-    resume = load_checkpoint(cfg.resume) if cfg.resume else None
+def _load_resume(cfg: GlossPretrainConfig, fingerprint: str):
+    """The checkpoint to resume from (None for a new run), refused when its options, triplets or arch differ."""
+    from mirrorbert.training.checkpoints import check_resume_config, load_checkpoint
+
+    if not cfg.resume:
+        return None
+    resume = load_checkpoint(cfg.resume)
+    check_resume_config(resume.path, resume.meta.get("config"), cfg.to_dict(), RESUME_HARMLESS)
+    if resume.meta.get("data_sha256") not in (None, fingerprint):
+        raise UserError(f"--resume {resume.path}: the triplets differ from the run that wrote this checkpoint")
+    if resume.meta.get("arch") not in (None, cfg.arch):
+        raise UserError(f"--resume {resume.path}: checkpoint was written with --arch {resume.meta.get('arch')}")
+    return resume
+
+
+def _model_and_data(cfg: GlossPretrainConfig, resume, train_t, held_t, device):
+    """The model (from the checkpoint when resuming), the encoded triplets and the optional MLM masker."""
+    from mirrorbert.gloss.model import GlossRegularizedMLM, encode_triplets, model_max_length
+
     if resume is not None:
-        from mirrorbert.checkpoints import check_resume_config
-
-        check_resume_config(resume.path, resume.meta.get("config"), cfg.to_dict(), RESUME_HARMLESS)
-        if resume.meta.get("data_sha256") not in (None, fingerprint):
-            raise UserError(f"--resume {resume.path}: the triplets differ from the run that wrote this checkpoint")
-        if resume.meta.get("arch") not in (None, cfg.arch):
-            raise UserError(f"--resume {resume.path}: checkpoint was written with --arch {resume.meta.get('arch')}")
         tokenizer, model = load_parts(resume.model_dir, cfg)
     else:
         tokenizer, mlm = load_start_model(cfg.model)
         model = GlossRegularizedMLM.from_mlm(mlm, arch=cfg.arch, lam=cfg.lam, tau=cfg.tau)
     model.to(device).train()
-
     max_length = min(cfg.max_length, model_max_length(model.context, tokenizer))
     gloss_length = min(cfg.max_gloss_length, model_max_length(model.context, tokenizer))
     train_enc = encode_triplets(tokenizer, train_t, max_length)
@@ -287,6 +397,42 @@ def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
 
         vocab = model.context.get_input_embeddings().weight.shape[0]
         masker = MlmMasker.from_tokenizer(tokenizer, MaskingConfig(mlm_probability=cfg.mlm_prob), vocab_size=vocab)
+    return tokenizer, model, train_enc, held_enc, masker, gloss_length
+
+
+def _restore(resume, engine, method: GlossMethod) -> None:
+    """Optimiser, scheduler, scaler and RNG state, the position, the history and the best model so far."""
+    from mirrorbert.training.checkpoints import restore_training_state
+
+    extra = restore_training_state(resume, method.optimizer, method.scheduler, method.scaler)
+    engine.step, method.epoch, method.next_batch = extra["step"], extra["epoch"], extra["next_batch"]
+    method.history, method.best = extra.get("history", []), extra.get("best")
+    best_dir = method.ckpt_root / "best-model"
+    if method.best is not None and best_dir.is_dir():
+        from transformers import AutoModelForMaskedLM
+
+        method.best_state = _cpu_state(AutoModelForMaskedLM.from_pretrained(best_dir))
+    engine.last_checkpoint = resume.path
+    logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, engine.step, method.epoch,
+                method.next_batch)
+
+
+def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
+    from mirrorbert.training.checkpoints import CheckpointManager
+    from mirrorbert.training.device import make_grad_scaler, resolve_device, resolve_precision
+    from mirrorbert.training.engine import Engine
+    from mirrorbert.training.optim import build_optimizer, build_scheduler
+    from mirrorbert.training.randomness import seed_everything
+
+    device = resolve_device(cfg.device)
+    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
+    started = time.time()
+    train_t, held_t, inventory, stats = prepare_triplets(cfg)
+    fingerprint = _fingerprint(train_t)
+    seed_everything(cfg.seed)
+
+    resume = _load_resume(cfg, fingerprint)
+    tokenizer, model, train_enc, held_enc, masker, gloss_length = _model_and_data(cfg, resume, train_t, held_t, device)
 
     batch_size = min(cfg.batch_size, len(train_enc))
     n = len(train_enc)
@@ -300,155 +446,38 @@ def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     checkpoints = CheckpointManager(ckpt_root, keep=cfg.keep_checkpoints)
     checkpointing = cfg.save_every > 0 or cfg.checkpoint_dir is not None or resume is not None
 
-    def epoch_batches(epoch: int) -> list[list[int]]:
-        order = torch.randperm(n, generator=derived_generator(cfg.seed, STREAM_ORDER, epoch)).tolist()
-        return [order[i:i + batch_size] for i in range(0, n, batch_size)][:per_epoch]
-
-    def evaluate() -> dict[str, float]:
-        if not held_enc:
-            return {}
-        return gloss_matching_accuracy(model, tokenizer, held_t, held_enc, device=device,
-                                       batch_size=cfg.eval_batch_size, max_gloss_length=gloss_length,
-                                       autocast_ctx=lambda: autocast(device, cfg.precision))
-
-    step, epoch, next_batch = 0, 0, 0
-    history: list[dict[str, Any]] = []
-    best: dict[str, Any] | None = None
-    best_state: dict[str, Any] | None = None
-    last_checkpoint = None
+    method = GlossMethod(cfg, model, tokenizer, train_t, held_t, train_enc, held_enc, inventory, masker,
+                         batch_size, per_epoch, total_steps, gloss_length, optimizer, scheduler, scaler, device,
+                         fingerprint, ckpt_root, checkpointing)
+    engine = Engine(method, total_steps=total_steps, checkpoints=checkpoints, save_every=cfg.save_every,
+                    checkpointing=checkpointing, desc="gloss-pretrain", show_progress=cfg.show_progress)
     if resume is not None:
-        extra = restore_training_state(resume, optimizer, scheduler, scaler)
-        step, epoch, next_batch = extra["step"], extra["epoch"], extra["next_batch"]
-        history, best = extra.get("history", []), extra.get("best")
-        best_dir = ckpt_root / "best-model"
-        if best is not None and best_dir.is_dir():
-            from transformers import AutoModelForMaskedLM
-
-            best_state = _cpu_state(AutoModelForMaskedLM.from_pretrained(best_dir))
-        last_checkpoint = resume.path
-        logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, step, epoch, next_batch)
-
-    def save_checkpoint() -> Path:
-        return checkpoints.save(
-            step, lambda folder: save_parts(model, tokenizer, folder), optimizer, scheduler, scaler,
-            meta={"data_sha256": fingerprint, "arch": cfg.arch, "config": cfg.to_dict()},
-            extra_state={"step": step, "epoch": epoch, "next_batch": next_batch, "history": history, "best": best},
-        )
-
-    def save_best_dir() -> None:
-        """Keep the best model on disk too, so that a resumed run still knows it."""
-        import shutil
-        import tempfile
-
-        from mirrorbert.safety import mark_folder
-
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-        mark_folder(ckpt_root)  # a later run over this folder needs --resume or --overwrite
-        tmp = Path(tempfile.mkdtemp(prefix=".best-model.tmp-", dir=ckpt_root))
-        model.save_inference(tmp, tokenizer)
-        final = ckpt_root / "best-model"
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-
-    def record_eval(tag_epoch: int) -> None:
-        nonlocal best, best_state
-        res = evaluate()
-        if not res:
-            return
-        entry = {"epoch": tag_epoch, "step": step, **{k: round(float(v), 6) for k, v in res.items()}}
-        history.append(entry)
-        metrics.log(step, heldout_accuracy=res["accuracy"], heldout_accuracy_word=res["accuracy_word"])
-        logger.info("epoch %d (step %d): held-out gloss-matching accuracy %.4f (within word %.4f, %d triplets)",
-                    tag_epoch, step, res["accuracy"], res["accuracy_word"], int(res["n"]))
-        if step > 0 and (best is None or res["accuracy"] > best["accuracy"]):
-            best = {"epoch": tag_epoch, "step": step, "accuracy": entry["accuracy"],
-                    "accuracy_word": entry["accuracy_word"]}
-            best_state = _cpu_state(model.inference_model)
-            if checkpointing:
-                save_best_dir()
-
-    metrics = MetricLogger(cfg.log_dir)
-    progress = progress_bar(total=total_steps, initial=step, show=cfg.show_progress, desc="gloss-pretrain", unit="step")
-    interrupted = False
-    loss_value = None
+        _restore(resume, engine, method)
     try:
-        if step == 0 and not history:
-            record_eval(0)  # the starting point, for comparison
-        with InterruptFlag() as interrupt:
-            while step < total_steps and not interrupted:
-                batches = epoch_batches(epoch)
-                while next_batch < len(batches) and step < total_steps:
-                    chunk = [train_enc[i] for i in batches[next_batch]]
-                    batch = collate(
-                        chunk, train_t, tokenizer,
-                        inventory=inventory if cfg.hard_negatives else None,
-                        rng=random.Random(cfg.seed * 1_000_003 + STREAM_HARD * 7919 + step),
-                        masker=masker, generator=derived_generator(cfg.seed, STREAM_MASK, step),
-                        max_gloss_length=gloss_length,
-                    ).to(device)
-                    with autocast(device, cfg.precision):
-                        out = model(batch)
-                    loss = out.loss
-                    check_finite_loss(loss, step + 1, last_checkpoint)
-                    backward_and_step(loss, optimizer, scheduler, scaler, model.parameters(), cfg.max_grad_norm)
-                    step += 1
-                    next_batch += 1
-                    loss_value = float(loss.item())
-                    progress.update(1)
-                    progress.set_postfix(loss=f"{loss_value:.3f}", gr=f"{out.gr.item():.3f}",
-                                         mlm=f"{out.mlm.item():.3f}", acc=f"{out.accuracy:.2f}", refresh=False)
-                    metrics.log(step, loss=loss_value, gr_loss=float(out.gr.item()), mlm_loss=float(out.mlm.item()),
-                                batch_accuracy=out.accuracy, lr=scheduler.get_last_lr()[0])
-                    if next_batch >= len(batches):
-                        epoch, next_batch = epoch + 1, 0
-                        record_eval(epoch)
-                        if checkpointing:
-                            last_checkpoint = save_checkpoint()
-                    elif cfg.save_every and step % cfg.save_every == 0:
-                        last_checkpoint = save_checkpoint()
-                    if interrupt.raised:
-                        interrupted = True
-                        break
-                    if next_batch == 0:
-                        break  # new epoch: the outer loop draws its batch order
-            if not interrupted and next_batch != 0:  # --steps ended mid-epoch: evaluate the final model too
-                record_eval(epoch + 1)
+        if engine.step == 0 and not method.history:
+            method.record_eval(0, 0)  # the starting point, for comparison
+        outcome = engine.run()
     finally:
-        progress.close()
-        metrics.close()
-
+        method.metrics.close()
     wall = time.time() - started
-    if interrupted:
-        last_checkpoint = save_checkpoint()
-        logger.warning("interrupted at step %d; checkpoint written to %s", step, last_checkpoint)
+    step, history, best, last_checkpoint = outcome.steps, method.history, method.best, outcome.checkpoint
+    if outcome.interrupted:
         return GlossPretrainResult(None, step, history, best, stats, wall, interrupted=True, checkpoint=last_checkpoint)
-    if checkpointing and last_checkpoint != ckpt_root / f"step-{step}":
-        last_checkpoint = save_checkpoint()
 
     final = model.inference_model
-    if best_state is not None:
-        final.load_state_dict(best_state)
+    if method.best_state is not None:
+        final.load_state_dict(method.best_state)
         logger.info("keeping the best epoch: %s", best)
-    info = {
-        "method": "gr-bert",
-        "arch": cfg.arch,
-        "config": {**cfg.to_dict(), "batch_size": batch_size, "warmup_steps": warmup_steps, "total_steps": total_steps},
-        "triplets": stats,
-        "heldout_history": history,
-        "best": best,
-        "steps": step,
-        "final_loss": loss_value,
-        "wall_time_s": round(wall, 2),
-        "device": str(device),
-        "precision": cfg.precision,
-        "versions": library_versions(),
-    }
+    info = _run_info(cfg, method, stats, batch_size, warmup_steps, total_steps, step, wall, device)
     final.eval()
-    with atomic_output_dir(cfg.output, overwrite=cfg.overwrite) as tmp:
-        final.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / TRAINING_INFO).write_text(jsonio.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
+
+    def write_into(folder: Path) -> None:
+        final.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        (folder / TRAINING_INFO).write_text(jsonio.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
+
+    # with the best epoch's weights loaded, a new checkpoint would not be the last step's state
+    engine.save_final(cfg.output, write_into, overwrite=cfg.overwrite, resumable=method.best_state is None)
     logger.info("GR-BERT model written to %s (%d steps)", cfg.output, step)
     return GlossPretrainResult(Path(cfg.output), step, history, best, stats, wall, checkpoint=last_checkpoint)
 

@@ -3,7 +3,7 @@
 The corpus is tokenised once into memory-mapped token streams (`corpus.py`); batches are packed
 windows of `seq_length` tokens, corrupted by `masking.py` in a background thread. The training
 machinery (device, precision, optimiser, schedule, checkpoints, RNG state, TensorBoard, atomic output)
-is the shared one of `mirrorbert.runtime`, so `pretrain-mlm` behaves like `mirrorbert train`.
+is the shared one of `mirrorbert.training`, so `pretrain-mlm` behaves like `mirrorbert train`.
 
 Exact resume: the data position and every mask are pure functions of (seed, step), the optimiser,
 scheduler and RNG state live in the checkpoint, so N steps + resume N steps equals 2N steps.
@@ -25,33 +25,20 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from mirrorbert.checkpoints import check_resume_config
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.preflight import check_max_length, inspect_model, max_positions, weights_load_error
 from mirrorbert.mlm.corpus import PackedSequences, check_corpus_files, epoch_order, prefetch, prepare_corpus
 from mirrorbert.mlm.masking import IGNORE_INDEX, MaskingConfig, MlmMasker
-from mirrorbert.runtime import (
-    CheckpointManager,
-    InterruptFlag,
-    MetricLogger,
-    atomic_output_dir,
-    autocast,
-    backward_and_step,
-    build_optimizer,
-    build_scheduler,
-    default_checkpoint_dir,
-    derived_generator,
-    library_versions,
-    load_checkpoint,
-    make_grad_scaler,
-    resolve_device,
-    resolve_precision,
-    restore_training_state,
-    seed_everything,
-    set_threads,
-    write_json_atomic,
+from mirrorbert.safety import default_checkpoint_dir, write_json_atomic
+from mirrorbert.preflight import check_max_length, inspect_model, max_positions, weights_load_error
+from mirrorbert.safety import weights_size
+from mirrorbert.training.checkpoints import (
+    CheckpointManager, check_resume_config, guard_training_run, load_checkpoint, restore_training_state,
 )
-from mirrorbert.safety import guard_run, weights_size
+from mirrorbert.training.device import autocast, make_grad_scaler, resolve_device, resolve_precision, set_threads
+from mirrorbert.training.engine import Engine
+from mirrorbert.training.metrics import MetricLogger, library_versions
+from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
+from mirrorbert.training.randomness import derived_generator, seed_everything
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +50,7 @@ ARCHITECTURES: dict[str, dict[str, int]] = {
     "bert-medium": {"num_hidden_layers": 8, "hidden_size": 512},
 }
 INFO_FILE = "mlm_pretraining.json"
-# Random streams derived from the seed (see runtime.derived_generator), one per purpose.
+# Random streams derived from the seed (see training.randomness.derived_generator), one per purpose.
 STREAM_MASK, STREAM_EVAL = 11, 12
 # Data-order settings: a checkpoint can only be resumed when all of these are unchanged.
 RESUME_KEYS = ("seq_length", "batch_size", "grad_accum", "seed", "mlm_probability", "whole_word_mask", "eval_fraction")
@@ -369,13 +356,101 @@ def evaluate(model, head, packed: PackedSequences | None, masker: MlmMasker, cfg
     return {"eval_loss": total_loss / total_n, "eval_accuracy": total_correct / total_n, "eval_targets": total_n}
 
 
+class MlmMethod:
+    """MLM pre-training for the engine: packed windows, masks from (seed, epoch, batch), accumulated steps."""
+
+    def __init__(self, cfg, model, tokenizer, head, plan, optimizer, scheduler, scaler, device, packed, eval_packed,
+                 masker, corpus_key, step, tokens_seen, history, resumed_window):
+        self.cfg, self.model, self.tokenizer, self.head, self.plan = cfg, model, tokenizer, head, plan
+        self.optimizer, self.scheduler, self.scaler, self.device = optimizer, scheduler, scaler, device
+        self.eval_packed, self.masker, self.corpus_key = eval_packed, masker, corpus_key
+        self.parameters = [p for p in model.parameters() if p.requires_grad]
+        self.tokens_seen, self.history = tokens_seen, history
+        # the running window of the training metrics; carried through checkpoints so a resumed run logs the same
+        self.window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, **(resumed_window or {}), "t": time.time()}
+        self.run_tokens, self.loop_start = 0, time.time()
+        self.last_train: dict[str, float] = {}
+        self.last_eval: dict[str, float] | None = None
+        self.metrics = MetricLogger(cfg.log_dir)
+        self.micro = prefetch(_training_batches(plan, packed, masker, step * cfg.grad_accum), cfg.prefetch_batches)
+
+    def batches(self):
+        while True:
+            yield [next(self.micro) for _ in range(self.cfg.grad_accum)]
+
+    def train_step(self, micro, engine) -> dict[str, str]:
+        cfg, device = self.cfg, self.device
+        n_targets = sum(int((labels != IGNORE_INDEX).sum()) for _, _, labels in micro)
+        self.optimizer.zero_grad(set_to_none=True)
+        step_loss, step_correct, step_tokens = 0.0, 0, 0
+        for i, (ids, att, labels) in enumerate(micro):
+            with autocast(device, cfg.precision):
+                loss_sum, count, correct = mlm_loss(self.model, ids.to(device), att.to(device), labels.to(device),
+                                                    self.head)
+            step_loss += float(loss_sum.detach())
+            step_correct += correct
+            step_tokens += int(att.sum())
+            engine.check_finite(step_loss)
+            # Normalised by the targets of the whole step, so accumulation equals one big batch.
+            backward_and_step(loss_sum / max(1, n_targets), self.optimizer, self.scheduler, self.scaler,
+                              self.parameters, cfg.max_grad_norm, update=i == len(micro) - 1)
+        self.tokens_seen += step_tokens
+        self.run_tokens += step_tokens
+        for key, value in (("loss", step_loss), ("n", n_targets), ("correct", step_correct), ("tokens", step_tokens)):
+            self.window[key] += value
+        rate = self.run_tokens / max(time.time() - self.loop_start, 1e-9)
+        return {"loss": f"{step_loss / max(1, n_targets):.3f}", "acc": f"{step_correct / max(1, n_targets):.3f}",
+                "tok_s": f"{rate:.0f}"}
+
+    def after_step(self, step: int) -> bool:
+        cfg, window = self.cfg, self.window
+        if step % cfg.log_every == 0 or step == self.plan.total_steps:
+            now = time.time()
+            self.last_train = {
+                "step": step, "tokens": self.tokens_seen,
+                "loss": window["loss"] / max(1, window["n"]), "accuracy": window["correct"] / max(1, window["n"]),
+                "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": window["tokens"] / max(now - window["t"], 1e-9),
+            }
+            self.history.append(self.last_train)
+            self.metrics.log(step, **{f"train/{k}": v for k, v in self.last_train.items() if k != "step"})
+            logger.debug("step %d: %s", step, self.last_train)
+            self.window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, "t": now}
+        if step % cfg.eval_every == 0 or step == self.plan.total_steps:
+            self.last_eval = evaluate(self.model, self.head, self.eval_packed, self.masker, cfg, self.device)
+            if self.last_eval is not None:
+                self.history.append({"step": step, "tokens": self.tokens_seen, **self.last_eval})
+                self.metrics.log(step, **{k.replace("eval_", "eval/"): v for k, v in self.last_eval.items()})
+                logger.info("step %d (%d tokens): held-out loss %.4f, masked-token accuracy %.4f",
+                            step, self.tokens_seen, self.last_eval["eval_loss"], self.last_eval["eval_accuracy"])
+        return False
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.micro.close()
+        self.metrics.close()
+
+    def save_model(self, folder: Path) -> None:
+        self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"tokens": self.tokens_seen, "history": self.history,
+                "window": {k: v for k, v in self.window.items() if k != "t"}}
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        return {"pretrain": {"corpus_key": self.corpus_key, "config": self.cfg.to_dict(),
+                             "total_steps": self.plan.total_steps}}
+
+
 # --------------------------------------------------------------------------- the loop
 def pretrain(cfg: PretrainConfig) -> PretrainResult:
     """Run MLM pre-training as configured and write an HF `*ForMaskedLM` folder to `cfg.output`."""
     validate(cfg)
     with set_threads(cfg.threads), contextlib.ExitStack() as locks:
         # path rules, writability and locks, before anything is loaded
-        guard_run(locks, output=cfg.output, overwrite=cfg.overwrite,
+        guard_training_run(locks, output=cfg.output, overwrite=cfg.overwrite,
                   inputs={"--corpus": list(cfg.corpus), "--model": cfg.model, "--tokenizer": cfg.tokenizer,
                           "--resume": cfg.resume},
                   checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,
@@ -384,18 +459,8 @@ def pretrain(cfg: PretrainConfig) -> PretrainResult:
         return _pretrain(cfg)
 
 
-def _pretrain(cfg: PretrainConfig) -> PretrainResult:
-    device = resolve_device(cfg.device)
-    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
-    started = time.time()
-    seed_everything(cfg.seed)
-
-    check_corpus_files(cfg.corpus)  # a missing or binary corpus fails before the model loads
-    resume = load_checkpoint(cfg.resume) if cfg.resume else None
-    if resume is not None:
-        saved_config = resume.meta.get("pretrain", {}).get("config", {})
-        check_resume_config(resume.path, {k: v for k, v in saved_config.items() if k not in RESUME_KEYS},
-                            cfg.to_dict(), RESUME_HARMLESS)  # RESUME_KEYS keep their own message below
+def _model_and_data(cfg: PretrainConfig):
+    """The starting model and tokenizer, the masker, and the corpus packed into train and held-out windows."""
     model, tokenizer, source = build_model(cfg)
     if tokenizer.mask_token_id is None:
         raise UserError(f"tokenizer of {source} has no mask token; MLM pre-training needs one ([MASK] or <mask>)")
@@ -415,171 +480,22 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
     if eval_packed is None:
         logger.warning("the held-out slice is empty (corpus too small for --eval-fraction %s): no evaluation",
                        cfg.eval_fraction)
+    return model, tokenizer, source, masker, corpus, packed, eval_packed
 
-    plan = _Plan(len(packed), cfg.batch_size, cfg.grad_accum, cfg.seed)
-    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_length
-    if cfg.max_tokens is not None:
-        plan.total_steps = max(1, math.ceil(cfg.max_tokens / tokens_per_step))
-    else:
-        epochs = cfg.epochs if cfg.epochs is not None else 1.0
-        plan.total_steps = max(1, math.ceil(math.ceil(epochs * plan.batches_per_epoch) / cfg.grad_accum))
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(10_000, round(0.06 * plan.total_steps))
-    lr = cfg.lr if cfg.lr is not None else (5e-4 if cfg.architecture else 5e-5)
 
-    if resume is not None:  # weights come from the checkpoint; everything else was built identically
-        from transformers import AutoModelForMaskedLM
-
-        model = AutoModelForMaskedLM.from_pretrained(resume.model_dir)
-    model.to(device)
-    model.train()
-    head = _mlm_head(model)
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(model, lr, cfg.weight_decay)
-    scheduler = build_scheduler(optimizer, "linear", warmup, plan.total_steps)
-    scaler = make_grad_scaler(device, cfg.precision)
-    checkpoints = CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints)
-
-    step, tokens_seen, history, last_checkpoint, resumed_window = 0, 0, [], None, None
-    if resume is not None:
-        saved = resume.meta.get("pretrain", {})
-        if saved.get("corpus_key") != corpus.meta["key"]:
-            raise UserError(f"--resume {resume.path}: the corpus or tokenizer differ from the run that wrote it")
-        changed = [k for k in RESUME_KEYS if saved.get("config", {}).get(k) != getattr(cfg, k)]
-        if changed:
-            raise UserError(f"--resume {resume.path}: cannot resume with different "
-                            + ", ".join("--" + k.replace("_", "-") for k in changed))
-        if saved.get("total_steps") != plan.total_steps:
-            logger.warning("the budget changed since the checkpoint (%s -> %d steps): the learning-rate schedule "
-                           "is stretched from here on", saved.get("total_steps"), plan.total_steps)
-        extra = restore_training_state(resume, optimizer, scheduler, scaler)
-        step, tokens_seen, history = extra["step"], extra["tokens"], list(extra.get("history", []))
-        resumed_window = extra.get("window")
-        last_checkpoint = resume.path
-        logger.info("resumed from %s at step %d (%d tokens)", resume.path, step, tokens_seen)
-
-    def save_model(folder: Path) -> None:
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-
-    def save_checkpoint() -> Path:
-        return checkpoints.save(
-            step, save_model, optimizer, scheduler, scaler,
-            meta={"pretrain": {"corpus_key": corpus.meta["key"], "config": cfg.to_dict(),
-                               "total_steps": plan.total_steps}},
-            extra_state={"step": step, "tokens": tokens_seen, "history": history,
-                         "window": {k: v for k, v in window.items() if k != "t"}},
-        )
-
-    metrics = MetricLogger(cfg.log_dir)
-    stop_at = plan.total_steps if cfg.stop_after_steps is None else min(plan.total_steps, step + cfg.stop_after_steps)
-    logger.info(
-        "MLM pre-training %s: %d train sequences of %d tokens, %d steps of %d sequences (%d tokens), lr %g, "
-        "warmup %d, device %s, %s", source, len(packed), cfg.seq_length, plan.total_steps,
-        cfg.batch_size * cfg.grad_accum, tokens_per_step, lr, warmup, device, cfg.precision,
-    )
-    from mirrorbert.progress import progress_bar
-
-    progress = progress_bar(total=plan.total_steps, initial=step, show=cfg.show_progress, desc="pretrain-mlm",
-                    unit="step")
-    # the running window of the training metrics; carried through checkpoints so a resumed run logs the same
-    window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, **(resumed_window or {}), "t": time.time()}
-    run_tokens, loop_start = 0, time.time()
-    last_train: dict[str, float] = {}
-    last_eval: dict[str, float] | None = None
-    interrupted = False
-    batches = prefetch(_training_batches(plan, packed, masker, step * cfg.grad_accum), cfg.prefetch_batches)
-    try:
-        with InterruptFlag() as interrupt:
-            while step < stop_at:
-                micro = [next(batches) for _ in range(cfg.grad_accum)]
-                n_targets = sum(int((labels != IGNORE_INDEX).sum()) for _, _, labels in micro)
-                optimizer.zero_grad(set_to_none=True)
-                step_loss, step_correct, step_tokens = 0.0, 0, 0
-                for i, (ids, att, labels) in enumerate(micro):
-                    with autocast(device, cfg.precision):
-                        loss_sum, count, correct = mlm_loss(model, ids.to(device), att.to(device), labels.to(device), head)
-                    step_loss += float(loss_sum.detach())
-                    step_correct += correct
-                    step_tokens += int(att.sum())
-                    if not math.isfinite(step_loss):
-                        where = f"last good checkpoint: {last_checkpoint}" if last_checkpoint else \
-                            "no checkpoint was written (use --save-every N)"
-                        raise UserError(f"loss is {step_loss} at step {step + 1}: training stopped; {where}")
-                    # Normalised by the targets of the whole step, so accumulation equals one big batch.
-                    backward_and_step(loss_sum / max(1, n_targets), optimizer, scheduler, scaler, parameters,
-                                      cfg.max_grad_norm, update=i == len(micro) - 1)
-                step += 1
-                tokens_seen += step_tokens
-                run_tokens += step_tokens
-                for key, value in (("loss", step_loss), ("n", n_targets), ("correct", step_correct),
-                                   ("tokens", step_tokens)):
-                    window[key] += value
-                rate = run_tokens / max(time.time() - loop_start, 1e-9)
-                progress.update(1)
-                progress.set_postfix(loss=f"{step_loss / max(1, n_targets):.3f}",
-                                     acc=f"{step_correct / max(1, n_targets):.3f}", tok_s=f"{rate:.0f}", refresh=False)
-                if step % cfg.log_every == 0 or step == plan.total_steps:
-                    now = time.time()
-                    last_train = {
-                        "step": step, "tokens": tokens_seen,
-                        "loss": window["loss"] / max(1, window["n"]),
-                        "accuracy": window["correct"] / max(1, window["n"]),
-                        "lr": scheduler.get_last_lr()[0],
-                        "tokens_per_s": window["tokens"] / max(now - window["t"], 1e-9),
-                    }
-                    history.append(last_train)
-                    metrics.log(step, **{f"train/{k}": v for k, v in last_train.items() if k != "step"})
-                    logger.debug("step %d: %s", step, last_train)
-                    window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, "t": now}
-                if step % cfg.eval_every == 0 or step == plan.total_steps:
-                    last_eval = evaluate(model, head, eval_packed, masker, cfg, device)
-                    if last_eval is not None:
-                        history.append({"step": step, "tokens": tokens_seen, **last_eval})
-                        metrics.log(step, **{k.replace("eval_", "eval/"): v for k, v in last_eval.items()})
-                        logger.info("step %d (%d tokens): held-out loss %.4f, masked-token accuracy %.4f",
-                                    step, tokens_seen, last_eval["eval_loss"], last_eval["eval_accuracy"])
-                if cfg.save_every and step % cfg.save_every == 0:
-                    last_checkpoint = save_checkpoint()
-                if interrupt.raised:
-                    interrupted = True
-                    break
-    finally:
-        batches.close()
-        progress.close()
-        metrics.close()
-
-    wall = time.time() - started
-    rate = run_tokens / max(time.time() - loop_start, 1e-9)
-    if not last_train and history:
-        last_train = next((h for h in reversed(history) if "loss" in h), {})
-    result = PretrainResult(
-        output=None, steps=step, tokens=tokens_seen, train_loss=last_train.get("loss"),
-        train_accuracy=last_train.get("accuracy"),
-        eval_loss=(last_eval or {}).get("eval_loss"), eval_accuracy=(last_eval or {}).get("eval_accuracy"),
-        tokens_per_s=rate, wall_time_s=wall, history=history,
-    )
-    if step < plan.total_steps:  # interrupted or --stop-after-steps: leave a checkpoint to resume from
-        if last_checkpoint is None or last_checkpoint.name != f"step-{step}":
-            last_checkpoint = save_checkpoint()
-        result.interrupted, result.checkpoint = interrupted, last_checkpoint
-        logger.warning("stopped at step %d of %d; resume with --resume %s", step, plan.total_steps, last_checkpoint)
-        return result
-    if cfg.save_every or resume is not None:
-        if last_checkpoint is None or last_checkpoint.name != f"step-{step}":
-            last_checkpoint = save_checkpoint()
-    result.checkpoint = last_checkpoint
-
-    info = {
+def _run_info(cfg, source, lr, warmup, corpus, packed, eval_packed, plan, result, rate, wall, device):
+    """What `mlm_pretraining.json` records about the run."""
+    return {
         "method": "mlm-pretraining",
         "source": source,
         "config": {**cfg.to_dict(), "lr": lr, "warmup_steps": warmup},
         "corpus": {"files": corpus.meta["sources"], "train_tokens": corpus.n_tokens("train"),
                    "eval_tokens": corpus.n_tokens("eval"), "train_sequences": len(packed),
                    "eval_sequences": len(eval_packed) if eval_packed is not None else 0},
-        "steps": step,
+        "steps": result.steps,
         "total_steps": plan.total_steps,
-        "tokens_seen": tokens_seen,
-        "epochs": round(step * cfg.grad_accum / plan.batches_per_epoch, 4),
+        "tokens_seen": result.tokens,
+        "epochs": round(result.steps * cfg.grad_accum / plan.batches_per_epoch, 4),
         "train_loss": result.train_loss,
         "train_accuracy": result.train_accuracy,
         "eval_loss": result.eval_loss,
@@ -589,15 +505,129 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
         "device": str(device),
         "precision": cfg.precision,
         "versions": library_versions(),
-        "history": history,
+        "history": result.history,
     }
+
+
+def _load_resume(cfg: PretrainConfig):
+    """The checkpoint to resume from (None for a new run), refused early when its options differ."""
+    if not cfg.resume:
+        return None
+    resume = load_checkpoint(cfg.resume)
+    saved_config = resume.meta.get("pretrain", {}).get("config", {})
+    check_resume_config(resume.path, {k: v for k, v in saved_config.items() if k not in RESUME_KEYS},
+                        cfg.to_dict(), RESUME_HARMLESS)  # RESUME_KEYS keep their own message in _check_resume
+    return resume
+
+
+def _check_resume(resume, cfg: PretrainConfig, corpus_key: str, total_steps: int) -> None:
+    """The checkpoint's corpus and data-order settings must be this run's."""
+    saved = resume.meta.get("pretrain", {})
+    if saved.get("corpus_key") != corpus_key:
+        raise UserError(f"--resume {resume.path}: the corpus or tokenizer differ from the run that wrote it")
+    changed = [k for k in RESUME_KEYS if saved.get("config", {}).get(k) != getattr(cfg, k)]
+    if changed:
+        raise UserError(f"--resume {resume.path}: cannot resume with different "
+                        + ", ".join("--" + k.replace("_", "-") for k in changed))
+    if saved.get("total_steps") != total_steps:
+        logger.warning("the budget changed since the checkpoint (%s -> %d steps): the learning-rate schedule "
+                       "is stretched from here on", saved.get("total_steps"), total_steps)
+
+
+def _budget(cfg: PretrainConfig, n_sequences: int):
+    """The plan with its total steps (from --max-tokens or --epochs), tokens per step, warmup and lr."""
+    plan = _Plan(n_sequences, cfg.batch_size, cfg.grad_accum, cfg.seed)
+    tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_length
+    if cfg.max_tokens is not None:
+        plan.total_steps = max(1, math.ceil(cfg.max_tokens / tokens_per_step))
+    else:
+        epochs = cfg.epochs if cfg.epochs is not None else 1.0
+        plan.total_steps = max(1, math.ceil(math.ceil(epochs * plan.batches_per_epoch) / cfg.grad_accum))
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(10_000, round(0.06 * plan.total_steps))
+    lr = cfg.lr if cfg.lr is not None else (5e-4 if cfg.architecture else 5e-5)
+    return plan, tokens_per_step, warmup, lr
+
+
+def _result(method: MlmMethod, step: int, wall: float) -> PretrainResult:
+    last_train, last_eval, history = method.last_train, method.last_eval, method.history
+    if not last_train and history:
+        last_train = next((h for h in reversed(history) if "loss" in h), {})
+    return PretrainResult(
+        output=None, steps=step, tokens=method.tokens_seen, train_loss=last_train.get("loss"),
+        train_accuracy=last_train.get("accuracy"),
+        eval_loss=(last_eval or {}).get("eval_loss"), eval_accuracy=(last_eval or {}).get("eval_accuracy"),
+        tokens_per_s=method.run_tokens / max(time.time() - method.loop_start, 1e-9), wall_time_s=wall,
+        history=history,
+    )
+
+
+def _pretrain(cfg: PretrainConfig) -> PretrainResult:
+    device = resolve_device(cfg.device)
+    cfg = dataclasses.replace(cfg, precision=resolve_precision(cfg.precision, device))
+    started = time.time()
+    seed_everything(cfg.seed)
+
+    check_corpus_files(cfg.corpus)  # a missing or binary corpus fails before the model loads
+    resume = _load_resume(cfg)
+    model, tokenizer, source, masker, corpus, packed, eval_packed = _model_and_data(cfg)
+
+    plan, tokens_per_step, warmup, lr = _budget(cfg, len(packed))
+
+    if resume is not None:  # weights come from the checkpoint; everything else was built identically
+        from transformers import AutoModelForMaskedLM
+
+        model = AutoModelForMaskedLM.from_pretrained(resume.model_dir)
+    model.to(device)
+    model.train()
+    head = _mlm_head(model)
+    optimizer = build_optimizer(model, lr, cfg.weight_decay)
+    scheduler = build_scheduler(optimizer, "linear", warmup, plan.total_steps)
+    scaler = make_grad_scaler(device, cfg.precision)
+    checkpoints = CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints)
+
+    step, tokens_seen, history, last_checkpoint, resumed_window = 0, 0, [], None, None
+    if resume is not None:
+        _check_resume(resume, cfg, corpus.meta["key"], plan.total_steps)
+        extra = restore_training_state(resume, optimizer, scheduler, scaler)
+        step, tokens_seen, history = extra["step"], extra["tokens"], list(extra.get("history", []))
+        resumed_window = extra.get("window")
+        last_checkpoint = resume.path
+        logger.info("resumed from %s at step %d (%d tokens)", resume.path, step, tokens_seen)
+
+    method = MlmMethod(cfg, model, tokenizer, head, plan, optimizer, scheduler, scaler, device,
+                       packed, eval_packed, masker, corpus.meta["key"], step, tokens_seen, history, resumed_window)
+    engine = Engine(method, total_steps=plan.total_steps, checkpoints=checkpoints, save_every=cfg.save_every,
+                    checkpointing=bool(cfg.save_every) or resume is not None, step=step,
+                    last_checkpoint=last_checkpoint, stop_at=None if cfg.stop_after_steps is None else
+                    step + cfg.stop_after_steps, desc="pretrain-mlm", show_progress=cfg.show_progress)
+    logger.info(
+        "MLM pre-training %s: %d train sequences of %d tokens, %d steps of %d sequences (%d tokens), lr %g, "
+        "warmup %d, device %s, %s", source, len(packed), cfg.seq_length, plan.total_steps,
+        cfg.batch_size * cfg.grad_accum, tokens_per_step, lr, warmup, device, cfg.precision,
+    )
+    try:
+        outcome = engine.run()
+    finally:
+        method.close()
+    step, last_checkpoint, wall = outcome.steps, outcome.checkpoint, time.time() - started
+    result = _result(method, step, wall)
+    rate = result.tokens_per_s
+    if outcome.stopped:  # interrupted or --stop-after-steps: the engine left a checkpoint to resume from
+        result.interrupted, result.checkpoint = outcome.interrupted, last_checkpoint
+        logger.warning("stopped at step %d of %d; resume with --resume %s", step, plan.total_steps, last_checkpoint)
+        return result
+    result.checkpoint = last_checkpoint
+
+    info = _run_info(cfg, source, lr, warmup, corpus, packed, eval_packed, plan, result, rate, wall, device)
     result.info = info
     model.eval()
-    with atomic_output_dir(cfg.output, overwrite=cfg.overwrite) as tmp:
-        save_model(tmp)
-        write_json_atomic(tmp / INFO_FILE, info)
-    result.output = Path(cfg.output)
-    logger.info("model written to %s (%d steps, %d tokens)", cfg.output, step, tokens_seen)
+
+    def write_into(folder: Path) -> None:
+        method.save_model(folder)
+        write_json_atomic(folder / INFO_FILE, info)
+
+    result.output = engine.save_final(cfg.output, write_into, overwrite=cfg.overwrite)
+    logger.info("model written to %s (%d steps, %d tokens)", cfg.output, step, result.tokens)
     return result
 
 

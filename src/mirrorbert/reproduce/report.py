@@ -20,7 +20,7 @@ from mirrorbert.reproduce.cells import EXPERIMENT_INFO
 from mirrorbert.reproduce.paper import load_paper_numbers, paper_value
 
 if TYPE_CHECKING:
-    from mirrorbert.reproduce.runner import CellResult, ReproduceResult
+    from mirrorbert.reproduce.results import CellResult, ReproduceResult
 
 logger = logging.getLogger(__name__)
 

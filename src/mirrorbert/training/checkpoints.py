@@ -1,7 +1,6 @@
 """Checkpoints that survive crashes and bit rot: manifests, fsync, verification, stale temp folders.
 
-`runtime.CheckpointManager` writes `root/step-N/` through a temporary folder; this module adds what
-makes the result trustworthy: every file's size and SHA-256 in `manifest.json` (written last), fsync of
+`CheckpointManager` writes `root/step-N/` through a temporary folder; what makes the result trustworthy: every file's size and SHA-256 in `manifest.json` (written last), fsync of
 files and folders before the rename, a check on load that names the first bad file, and the rules for
 reusing a checkpoint folder (`check_checkpoint_root`) and for resuming with changed options
 (`check_resume_config`).
@@ -15,11 +14,18 @@ import logging
 import os
 import re
 import shutil
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import torch
+
 from mirrorbert import jsonio
 from mirrorbert.errors import UserError
+from mirrorbert.safety import MARKER, fix_folder_mode, guard_run, mark_folder, write_json_atomic
+from mirrorbert.training.randomness import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
 
@@ -129,14 +135,29 @@ def step_folders(root: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def newest_intact(root: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies; each damaged newer one is skipped with one warning."""
+def newest_intact(root: str | os.PathLike, set_aside: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that verifies; each damaged newer one is skipped with one warning.
+
+    With `set_aside`, a damaged one is also renamed (`step-N.damaged-<time>`, never deleted), so that it
+    is never counted as the newest again and rotation cannot keep it in place of a good one.
+    """
     for _, folder in step_folders(root):
         try:
             return folder, verify_checkpoint(folder)
         except CheckpointDamaged as exc:
-            logger.warning("skipping %s", exc)
+            aside = set_aside_damaged(folder) if set_aside else None
+            logger.warning("skipping %s%s", exc, f"; set aside as {aside.name}" if aside else "")
     return None
+
+
+def set_aside_damaged(folder: Path) -> Path | None:
+    """Rename a damaged checkpoint out of the `step-N` namespace (kept for inspection); None if it is gone."""
+    aside = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    try:
+        os.replace(folder, aside)
+    except OSError:  # another process of the job set it aside first, or the folder is read-only
+        return None
+    return aside
 
 
 def is_named_checkpoint(path: Path) -> bool:
@@ -180,6 +201,15 @@ def check_checkpoint_root(root: str | os.PathLike, resuming: bool, overwrite: bo
         shutil.rmtree(folder)
 
 
+def guard_training_run(stack, *, checkpoint_dir: str | os.PathLike | None = None, resuming: bool = False,
+                       overwrite: bool, checkpoint_option: str = "--checkpoint-dir", **kwargs) -> None:
+    """`safety.guard_run` (path rules, writability, locks) plus the checkpoint folder's run rule, before any work."""
+    guard_run(stack, checkpoint_dir=checkpoint_dir, resuming=resuming, overwrite=overwrite,
+              checkpoint_option=checkpoint_option, **kwargs)
+    if checkpoint_dir is not None and int(os.environ.get("RANK", "0") or 0) == 0:  # rank 0 holds the lock
+        check_checkpoint_root(checkpoint_dir, resuming=resuming, overwrite=overwrite, option=checkpoint_option)
+
+
 def check_resume_config(where: str | os.PathLike, saved: Mapping[str, Any] | None, current: Mapping[str, Any],
                         harmless: Iterable[str]) -> None:
     """Refuse to resume with changed options, except bookkeeping ones that cannot change the result.
@@ -198,15 +228,128 @@ def check_resume_config(where: str | os.PathLike, saved: Mapping[str, Any] | Non
                         f"values or start a new run")
 
 
-def default_checkpoint_dir(output: str | Path, checkpoint_dir: str | Path | None = None) -> Path:
-    """Checkpoints live beside the output (`<output>.checkpoints`) so the final folder can be written atomically."""
-    if checkpoint_dir:
-        return Path(checkpoint_dir)
-    return Path(f"{Path(output).as_posix().rstrip('/')}.checkpoints")
+# --------------------------------------------------------------------------- the manager
+@dataclass
+class Checkpoint:
+    """What a resumed run needs besides the model weights (which live in `path/model`)."""
+
+    path: Path
+    step: int
+    meta: dict[str, Any]
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
 
 
-__all__ = [
-    "CheckpointDamaged", "MANIFEST", "check_checkpoint_root", "check_resume_config", "fsync_path",
-    "is_named_checkpoint", "newest_intact", "remove_stale_temps", "step_folders", "verify_checkpoint",
-    "write_manifest", "default_checkpoint_dir",
-]
+class CheckpointManager:
+    """Writes `root/step-N/{model/, training_state.pt, checkpoint.json}` atomically and keeps the newest few."""
+
+    def __init__(self, root: str | Path, keep: int = 2):
+        self.root = Path(root)
+        self.keep = keep
+
+    def save(
+        self,
+        step: int,
+        save_model,
+        optimizer: torch.optim.Optimizer,
+        scheduler=None,
+        scaler=None,
+        meta: dict[str, Any] | None = None,
+        extra_state: dict[str, Any] | None = None,
+    ) -> Path:
+        """`save_model(folder)` writes the weights (and tokenizer); the rest is pickled state."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not (self.root / MARKER).exists():
+            mark_folder(self.root)
+        remove_stale_temps(self.root)
+        final = self.root / f"step-{step}"
+        tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}.tmp-", dir=self.root))
+        try:
+            save_model(tmp / "model")
+            state = {
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "rng": rng_state(),
+                "extra": extra_state or {},
+            }
+            torch.save(state, tmp / TRAINING_STATE)
+            write_json_atomic(tmp / CHECKPOINT_META, {"step": step, **(meta or {})})
+            write_manifest(tmp)  # sizes and SHA-256 of every file, fsynced, written last
+            fix_folder_mode(tmp)
+            verify_checkpoint(tmp)  # it counts only once every file reads back as written
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if final.exists():  # the same step written again (a resumed run passing an older run's step)
+            try:
+                verify_checkpoint(final)
+                shutil.rmtree(final)
+            except CheckpointDamaged:
+                set_aside_damaged(final)
+        os.replace(tmp, final)
+        fsync_path(self.root)
+        self._prune(step)
+        logger.info("checkpoint written: %s", final)
+        return final
+
+    def _prune(self, current: int) -> None:
+        """Keep the newest `keep` checkpoints up to `current`, the one just written and verified.
+
+        Only checkpoints older than it are deleted, so the newest good one always stays; newer ones
+        (an earlier run's steps that this resumed run has not reached yet) are left alone.
+        """
+        steps = sorted(s for s in self.all_steps() if s < current)
+        for step in steps[: max(0, len(steps) + 1 - max(1, self.keep))]:
+            shutil.rmtree(self.root / f"step-{step}", ignore_errors=True)
+
+    def all_steps(self) -> list[int]:
+        return [step for step, _ in step_folders(self.root)]
+
+    def latest(self) -> Checkpoint | None:
+        """The newest intact checkpoint; damaged or incomplete newer ones are skipped with a warning each.
+
+        A damaged one is set aside (renamed) by rank 0: `step-N` folders appear by one rename once
+        complete, so one that does not verify is damaged, not being written. Stale temporary folders are
+        only removed by `save` and `check_checkpoint_root`, which run under the folder's lock.
+        """
+        found = newest_intact(self.root, set_aside=int(os.environ.get("RANK", "0") or 0) == 0)
+        if found is None:
+            return None
+        folder, meta = found
+        return Checkpoint(path=folder, step=int(meta["step"]), meta=meta)
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """Accept either one `step-N` folder (verified, one line naming a bad file) or a checkpoint root."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"--resume {path}: no such checkpoint folder")
+    if not is_named_checkpoint(path):
+        latest = CheckpointManager(path).latest()
+        if latest is None:
+            raise UserError(f"--resume {path}: no intact checkpoint found (expected step-N folders with "
+                            f"{CHECKPOINT_META})")
+        return latest
+    try:
+        meta = verify_checkpoint(path)
+    except CheckpointDamaged as exc:
+        raise UserError(f"--resume {path}: {exc}") from None
+    return Checkpoint(path=path, step=int(meta["step"]), meta=meta)
+
+
+def restore_training_state(ckpt: Checkpoint, optimizer, scheduler=None, scaler=None) -> dict[str, Any]:
+    """Load optimiser/scheduler/scaler/RNG state; returns the trainer's extra state (epoch, batch...)."""
+    try:
+        state = torch.load(ckpt.path / TRAINING_STATE, map_location="cpu", weights_only=False)
+    except Exception as exc:  # verified by the manifest, so only an unverifiable legacy file gets here
+        raise UserError(f"--resume {ckpt.path}: {ckpt.path / TRAINING_STATE} cannot be read ({exc})") from None
+    optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state.get("scheduler") is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state.get("scaler") is not None:
+        scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"])
+    return state.get("extra", {})

@@ -1,0 +1,205 @@
+"""The training loop, written once for Mirror-BERT, MLM pre-training and GR-BERT.
+
+A method (see `Method`) supplies its batches from the current position, one optimiser step on a batch,
+its bookkeeping after a step, and what a checkpoint holds. The engine owns everything else: the step
+counter, the progress bar, periodic and final checkpoints, resume position, Ctrl-C and SIGTERM
+(every process of a torchrun/accelerate job agrees at the next step boundary, rank 0 writes a
+checkpoint, every process stops), non-finite losses, and a final save that never loses the trained state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+
+from mirrorbert.errors import UserError, first_line
+from mirrorbert.safety import atomic_output_dir
+from mirrorbert.training.checkpoints import CheckpointManager
+from mirrorbert.training.signals import InterruptFlag
+
+logger = logging.getLogger(__name__)
+
+
+class Method(Protocol):
+    """What a training method gives the engine (duck-typed; the three trainers each define one)."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: Any
+
+    def batches(self) -> Iterator[Any]:
+        """Batches from the current position (resumed or 0) until the data runs out or forever."""
+
+    def train_step(self, batch: Any, engine: Engine) -> dict[str, str]:
+        """Forward, `engine.check_finite(loss)`, backward and update; returns the progress-bar fields."""
+
+    def after_step(self, step: int) -> bool:
+        """Bookkeeping after step `step` (metrics, epoch end, evaluation); True when a checkpoint is due now."""
+
+    def finish(self) -> None:
+        """Called once when training completes (not when interrupted), before the final checkpoint."""
+
+    def save_model(self, folder: Path) -> None:
+        """Write everything a resumed run loads as weights (the checkpoint's `model/` folder)."""
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The method's own resume position and history (the engine adds `step`)."""
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """Facts checked on resume (config, data fingerprint)."""
+
+
+class _SingleProcess:
+    """The distributed hooks of one process: every one a no-op."""
+
+    world_size, is_main = 1, True
+
+    def any(self, flag: bool) -> bool:
+        return bool(flag)
+
+    def on_main(self, work: Callable[[], Any], others: Any) -> Any:
+        return work()
+
+    def failure_guard(self, last_checkpoint):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+@dataclass
+class Outcome:
+    steps: int
+    interrupted: bool  # a signal stopped the run
+    stopped: bool  # the run ended before its budget (interrupt, or a limit such as --stop-after-steps)
+    checkpoint: Path | None
+
+
+class _NoTimer:
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        yield
+
+
+class Engine:
+    def __init__(self, method: Method, *, total_steps: int, checkpoints: CheckpointManager, save_every: int,
+                 checkpointing: bool, step: int = 0, last_checkpoint: Path | None = None,
+                 stop_at: int | None = None, dist=None, desc: str = "train", show_progress: bool = True,
+                 timer=None):
+        self.method, self.total_steps, self.checkpoints = method, total_steps, checkpoints
+        # wall time per phase (steps, checkpoint, save), nested phases counted once (phases.PhaseTimer)
+        self.timer = timer or _NoTimer()
+        self.save_every, self.checkpointing = save_every, checkpointing
+        self.step, self.last_checkpoint = step, last_checkpoint
+        self.stop_at = total_steps if stop_at is None else min(total_steps, stop_at)
+        self.dist = dist or _SingleProcess()
+        self.desc, self.show_progress = desc, show_progress
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> Outcome:
+        from mirrorbert.progress import progress_bar
+
+        progress = progress_bar(total=self.total_steps, initial=self.step, show=self.show_progress and self.dist.is_main,
+                                desc=self.desc, unit="step")
+        interrupted = False
+        try:
+            with self.dist.failure_guard(lambda: self.last_checkpoint), InterruptFlag() as interrupt, \
+                    self.timer.phase("steps"):
+                batches = self.method.batches()
+                while self.step < self.stop_at:
+                    batch = next(batches, None)
+                    if batch is None:
+                        break
+                    postfix = self.method.train_step(batch, self)
+                    self.step += 1
+                    progress.update(1)
+                    progress.set_postfix(postfix, refresh=False)  # shown by the next update, at its refresh rate
+                    due = self.method.after_step(self.step)
+                    if (self.checkpointing and due) or (self.save_every and self.step % self.save_every == 0):
+                        self.save_checkpoint()
+                    if self.dist.any(interrupt.raised):  # every process stops at the same step
+                        interrupted = True
+                        break
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()
+        finally:
+            progress.close()
+        stopped = interrupted or self.step < self.total_steps
+        if not stopped:
+            self.method.finish()
+        if stopped or self.checkpointing:
+            if self.last_checkpoint is None or self.last_checkpoint.name != f"step-{self.step}":
+                self.save_checkpoint()
+        if interrupted:
+            logger.warning("interrupted at step %d; checkpoint written to %s", self.step, self.last_checkpoint)
+        return Outcome(self.step, interrupted, stopped, self.last_checkpoint)
+
+    # ------------------------------------------------------------------ helpers for methods
+    def check_finite(self, loss: torch.Tensor | float) -> None:
+        """Stop on a NaN/inf loss before it reaches the weights, naming the last good checkpoint."""
+        if bool(torch.isfinite(torch.as_tensor(loss)).all()):
+            return
+        value = loss.item() if isinstance(loss, torch.Tensor) else loss
+        where = f"last good checkpoint: {self.last_checkpoint}" if self.last_checkpoint else \
+            "no checkpoint was written (use --save-every N)"
+        raise UserError(f"loss is {value} at step {self.step + 1}: training stopped; {where}")
+
+    def save_checkpoint(self) -> Path:
+        """Rank 0 writes `step-N` (the others wait for it); every process learns its path."""
+        method, step = self.method, self.step
+        with self.timer.phase("checkpoint"):
+            self.last_checkpoint = self.dist.on_main(lambda: self.checkpoints.save(
+                step, method.save_model, method.optimizer, method.scheduler, method.scaler,
+                meta=method.checkpoint_meta(), extra_state={"step": step, **method.checkpoint_state()},
+            ), self.checkpoints.root / f"step-{step}")
+        return self.last_checkpoint
+
+    # ------------------------------------------------------------------ the final save
+    def save_final(self, output: str | Path, write_into: Callable[[Path], None], overwrite: bool = False,
+                   resumable: bool = True) -> Path:
+        """Write the output atomically on rank 0 (`write_into(folder)` fills it); never lose the trained state.
+
+        If the output cannot be written (replaced by a file, its parent removed, disk full), the state is
+        kept: in the checkpoint of this step, or a new one (when `resumable`: the weights are those of the
+        last step), or else a temporary folder holding what the output would have held. The error is one
+        line naming where, and the run ends non-zero.
+        """
+        def work() -> Path:
+            try:
+                with self.timer.phase("save"), atomic_output_dir(output, overwrite=overwrite) as tmp:
+                    write_into(tmp)
+            except (OSError, UserError) as exc:
+                raise UserError(f"--output {output}: the model cannot be written there ({first_line(exc)}); "
+                                f"{self._keep_state(write_into, resumable)}") from None
+            return Path(output)
+
+        return self.dist.on_main(work, Path(output))
+
+    def _keep_state(self, write_into: Callable[[Path], None], resumable: bool) -> str:
+        hint = "write it elsewhere with the same command plus --resume {} --output OTHER"
+        here = self.last_checkpoint
+        if here is not None and here.name == f"step-{self.step}" and here.is_dir():
+            return f"the trained state is kept in {here}; " + hint.format(here)
+        if resumable:
+            try:
+                kept = self.save_checkpoint()
+                return f"the trained state is kept in {kept}; " + hint.format(kept)
+            except (OSError, UserError) as exc:
+                logger.warning("the checkpoint cannot be written either (%s)", first_line(exc))
+        folder = Path(tempfile.mkdtemp(prefix="mirrorbert-kept-model-"))
+        try:
+            write_into(folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return f"the trained model is kept in {folder}"
+
+
+__all__ = ["Engine", "Method", "Outcome"]
