@@ -108,5 +108,46 @@ def test_bad_loads_are_user_errors(tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no config.json"):
         Encoder.load(tmp_path / "empty")
-    with pytest.raises(UserError, match="--pooling"):
+    with pytest.raises(UserError, match="^pooling: unknown pooling"):  # Python names the argument
         Encoder.load(tmp_path / "empty", pooling="max")
+    with pytest.raises(UserError, match="^--pooling: unknown pooling"):  # the commands name the option
+        Encoder.load(tmp_path / "empty", pooling="max", cli=True)
+
+
+def test_encode_takes_sentence_transformers_keywords(tiny_bert):
+    """The keywords users type from sentence-transformers habit mean what they mean there."""
+    enc = Encoder.load(tiny_bert, pooling="mean", device="cpu")
+    texts = ["a cat", "the bank raised rates", "heart attack"]
+    base = enc.encode(texts)
+    assert isinstance(base, np.ndarray) and base.shape == (3, enc.dim)
+    tensor = enc.encode(texts, convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False)
+    assert isinstance(tensor, torch.Tensor) and tuple(tensor.shape) == (3, enc.dim)
+    np.testing.assert_allclose(tensor.numpy(), base / np.linalg.norm(base, axis=1, keepdims=True), atol=1e-6)
+    listed = enc.encode(texts, convert_to_numpy=False)
+    assert isinstance(listed, list) and len(listed) == 3 and all(isinstance(v, torch.Tensor) for v in listed)
+    one = enc.encode("a cat", batch_size=2, device="cpu")
+    assert one.shape == (enc.dim,)
+    np.testing.assert_allclose(one, base[0], atol=1e-6)
+    np.testing.assert_allclose(enc.encode(texts, packing="off"), enc.encode(texts, packing=False), atol=0)
+
+
+@pytest.mark.parametrize("kwargs, argument", [
+    ({"packing": "yes"}, "packing"), ({"batch_size": 0}, "batch_size"), ({"batch_size": 2.5}, "batch_size"),
+    ({"precision": "fp8"}, "precision"), ({"convert_to": "list"}, "convert_to"),
+    ({"normalize": True, "normalize_embeddings": False}, "normalize"),
+])
+def test_encode_refuses_bad_arguments_at_the_call(tiny_bert, kwargs, argument):
+    enc = Encoder.load(tiny_bert, pooling="mean", device="cpu")
+    with pytest.raises(ValueError, match=argument):
+        enc.encode(["a cat"], **kwargs)
+    with pytest.raises(ValueError, match="texts"):
+        enc.encode([1, 2])
+
+
+def test_python_errors_name_python_arguments(tmp_path):
+    with pytest.raises(ValueError) as info:
+        Encoder.load(tmp_path / "typo")
+    assert "name_or_path" in str(info.value) and "--model" not in str(info.value)
+    with pytest.raises(ValueError, match="pooling") as info:
+        Encoder.load(tmp_path, pooling="max")
+    assert "--pooling" not in str(info.value)

@@ -62,12 +62,12 @@ def test_train_eval_after_puts_scores_in_card_and_json(tiny_bert, data_file, sts
     card = (out / "README.md").read_text(encoding="utf-8")
     data = meta["training"]["data"]
     for expected in (
-        f'base_model: "{tiny_bert}"', "library_name: sentence-transformers", "Mirror-BERT",
+        f'base_model: "{Path(tiny_bert).name}"', "library_name: sentence-transformers", "Mirror-BERT",
         "| temperature | 0.05 |", "| mask_span | 1 |", "| dropout | 0.1 |", "| pooling | mean |",
         "output dimension 32", "| batch_size | 4 |", "| lr | 0.001 |", "| steps | 2 |",
         f"{data['strings']} strings", data["sha256"],
         "## Evaluation", f"| sts | stsb | {metrics['sts/stsb'] * 100:.2f} |",
-        f"SentenceTransformer({str(out)!r})", f"AutoModel.from_pretrained({str(out)!r})",
+        f"SentenceTransformer({out.name!r})", f"AutoModel.from_pretrained({out.name!r})",
         "@inproceedings{liu-etal-2021-fast", "Liu, Fangyu and Vuli{\\'c}, Ivan and Korhonen, Anna and Collier, Nigel",
         "Fast, Effective, and Self-Supervised: Transforming Masked Language Models into Universal Lexical and Sentence Encoders",
     ):
@@ -153,3 +153,20 @@ def test_pooler_weights_of_the_source_are_kept(tmp_path):
     log, reloaded = _load_log(tmp_path / "out")
     assert "pooler" not in log
     assert torch.equal(reloaded.pooler.dense.weight, source.pooler.dense.weight)
+
+
+def test_card_holds_no_absolute_path_of_the_training_machine(tiny_bert, data_file, stsb_only, tmp_path):
+    """Base model, data, data directory and output are named by hub id or folder name, never by local path."""
+    out = tmp_path / "deep" / "models" / "mine"
+    train(cfg_for(tiny_bert, data_file, out, steps=2, eval_after="sts", data_dir=str(stsb_only)))
+    card = (out / "README.md").read_text(encoding="utf-8")
+    for local in (str(tmp_path), str(tiny_bert), str(data_file.parent), str(stsb_only), str(Path.home())):
+        assert local not in card, local
+    assert f"base_model: \"{Path(tiny_bert).name}\"" in card and f"`{data_file.name}`" in card
+    assert 'SentenceTransformer("mine")' in card or "mine" in card.split("## Usage")[-1]
+    # hub ids stay as they are
+    from mirrorbert.modelcard import public_name
+
+    assert public_name("bert-base-uncased") == "bert-base-uncased"
+    assert public_name("sentence-transformers/all-MiniLM-L6-v2") == "sentence-transformers/all-MiniLM-L6-v2"
+    assert public_name("/home/me/runs/mlm/") == "mlm" and public_name("C:\\models\\x") == "x"

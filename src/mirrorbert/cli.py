@@ -218,7 +218,8 @@ def _encode(args):
     texts, _ = read_file(args.input, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
                          option="--input")
     dist_ctx = init_from_env(args.device)  # under torchrun every process encodes a share of the rows
-    encoder = Encoder.load(args.model, pooling=args.pooling, device=str(dist_ctx.device), max_length=args.max_length)
+    encoder = Encoder.load(args.model, pooling=args.pooling, device=str(dist_ctx.device), max_length=args.max_length,
+                           cli=True)
     with sharded_encoding(dist_ctx):
         vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
                                  show_progress=args.show_progress and dist_ctx.is_main, precision=args.precision,

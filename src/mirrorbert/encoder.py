@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -63,6 +64,41 @@ def default_max_length(tokenizer, config) -> int:
     return min(candidates) if candidates else 512
 
 
+_PYTHON_NAMES = {"--model": "name_or_path", "--pooling": "pooling", "--max-length": "max_length",
+                 "--device": "device", "--batch-size": "batch_size", "--precision": "precision", "--packing": "packing"}
+
+
+def _either(name: str, value: Any, alias: str, alias_value: Any) -> Any:
+    """One of two spellings of the same argument (ours, sentence-transformers'); both given must agree."""
+    if alias_value is None:
+        return value
+    if value is not None and value != alias_value:
+        raise UserError(f"{name}={value!r} and {alias}={alias_value!r} disagree; give one of them")
+    return alias_value
+
+
+def _check_encode_arguments(texts: Any, batch_size: Any, convert_to: Any, precision: Any, packing: Any) -> None:
+    from mirrorbert.config import PACKING_MODES, PRECISIONS
+
+    if not isinstance(texts, str) and not (isinstance(texts, Sequence) and all(isinstance(t, str) for t in texts)):
+        raise UserError(f"texts must be a string or a sequence of strings, not {type(texts).__name__}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise UserError(f"batch_size must be an integer >= 1, not {batch_size!r}")
+    if convert_to not in ("numpy", "torch"):
+        raise UserError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
+    if precision not in PRECISIONS:
+        raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if packing is not None and not isinstance(packing, bool) and packing not in PACKING_MODES:
+        raise UserError(f"packing must be None, True, False or one of {', '.join(PACKING_MODES)}, not {packing!r}")
+
+
+def python_names(message: str) -> str:
+    """A message written in option words (`--model x: ...`) with the Python argument names instead."""
+    for option, name in _PYTHON_NAMES.items():
+        message = re.sub(re.escape(option) + r"(?![\w-])", name, message)
+    return message
+
+
 class Encoder(torch.nn.Module):
     """Encodes strings into vectors; also the module Mirror-BERT trains (its forward is the pooled vector)."""
 
@@ -85,8 +121,23 @@ class Encoder(torch.nn.Module):
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, name_or_path: str | os.PathLike, pooling: str | None = None, device: str | None = None,
-             max_length: int | None = None, config_overrides: dict[str, Any] | None = None) -> "Encoder":
-        """Load a mirrorbert/sentence-transformers/HF folder or hub id; pooling defaults to what was saved."""
+             max_length: int | None = None, config_overrides: dict[str, Any] | None = None, *,
+             cli: bool = False) -> "Encoder":
+        """Load a mirrorbert/sentence-transformers/HF folder or hub id; pooling defaults to what was saved.
+
+        Errors name the arguments as Python does (`name_or_path`); the commands pass `cli=True` to have
+        them name the options (`--model`).
+        """
+        try:
+            return cls._load(name_or_path, pooling, device, max_length, config_overrides)
+        except UserError as exc:
+            if cli:
+                raise
+            raise UserError(python_names(str(exc))) from None
+
+    @classmethod
+    def _load(cls, name_or_path: str | os.PathLike, pooling: str | None, device: str | None,
+              max_length: int | None, config_overrides: dict[str, Any] | None) -> "Encoder":
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
         name = str(name_or_path)
@@ -173,20 +224,45 @@ class Encoder(torch.nn.Module):
 
     def encode(self, texts: str | Sequence[str], batch_size: int = 64, normalize: bool | None = None,
                show_progress: bool = False, convert_to: str = "numpy", precision: str = "fp32",
-               packing: bool | str | None = None):
+               packing: bool | str | None = None, *, show_progress_bar: bool | None = None,
+               convert_to_numpy: bool | None = None, convert_to_tensor: bool | None = None,
+               normalize_embeddings: bool | None = None, device: str | None = None):
         """Vectors in input order. Sorted by length internally so each batch pads (or packs) little.
 
         packing: None = the encoder's default (auto), True = packed rows, "grouped" = length groups, False =
-        padded (see `embed`).
+        padded (see `embed`). sentence-transformers' keywords work with their meaning there:
+        `show_progress_bar`, `normalize_embeddings`, `convert_to_tensor=True` (one tensor),
+        `convert_to_numpy=False` (a list of tensors), `device` (this call runs there). Bad arguments raise
+        `UserError` (a ValueError) naming the argument, before any work.
         """
+        normalize = _either("normalize", normalize, "normalize_embeddings", normalize_embeddings)
+        show_progress = bool(_either("show_progress", show_progress or None, "show_progress_bar", show_progress_bar))
+        as_list = False
+        if convert_to_tensor:
+            convert_to = "torch"
+        elif convert_to_numpy is False:
+            convert_to, as_list = "torch", True
+        _check_encode_arguments(texts, batch_size, convert_to, precision, packing)
+        if isinstance(packing, str):  # the CLI's spelling: auto | on | grouped | off
+            from mirrorbert.packing import packing_flag
+
+            packing = packing_flag(packing)
+        if device is not None and torch.device(device) != self.device:
+            home = self.device
+            self.to(device)
+            try:
+                out = self.encode(texts, batch_size, normalize, show_progress, convert_to, precision, packing)
+            finally:
+                self.to(home)
+            return list(out) if as_list and out.ndim == 2 else out
+        out = self._encode(texts, batch_size, normalize, show_progress, convert_to, precision, packing)
+        return list(out) if as_list and out.ndim == 2 else out
+
+    def _encode(self, texts, batch_size, normalize, show_progress, convert_to, precision, packing):
         from mirrorbert.progress import progress_bar
 
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
-        if convert_to not in ("numpy", "torch"):
-            raise UserError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
-        if batch_size < 1:
-            raise UserError("--batch-size must be >= 1")
         device = self.device
         check_precision(precision, device)
         normalize = self.normalize_default if normalize is None else normalize

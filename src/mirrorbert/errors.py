@@ -1,8 +1,11 @@
 """One exception type for mistakes a user can fix; the CLI prints it as a single line."""
 
 
-class UserError(Exception):
-    """Bad input, missing file, unknown option: reported without a traceback, exit code 2."""
+class UserError(ValueError):
+    """Bad input, missing file, unknown option: reported without a traceback, exit code 2.
+
+    A ValueError, so Python callers catch a bad argument the way they catch any other.
+    """
 
 
 class DatasetMissing(UserError):

@@ -9,6 +9,7 @@ evaluation, usage, citation) from the same facts as `mirrorbert.json`, so the tw
 from __future__ import annotations
 
 import json
+import re
 import logging
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,24 @@ def write_model_card(folder: str | Path, meta: dict[str, Any]) -> Path:
     return path
 
 
+def public_name(value: Any) -> str:
+    """What a card may say of a model, file or folder: a hub id as it is; a local path by its last part only.
+
+    A card travels with the model (hub, colleagues); the training machine's absolute paths (home folders,
+    cluster mounts) mean nothing there and leak where the model was made.
+    """
+    text = str(value)
+    if text.startswith(("/", "~", "./", "../")) or "\\" in text or Path(text).exists() or text.count("/") > 1:
+        return re.split(r"[\\/]", text.rstrip("/\\"))[-1] or text
+    return text
+
+
 def render_model_card(meta: dict[str, Any]) -> str:
     info = meta.get("training") or {}
     config = info.get("config") or {}
-    base = meta.get("base_model") or "unknown"
+    base = public_name(meta.get("base_model") or "unknown")
     pooling = meta.get("pooling", "mean")
-    name = config.get("output") or "path/to/model"
+    name = public_name(config["output"]) if config.get("output") else "path/to/model"
     method = info.get("method")
     lines = [
         "---",
@@ -101,7 +114,7 @@ def render_model_card(meta: dict[str, Any]) -> str:
             lines.append(f"- method: {METHOD_NAMES.get(method, method)}")
         data = info.get("data") or {}
         if data:
-            lines.append(f"- training data: {data.get('strings', '?')} strings from `{data.get('source', '?')}`"
+            lines.append(f"- training data: {data.get('strings', '?')} strings from `{public_name(data.get('source', '?'))}`"
                          + (f", SHA-256 `{data['sha256']}`" if data.get("sha256") else ""))
         for key, label in (("steps", "optimiser steps"), ("epochs", "epochs done"), ("final_loss", "final loss"),
                            ("wall_time_s", "wall time (s)"), ("device", "device")):
@@ -111,7 +124,7 @@ def render_model_card(meta: dict[str, Any]) -> str:
         if settings:
             lines += ["", "Settings (the resolved configuration; all of it is in `mirrorbert.json`):", "",
                       "| setting | value |", "|---|---|"]
-            lines += [f"| {k} | {v} |" for k, v in settings]
+            lines += [f"| {k} | {public_name(v) if isinstance(v, str) else v} |" for k, v in settings]
     lines += _evaluation_section(info.get("eval_after"))
     lines += _usage_section(name, pooling)
     lines += ["", "## Citation", "", "```bibtex", CITATION, "```", ""]
@@ -122,7 +135,7 @@ def _evaluation_section(eval_after: dict[str, Any] | None) -> list[str]:
     if not eval_after:
         return []
     lines = ["", "## Evaluation", "",
-             f"`--eval-after {','.join(eval_after.get('tasks', []))}` on `{eval_after.get('data_dir')}` "
+             f"`--eval-after {','.join(eval_after.get('tasks', []))}` on `{public_name(eval_after.get('data_dir'))}` "
              "(values x100, counts as integers):", ""]
     metrics = eval_after.get("metrics") or {}
     if metrics:

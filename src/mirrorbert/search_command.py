@@ -73,7 +73,7 @@ def run_search(args) -> int:
                           option="--corpus")
     if not corpus:
         raise UserError(f"--corpus {args.corpus}: no entries in the file")
-    encoder = Encoder.load(args.model, pooling=args.pooling, device=args.device, max_length=args.max_length)
+    encoder = Encoder.load(args.model, pooling=args.pooling, device=args.device, max_length=args.max_length, cli=True)
     index = encoder.build_index(corpus, batch_size=args.batch_size, use_faiss=use_faiss,
                                 show_progress=args.show_progress)
     results = encoder.search(queries, index, top_k=args.top_k, batch_size=args.batch_size, use_faiss=use_faiss)

@@ -23,6 +23,7 @@ from mirrorbert.packing import packing_flag
 from mirrorbert.phases import PhaseTimer
 from mirrorbert.preflight import inspect_model
 from mirrorbert.safety import weights_size
+from mirrorbert.training.collapse import check_collapse
 from mirrorbert.training.checkpoints import (
     CheckpointManager, check_resume_config, guard_training_run, load_checkpoint, restore_training_state,
 )
@@ -162,6 +163,7 @@ class MirrorMethod:
         self.epoch, self.next_batch, self.loss_value, self.epoch_done = 0, 0, None, False
         # final_loss is one (possibly short) batch; the epoch mean is the number to compare runs by
         self.epoch_losses: list[float] = []
+        self.first_loss: float | None = None  # for the collapse check after training
         self.mean_loss_last_epoch: float | None = None
         self.seen_strings, self.seen_tokens, self.start = 0, 0, time.time()
         self.step_log: list[tuple[float, int, int]] = []
@@ -186,6 +188,8 @@ class MirrorMethod:
         backward_and_step(loss, self.optimizer, self.scheduler, self.scaler, max_grad_norm=self.cfg.max_grad_norm)
         self.loss_value = loss.item()
         self.epoch_losses.append(self.loss_value)
+        if self.first_loss is None:
+            self.first_loss = self.loss_value
         tokens = sum(len(self.token_ids[i]) + len(second_views[i]) for i in index)
         self.seen_strings, self.seen_tokens = self.seen_strings + len(index), self.seen_tokens + tokens
         self.step_log.append((time.perf_counter() - started, len(index), tokens))
@@ -272,6 +276,8 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
                            checkpoint=outcome.checkpoint, step_log=method.step_log)
     info = _run_info(cfg, method, strings, pooling, batch_size, outcome.steps, wall, compiled)
     encoder.eval()
+    info["collapse"] = check_collapse(encoder, strings.strings, method.first_loss, method.mean_loss_last_epoch,
+                                      outcome.steps, cfg.seed)
     if eval_tasks:
         with sharded_encoding(dist_ctx), timer.phase("eval"):  # every rank evaluates, sharing the encoding work
             info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)

@@ -134,6 +134,6 @@ def _load_model(name: str, pooling: str | None, device: str | None, max_length: 
     from mirrorbert.encoder import Encoder
     from mirrorbert.packing import packing_flag
 
-    encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length)
+    encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length, cli=True)
     encoder.packing = packing_flag(packing)
     return encoder
