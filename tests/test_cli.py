@@ -28,7 +28,9 @@ def test_train_then_encode_console_script(tiny_bert, strings_file, tmp_path):
                          capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["steps"] == 3
-    assert '"mask_span": 5' in run.stderr and '"mask_unit": "char"' in run.stderr  # resolved configuration
+    # a short labelled summary on screen; the whole resolved configuration only with -v (and in mirrorbert.json)
+    assert "preset sentence: temperature 0.04, span 5 chars" in run.stderr and '"mask_span": 5' not in run.stderr
+    assert "done: 3 steps" in run.stderr and "mean pairwise cosine" in run.stderr
     assert "of real tokens hidden" in run.stderr  # what the augmentation did, logged
     meta = json.loads((out / "mirrorbert.json").read_text())
     assert meta["pooling"] == "mean"  # sentence preset, BERT-family model
@@ -105,3 +107,76 @@ def test_help_lists_commands(capsys):
         main(["--help"])
     out = capsys.readouterr().out
     assert "train" in out and "encode" in out
+
+
+def test_one_progress_switch_spelled_the_same_everywhere():
+    """Every command that draws progress bars turns them off with --no-progress; none shows another spelling."""
+    from mirrorbert.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    with_switch = []
+    for name, command in sub.choices.items():
+        visible = {o for a in command._actions if a.help != "==SUPPRESS==" for o in a.option_strings}
+        assert "--progress" not in visible, name
+        if "--no-progress" in visible:
+            with_switch.append(name)
+    assert {"train", "encode", "search", "eval", "pretrain-mlm", "gloss-pretrain"} <= set(with_switch)
+
+
+def test_verbose_shows_the_resolved_configuration(tiny_bert, strings_file, tmp_path, caplog):
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="mirrorbert"):
+        assert main(["-v", "train", "--model", str(tiny_bert), "--data", str(strings_file), "--batch-size", "4",
+                     "--steps", "1", "--no-progress", "--output", str(tmp_path / "o")]) == 0
+    assert any("resolved configuration" in r.getMessage() and '"temperature"' in r.getMessage()
+               for r in caplog.records)
+
+
+def _subcommands():
+    from mirrorbert.cli import build_parser
+
+    parser = build_parser()
+    return next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices
+
+
+def test_help_defaults_match_the_parsers_defaults():
+    """Every option whose help states "(default X)" has X as its real default."""
+    import re
+
+    checked = 0
+    for name, command in _subcommands().items():
+        for action in command._actions:
+            match = re.search(r"\(default:? ([^);,]+)\)", action.help or "")
+            if not match or action.default is None or not action.option_strings:
+                continue
+            stated = match.group(1).strip().split()[0].rstrip(":")
+            if stated in ("all", "none", "the", "torch's"):  # words, not values
+                continue
+            if isinstance(action.default, bool):  # a flag: "(default off)" means the flag is not given
+                given = {"off": False, "false": False, "on": True, "true": True}.get(stated.lower())
+                if given is None:
+                    continue  # prose ("default: continue"), not a value
+                stated = str(given != (action.__class__.__name__ == "_StoreFalseAction"))
+            numeric = re.fullmatch(r"-?[\d.e+/-]+", stated) and isinstance(action.default, (int, float))
+            if numeric and "/" in stated:
+                top, bottom = stated.split("/")
+                stated = repr(float(top) / float(bottom))
+            assert str(action.default) == stated or repr(action.default) == stated or \
+                (numeric and float(stated) == float(action.default)), \
+                f"{name} {action.option_strings[0]}: help says {stated}, default is {action.default!r}"
+            checked += 1
+    assert checked >= 10
+
+
+def test_packing_default_is_described_the_same_in_help_and_readme():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert "The default `auto` packs wherever the model supports it and the packed batch costs fewer FLOPs" in readme
+    assert "stay padded" in readme
+    for name in ("train", "encode", "eval"):
+        action = next(a for a in _subcommands()[name]._actions if "--packing" in a.option_strings)
+        assert action.default in ("auto", None) and "fewer FLOPs than padding" in action.help
+        assert "encode's length-sorted batches stay padded" in action.help

@@ -29,7 +29,9 @@ EXIT_INTERRUPTED = 130
 PACKING_HELP = ("auto | on | grouped | off: how a batch avoids padding. on: several strings per row with "
                 "block-diagonal attention (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT); grouped: strings sorted by "
                 "length and run in small padded groups (any model, least memory); off: padded to the batch's longest. "
-                "Default auto = on wherever supported, grouped for other models")
+                "Default auto: packed rows where the model supports them and they cost fewer FLOPs than padding "
+                "(random training batches; encode's length-sorted batches stay padded), length groups for "
+                "models that cannot be packed")
 
 
 def _quiet_third_party() -> None:
@@ -128,6 +130,36 @@ def _train_keys() -> tuple[str, ...]:
     return tuple(sorted(FIELD_NAMES))
 
 
+def train_headline(cfg, n_strings: int) -> str:
+    """One line a person reads before training starts (the whole configuration: -v and mirrorbert.json)."""
+    mask = f"span {cfg.mask_span} {cfg.mask_unit}s" if cfg.mask_span else "no span masking"
+    budget = f"{cfg.steps} steps" if cfg.steps else f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}"
+    return (f"training {cfg.model} on {n_strings} strings -> {cfg.output}\n"
+            f"  {'preset ' + cfg.preset if cfg.preset else 'no preset'}: temperature {cfg.temperature:g}, {mask}, "
+            f"dropout {cfg.dropout:g}, max length {cfg.max_length}, batch {cfg.batch_size} strings, "
+            f"learning rate {cfg.lr:g}, {budget} (full configuration: -v, and mirrorbert.json)")
+
+
+def train_summary(result) -> str:
+    """What happened, labelled: steps, loss from first step to the last epoch's mean, collapse, scores."""
+    info = result.info
+    first = (info.get("collapse") or {}).get("first_loss")
+    last = info.get("mean_loss_last_epoch")
+    lines = [f"done: {result.steps} steps in {result.wall_time_s:.0f} s; training loss "
+             + (f"{first:.4f} at the first step -> {last:.4f} (mean of the last epoch)" if first is not None
+                and last is not None else f"{result.final_loss} (last step)")]
+    collapse = info.get("collapse") or {}
+    if "mean_pairwise_cosine" in collapse:
+        lines.append(f"  mean pairwise cosine of {collapse['sample']} training strings: "
+                     f"{collapse['mean_pairwise_cosine']:.3f}" + (" (collapsed)" if collapse.get("collapsed") else ""))
+    scores = (info.get("eval_after") or {}).get("metrics") or {}
+    for key, value in scores.items():
+        if isinstance(value, (int, float)) and not key.endswith("_n"):
+            lines.append(f"  after training, {key}: {100 * value:.2f} (x100)")
+    lines.append(f"  model: {result.output}")
+    return "\n".join(lines)
+
+
 def run_train(args) -> int:
     from mirrorbert.config import resolve_config
     from mirrorbert.data import strings_for_config
@@ -147,7 +179,8 @@ def run_train(args) -> int:
 
     main_rank = launched_rank() == 0  # under torchrun/accelerate only rank 0 speaks
     if main_rank:
-        print("resolved configuration:\n" + jsonio.dumps(cfg.to_dict(), indent=2), file=sys.stderr)
+        logging.getLogger("mirrorbert").debug("resolved configuration:\n%s", jsonio.dumps(cfg.to_dict(), indent=2))
+        print(train_headline(cfg, len(strings.strings)), file=sys.stderr)
     result = train(cfg, strings)
     if not main_rank:  # every process of an interrupted job names the checkpoint that rank 0 wrote
         if result.interrupted:
@@ -158,6 +191,7 @@ def run_train(args) -> int:
         print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"
               f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    print(train_summary(result), file=sys.stderr)
     print(jsonio.dumps({"output": str(result.output), "steps": result.steps, "final_loss": result.final_loss,
                       "mean_loss_last_epoch": result.info.get("mean_loss_last_epoch"),
                       "wall_time_s": round(result.wall_time_s, 2),

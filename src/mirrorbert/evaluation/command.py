@@ -65,8 +65,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--packing", default="auto", choices=PACKING_MODES,
                    help="auto | on | grouped | off: packed rows, length groups or padding while encoding "
-                   "(see `mirrorbert train --help`); default auto = on wherever supported, grouped for other models")
-    p.add_argument("--progress", action="store_true", help="show progress bars while encoding")
+                   "(see `mirrorbert train --help`); default auto: packed rows where supported and they cost fewer FLOPs than padding, length groups for models that cannot be packed; encode's length-sorted batches stay padded")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bar")
+    p.add_argument("--progress", dest="progress", action="store_true", help=argparse.SUPPRESS)  # the old spelling
     p.add_argument("--list-data", action="store_true", help="print the data registry (files, sources) and exit")
     p.set_defaults(func=run_eval)
     return p
