@@ -151,3 +151,14 @@ def test_python_errors_name_python_arguments(tmp_path):
     with pytest.raises(ValueError, match="pooling") as info:
         Encoder.load(tmp_path, pooling="max")
     assert "--pooling" not in str(info.value)
+
+
+def test_loading_an_mlm_in_python_prints_no_load_report(tiny_bert, capfd, caplog):
+    """tiny_bert is a BertForMaskedLM: its head weights are unused by the encoder; transformers' report is noise."""
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        Encoder.load(tiny_bert, pooling="mean", device="cpu")
+    out, err = capfd.readouterr()
+    assert "LOAD REPORT" not in out + err and "were not used" not in out + err
+    assert not [r for r in caplog.records if r.name.startswith("transformers")]

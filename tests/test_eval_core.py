@@ -527,3 +527,17 @@ def test_cli_eval_end_to_end(tiny_bert, tmp_path):
     )
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
     assert "data directory not found" in missing.stderr + missing.stdout
+
+
+def test_isotropy_without_matplotlib_keeps_its_scores(tmp_path, monkeypatch, caplog):
+    """Only the plot needs matplotlib: the scores are computed and the missing extra is named in one line."""
+    import logging
+    import sys
+
+    write_stsb(tmp_path, np.random.default_rng(3), n=30)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with caplog.at_level(logging.WARNING):
+        out = evaluate_isotropy(FakeEncoder(seed=1), tmp_path, plot_dir=tmp_path / "p")
+    assert out["is"] > 0 and out["primary"] == out["is"] and not out.artifacts
+    assert 'pip install "mirrorbert[eval]"' in out.skipped["cosine plot"]
+    assert sum("mirrorbert[eval]" in r.getMessage() for r in caplog.records) == 1

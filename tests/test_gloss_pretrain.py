@@ -199,3 +199,12 @@ def test_finetune_sts_command(tiny_bert, tmp_path, capsys):
     run = finetune_once(cfg, train, test, 1.0, 0)
     assert run.test_spearman == pytest.approx(scores[0], abs=0.01)
     assert run.steps == 3
+
+
+def test_finetune_summary_has_no_spread_for_one_seed():
+    from mirrorbert.gloss.command import format_finetune_summary
+
+    one = format_finetune_summary({"1.0": {"train_pairs": 5749, "mean": 56.5, "std": 0.0}}, 1, "m")
+    assert "+-" not in one and "±" not in one and "one seed" in one and "STS-B test split" in one
+    three = format_finetune_summary({"1.0": {"train_pairs": 5749, "mean": 56.5, "std": 0.4}}, 3, "m")
+    assert "56.50 +- 0.40" in three and "over 3 seeds" in three

@@ -49,6 +49,7 @@ def _quiet_third_party() -> None:
         except Exception:  # very old transformers: nothing to quieten
             pass
     logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    logging.getLogger("faiss").setLevel(logging.WARNING)  # "Loading faiss with AVX2 support." reads like an error
 
 
 # ----------------------------------------------------------------------------- train
@@ -336,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    _quiet_third_party()
+    if not args.verbose:  # third-party chatter only with -v
+        _quiet_third_party()
     finished = False
     try:
         status = int(args.func(args) or 0)

@@ -8,6 +8,7 @@ HF masked LM (the "before" state, mean pooling by default) or a hub id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -92,6 +93,22 @@ def _check_encode_arguments(texts: Any, batch_size: Any, convert_to: Any, precis
         raise UserError(f"packing must be None, True, False or one of {', '.join(PACKING_MODES)}, not {packing!r}")
 
 
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' warnings (unused MLM-head weights, load reports) off, unless mirrorbert logs at DEBUG (-v)."""
+    if logging.getLogger("mirrorbert").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    old = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(old)
+
+
 def python_names(message: str) -> str:
     """A message written in option words (`--model x: ...`) with the Python argument names instead."""
     for option, name in _PYTHON_NAMES.items():
@@ -166,7 +183,8 @@ class Encoder(torch.nn.Module):
             tokenizer = AutoTokenizer.from_pretrained(name)
             check_tokenizer(tokenizer, name)
             check_max_length(max_length, config, model=name)  # before the weights: a bad length fails now
-            model = AutoModel.from_pretrained(name, config=config)
+            with _quiet_transformers():  # its load report of unused MLM-head weights is noise here
+                model = AutoModel.from_pretrained(name, config=config)
         except Exception as exc:  # noqa: BLE001  damaged weights raise the loader's own error types
             error = weights_load_error(name, exc)
             if error is None and isinstance(exc, (OSError, ValueError)):

@@ -50,6 +50,14 @@ def isotropy_score(vectors: np.ndarray) -> float:
     return float(np.exp(log_z.min() - log_z.max()))
 
 
+def _matplotlib_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def mean_vector_norm(vectors: np.ndarray) -> float:
     """Norm of the mean unit vector."""
     return float(np.linalg.norm(unit_rows(vectors).mean(axis=0)))
@@ -134,7 +142,10 @@ def evaluate_isotropy(
         out[f"mvn{suffix}"] = mean_vector_norm(embeddings[suffix])
     out["primary"] = out["is"]
     out["n_texts"] = float(len(texts))
-    if plot_dir is not None:
+    if plot_dir is not None and not _matplotlib_available():
+        out.skipped["cosine plot"] = 'needs matplotlib, which is not installed: pip install "mirrorbert[eval]"'
+        logger.warning("isotropy: scores computed; the cosine plot %s", out.skipped["cosine plot"])
+    elif plot_dir is not None:
         if pairs is None:
             try:
                 pairs = load_set(data_dir, "stsb", "test")

@@ -215,6 +215,17 @@ def add_finetune_sts_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def format_finetune_summary(summary: dict, n_seeds: int, model: str) -> str:
+    """Labelled lines; a spread only where there is one (one seed has no standard deviation)."""
+    lines = [f"STS-B test split, Spearman x100, model {model}, "
+             + (f"mean +- std over {n_seeds} seeds" if n_seeds > 1 else "one seed (no spread: --seeds 0,1,2 for one)")]
+    for frac, r in summary.items():
+        spread = f" +- {r['std']:.2f}" if n_seeds > 1 and r.get("std") is not None else ""
+        lines.append(f"  trained on {float(frac) * 100:5.1f}% of STS-B train ({r['train_pairs']} pairs): "
+                     f"{r['mean']:.2f}{spread}")
+    return "\n".join(lines)
+
+
 def run_finetune_sts(args: argparse.Namespace) -> int:
     from mirrorbert.gloss.finetune_sts import FinetuneStsConfig, finetune_sts, parse_floats, parse_ints
     from mirrorbert.safety import write_text_atomic
@@ -233,7 +244,5 @@ def run_finetune_sts(args: argparse.Namespace) -> int:
             write_text_atomic(args.output, jsonio.dumps({"model": args.model, "results": summary,
                                                        "runs": [r.__dict__ for r in result.runs]}, indent=2) + "\n",
                               overwrite=args.overwrite)
-    print(f"STS-B test Spearman x100 ({len(cfg.seeds)} seeds), model {args.model}")
-    for frac, r in summary.items():
-        print(f"  train {float(frac) * 100:5.1f}% ({r['train_pairs']} pairs): {r['mean']:.2f} +- {r['std']:.2f}")
+    print(format_finetune_summary(summary, len(cfg.seeds), args.model))
     return 0
