@@ -421,6 +421,11 @@ def test_runner_end_to_end_report_json_and_skipped(tmp_path):
     assert "sts12" in saved["tasks"]["sts"]["skipped_parts"]
     table = result.table()
     assert f"{saved['tasks']['sts']['metrics']['stsb'] * 100:.2f}" in table and "skipped" in table
+    # the screen names the split and leaves counts to the JSON
+    lines = [line.split() for line in table.splitlines()]
+    assert lines[0][:3] == ["task", "metric", "split"] and not any(w.endswith("_n") for row in lines for w in row)
+    assert ["sts", "stsb", "test", f"{saved['tasks']['sts']['metrics']['stsb'] * 100:.2f}"] in lines
+    assert ["sts", "stsb", "dev", "skipped"] in lines  # no dev file here: named with its split
     md = report.read_text()
     assert "## isotropy" in md and "![" in md and "report_files/isotropy_cosine.png" in md
     assert (tmp_path / "out/report_files/isotropy_cosine.png").is_file()

@@ -124,19 +124,26 @@ class EvaluationResult:
         return jsonio.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=_json_default)
 
     def table(self) -> str:
-        """Plain-text table: task, metric, value x100 with two decimals."""
-        rows = [("task", "metric", "value")]
+        """Plain-text table for the screen: task, metric, split, value x100 (counts stay in the JSON)."""
+        from mirrorbert.scores import is_count
+
+        rows = [("task", "metric", "split", "value x100")]
         for t, o in self.outcomes.items():
             if o.status != "ok":
-                rows.append((t, o.status, _one_line(o.message, 100)))
+                rows.append((t, o.status, "", _one_line(o.message, 100)))
                 continue
             for k, v in _ordered_metrics(o.metrics):
-                rows.append((t, k, format_value(k, v)))
+                if is_count(k) or k == "primary":
+                    continue
+                name, split = _metric_split(k)
+                rows.append((t, name, split, format_value(k, v)))
             for part, msg in o.skipped_parts.items():
-                rows.append((t, part, "skipped"))
-        widths = [max(len(r[i]) for r in rows) for i in range(2)]
-        lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows]
-        lines.insert(1, "-" * (widths[0] + widths[1] + 12))
+                name, split = _metric_split(part)
+                rows.append((t, name, split if name != part else "", "skipped"))
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows]
+        lines.insert(1, "-" * (sum(widths) + 16))
+        lines.append(f"model: {self.model}; primary metric per task and counts: the JSON (--output)")
         return "\n".join(lines)
 
     def markdown(self, base_dir: str | Path | None = None) -> str:
@@ -179,6 +186,14 @@ def _json_default(obj: Any) -> Any:
 def _one_line(text: str, limit: int) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _metric_split(key: str) -> tuple[str, str]:
+    """`stsb_dev` -> ("stsb", "dev"); a metric without a split suffix is the task's test (or only) split."""
+    for split in ("dev", "test", "train", "validation"):
+        if key.endswith("_" + split):
+            return key[: -len(split) - 1], split
+    return key, "test"
 
 
 def _ordered_metrics(metrics: Mapping[str, float]) -> list[tuple[str, float]]:
