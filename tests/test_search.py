@@ -217,3 +217,18 @@ def test_cli_search_bad_input_is_one_line_exit_2(tmp_path, capsys, make_args, me
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mirrorbert: error:")
     assert re.search(message, err[0]), err[0]
+
+
+def test_cli_search_never_returns_blank_lines_and_ids_stay_line_numbers(tiny_bert, corpus, tmp_path, capsys):
+    from mirrorbert.cli import main
+
+    lines_in = []
+    for text in corpus[:6]:
+        lines_in += [text, "", "   "]  # blank and whitespace-only lines between the entries
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("\n".join(lines_in) + "\n", encoding="utf-8")
+    assert main(["search", "--model", str(tiny_bert), "--corpus", str(corpus_file), "--query", corpus[0],
+                 "--top-k", str(len(lines_in)), "--pooling", "mean", "--no-progress"]) == 0
+    hits = json.loads(capsys.readouterr().out.splitlines()[0])["hits"]
+    assert len(hits) == 6 and all(h["text"].strip() for h in hits)
+    assert all(lines_in[h["id"]] == h["text"] for h in hits)  # an id names the line it came from

@@ -52,7 +52,7 @@ def faiss_available() -> bool:
 def wants_faiss(use_faiss: bool | None) -> bool:
     """True: faiss (an error if missing); None: faiss when importable; False: never."""
     if use_faiss and not faiss_available():
-        raise UserError("faiss was requested but is not installed (pip install faiss-cpu)")
+        raise UserError("faiss was requested but is not installed: pip install \"mirrorbert[faiss]\"")
     return bool(use_faiss) or (use_faiss is None and faiss_available())
 
 

@@ -71,12 +71,15 @@ def run_search(args) -> int:
     queries = _read_queries(args)
     corpus, _ = read_file(args.corpus, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
                           option="--corpus")
-    if not corpus:
+    # blank lines keep their place in the numbering (a hit's id is its line's index) but are never hits
+    kept = [i for i, text in enumerate(corpus) if text.strip()]
+    if not kept:
         raise UserError(f"--corpus {args.corpus}: no entries in the file")
     encoder = Encoder.load(args.model, pooling=args.pooling, device=args.device, max_length=args.max_length, cli=True)
-    index = encoder.build_index(corpus, batch_size=args.batch_size, use_faiss=use_faiss,
+    index = encoder.build_index([corpus[i] for i in kept], batch_size=args.batch_size, use_faiss=use_faiss,
                                 show_progress=args.show_progress)
     results = encoder.search(queries, index, top_k=args.top_k, batch_size=args.batch_size, use_faiss=use_faiss)
     for query, hits in zip(queries, results):
+        hits = [h._replace(corpus_id=kept[h.corpus_id]) for h in hits]
         sys.stdout.write(jsonio.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")
     return 0

