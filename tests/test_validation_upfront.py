@@ -190,10 +190,11 @@ def test_truncated_weights_lexsub(truncated_bert, shared_data):
 
 def test_loader_error_of_damaged_weights_is_one_line(truncated_bert, monkeypatch):
     """The header check is skipped here, so safetensors' own error reaches the loading helper."""
-    import mirrorbert.encoder as encoder_module
+    import mirrorbert.preflight as preflight
     from mirrorbert.encoder import Encoder
 
-    monkeypatch.setattr(encoder_module, "check_weight_files", lambda folder, option="--model": None)
+    monkeypatch.setattr(preflight, "check_weight_files", lambda folder, option="--model": None)
+    monkeypatch.setattr(preflight, "check_weights_match_config", lambda folder, config, option="--model": None)
     with pytest.raises(UserError, match="cannot read the weights"):
         Encoder.load(str(truncated_bert))
 

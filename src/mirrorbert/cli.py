@@ -216,9 +216,16 @@ def add_encode_parser(sub) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:1 | mps")
     p.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 (GPU only)")
     p.add_argument("--packing", default="auto", choices=PACKING_MODES, help=PACKING_HELP)
-    p.add_argument("--skip-bad-lines", action="store_true", help="skip lines that are not UTF-8")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip lines that are not UTF-8; then row i of --output is no longer line i, so the line "
+                        "numbers of the rows go to OUTPUT.rows.json (0-based, as search ids) with the skipped lines")
     p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True, help="no progress bar")
     p.set_defaults(func=run_encode)
+
+
+def rows_file(output: Path) -> Path:
+    """Where `encode --skip-bad-lines` writes which input line each row is (beside the .npy)."""
+    return output.with_name(output.stem + ".rows.json")
 
 
 def run_encode(args) -> int:
@@ -231,27 +238,45 @@ def run_encode(args) -> int:
     output = Path(args.output)
     if output.suffix != ".npy":
         raise UserError(f"--output {output}: expected a .npy file name")
+    from mirrorbert.training.device import check_device_and_precision
+
+    check_device_and_precision(args.device, args.precision)
     plan = WritePlan({"--input": args.input, "--model": args.model}, overwrite=args.overwrite).file("--output", output)
+    if args.skip_bad_lines:
+        plan.file("--output", rows_file(output))
     with plan.locked():
-        vectors, pooling = _encode(args)
+        vectors, pooling, rows = _encode(args)
         if vectors is None:
             return 0
         with atomic_output_file(output, overwrite=args.overwrite) as tmp:
             np.save(tmp, vectors)
-    print(jsonio.dumps({"output": str(output), "rows": int(vectors.shape[0]), "dim": int(vectors.shape[1]),
-                      "pooling": pooling}))
+        record = {"output": str(output), "rows": int(vectors.shape[0]), "dim": int(vectors.shape[1]),
+                  "pooling": pooling}
+        if args.skip_bad_lines:
+            with atomic_output_file(rows_file(output), overwrite=args.overwrite) as tmp:
+                Path(tmp).write_text(jsonio.dumps({
+                    "input": str(args.input), "output": str(output), "skipped_lines": rows.skipped,
+                    "row_ids": rows.ids,
+                    "row_ids_note": "row i of the matrix is record row_ids[i] of the input (0-based, as search ids); "
+                                    "skipped_lines are 1-based line numbers",
+                }) + "\n", encoding="utf-8")
+            record.update(skipped_lines=len(rows.skipped), rows_file=str(rows_file(output)))
+    print(jsonio.dumps(record))
     return 0
 
 
 def _encode(args):
-    """The vectors of --input (None on the other processes of a torchrun job) and the pooling used."""
-    from mirrorbert.data import read_file
+    """The vectors of --input (None on the other processes of a torchrun job), the pooling used and the rows read."""
+    from mirrorbert.data import read_rows
     from mirrorbert.distributed import init_from_env, sharded_encoding
     from mirrorbert.encoder import Encoder
     from mirrorbert.packing import packing_flag
 
-    texts, _ = read_file(args.input, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
-                         option="--input")
+    rows = read_rows(args.input, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
+                     option="--input")
+    texts = rows.texts
+    if not any(t.strip() for t in texts):
+        raise UserError(f"--input {args.input}: no text in the file (every line is blank)")
     dist_ctx = init_from_env(args.device)  # under torchrun every process encodes a share of the rows
     encoder = Encoder.load(args.model, pooling=args.pooling, device=str(dist_ctx.device), max_length=args.max_length,
                            cli=True)
@@ -259,7 +284,7 @@ def _encode(args):
         vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
                                  show_progress=args.show_progress and dist_ctx.is_main, precision=args.precision,
                                  packing=packing_flag(args.packing))
-    return (vectors if dist_ctx.is_main else None), encoder.pooling
+    return (vectors if dist_ctx.is_main else None), encoder.pooling, rows
 
 
 # ----------------------------------------------------------------------------- main

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.typed_config import check_types, coerce_mapping
+from mirrorbert.typed_config import check_finite_numbers, check_types, coerce_mapping
 
 POOLINGS = ("cls", "mean", "first-last")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -135,9 +135,11 @@ def _init_applying_preset(self, *args: Any, **kwargs: Any) -> None:
             raise TypeError(f"TrainConfig got multiple values for argument {name!r}")
         kwargs[name] = value
     _dataclass_init(self, **with_preset(kwargs))
+    validate(self)  # a bad value fails here, at the call, with the message the CLI gives
 
 
-_init_applying_preset.__doc__ = "Fields as keywords; `preset` fills every field not given explicitly."
+_init_applying_preset.__doc__ = ("Fields as keywords; `preset` fills every field not given explicitly. Every value is "
+                                 "checked here: a bad one raises UserError (a ValueError) naming the option.")
 TrainConfig.__init__ = _init_applying_preset  # type: ignore[method-assign]
 
 
@@ -208,6 +210,7 @@ TEXT_FIELDS = ("model", "output", "preset", "data", "column", "field", "lang", "
 
 def validate(cfg: TrainConfig) -> None:
     check_types(cfg)
+    check_finite_numbers(cfg)
     for key in TEXT_FIELDS:  # first, so the checks below may compare strings safely
         value = getattr(cfg, key)
         _check(value is None or isinstance(value, str), key, f"expected text, got {type(value).__name__} {value!r}")

@@ -6,6 +6,7 @@ gave is either used, reported as a duplicate/blank, or rejected with the file an
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import csv
 import hashlib
@@ -80,35 +81,87 @@ def check_utf8_file(path: str | Path, option: str, hint: str = "fix the file") -
     raise UserError(f"{path}: not valid UTF-8 (the file ends inside a character); {hint}")
 
 
-def _decoded_lines(path: Path, skip_bad_lines: bool) -> tuple[list[tuple[int, str]], int]:
-    """(line number, text) pairs; a line that is not UTF-8 is an error naming it, or skipped on request."""
-    out, bad = [], 0
+def _split_lines(raw: bytes) -> list[bytes]:
+    """One line read up to `\n`, cut at lone CRs too: LF, CRLF and CR all end a line (as Python's universal
+    newlines read them), so a file saved with old Mac line endings is not one long string."""
+    raw = raw[:-1] if raw.endswith(b"\n") else raw
+    raw = raw[:-1] if raw.endswith(b"\r") else raw
+    return raw.split(b"\r")
+
+
+def read_text_lines(path: str | Path, hint: str = "fix the file") -> list[str]:
+    """Every line of a UTF-8 text file without its line ending (LF, CRLF or CR), a leading BOM dropped; a line
+    that is not UTF-8 is one error naming the file and line. The reader of every evaluation set."""
+    path = Path(path)
+    lines: list[str] = []
+    try:
+        with path.open("rb") as fh:
+            for raw in fh:
+                for piece in _split_lines(raw):
+                    try:
+                        lines.append(piece.decode("utf-8"))
+                    except UnicodeDecodeError as exc:
+                        raise UserError(f"{path}:{len(lines) + 1}: not valid UTF-8 (byte {exc.start}); {hint}") from None
+    except PermissionError:
+        raise UserError(f"{path}: permission denied (the file is not readable)") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, expected a file") from None
+    if lines:
+        lines[0] = lines[0].lstrip("\ufeff")
+    return lines
+
+
+@dataclass
+class Rows:
+    """The strings of a file with where each came from: `ids[i]` is the 0-based position of `texts[i]` among
+    the file's records (lines of .txt/.jsonl, data rows of .csv/.tsv), counting skipped lines, so ids and
+    output rows can always be traced back to the input; `skipped` lists the skipped lines' numbers (1-based)."""
+    texts: list[str]
+    ids: list[int]
+    skipped: list[int]
+
+
+def _decoded_lines(path: Path, skip_bad_lines: bool) -> tuple[list[tuple[int, str]], list[int]]:
+    """(line number, text) pairs and the numbers of skipped lines; a line that is not UTF-8 is an error naming
+    it, or skipped on request."""
+    out, skipped, lineno = [], [], 0
     with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                if skip_bad_lines:
-                    bad += 1
-                    logger.warning("%s:%d: skipped, not valid UTF-8", path, lineno)
-                    continue
-                raise UserError(
-                    f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}); fix the file or pass --skip-bad-lines"
-                ) from None
-            if lineno == 1:
-                text = text.lstrip("\ufeff")
-            out.append((lineno, text.rstrip("\r\n")))
-    return out, bad
+        for raw in fh:
+            for piece in _split_lines(raw):
+                lineno += 1
+                try:
+                    text = piece.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    if skip_bad_lines:
+                        skipped.append(lineno)
+                        logger.warning("%s:%d: skipped, not valid UTF-8", path, lineno)
+                        continue
+                    raise UserError(
+                        f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}); fix the file or pass --skip-bad-lines"
+                    ) from None
+                if lineno == 1:
+                    text = text.lstrip("\ufeff")
+                out.append((lineno, text))
+    return out, skipped
 
 
-def _read_csv(path: Path, lines: list[tuple[int, str]], delimiter: str, column: str | None) -> list[str]:
+def _read_csv(path: Path, lines: list[tuple[int, str]], delimiter: str, column: str | None,
+              skipped: list[int]) -> tuple[list[str], list[int]]:
     if not column:
         raise UserError(f"{path}: a {path.suffix} file needs --column NAME to say which column holds the text")
     reader = csv.DictReader(io.StringIO("\n".join(text for _, text in lines)), delimiter=delimiter)
     if reader.fieldnames is None or column not in reader.fieldnames:
         found = ", ".join(reader.fieldnames or [])
         raise UserError(f"{path}: --column {column!r} not in the header (columns: {found})")
-    return [row.get(column) or "" for row in reader]
+    header_line = lines[reader.line_num - 1][0] if reader.line_num else 1
+    texts, ids, start = [], [], reader.line_num
+    for index, row in enumerate(reader):
+        first_line = lines[start][0] if start < len(lines) else lines[-1][0]  # the file line this row starts on
+        texts.append(row.get(column) or "")
+        # a skipped line counts as the data row it was, so ids stay the rows' places in the file
+        ids.append(index + bisect.bisect_left(skipped, first_line) - bisect.bisect_left(skipped, header_line))
+        start = reader.line_num
+    return texts, ids
 
 
 def _read_jsonl(path: Path, lines: list[tuple[int, str]], field: str | None) -> list[str]:
@@ -132,9 +185,9 @@ def _read_jsonl(path: Path, lines: list[tuple[int, str]], field: str | None) -> 
     return out
 
 
-def read_file(path: str | Path, column: str | None = None, field: str | None = None,
-              skip_bad_lines: bool = False, option: str = "--data") -> tuple[list[str], int]:
-    """Raw strings of a .txt/.csv/.tsv/.jsonl file (one string per line or row) and the bad-line count."""
+def read_rows(path: str | Path, column: str | None = None, field: str | None = None,
+              skip_bad_lines: bool = False, option: str = "--data") -> Rows:
+    """The strings of a .txt/.csv/.tsv/.jsonl file (one per line or row), each with its record id."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{option} {path}: no such file")
@@ -144,18 +197,26 @@ def read_file(path: str | Path, column: str | None = None, field: str | None = N
         raise UserError(f"{option} {path}: the file is empty")
     suffix = path.suffix.lower()
     try:
-        lines, bad = _decoded_lines(path, skip_bad_lines)
+        lines, skipped = _decoded_lines(path, skip_bad_lines)
     except PermissionError:
         raise UserError(f"{option} {path}: permission denied (the file is not readable)") from None
     except OSError as exc:
         raise UserError(f"{option} {path}: cannot read the file ({exc.strerror or type(exc).__name__})") from None
     if suffix in CSV_SUFFIXES:
-        return _read_csv(path, lines, CSV_SUFFIXES[suffix], column), bad
+        texts, ids = _read_csv(path, lines, CSV_SUFFIXES[suffix], column, skipped)
+        return Rows(texts, ids, skipped)
     if suffix in JSONL_SUFFIXES:
-        return _read_jsonl(path, lines, field), bad
+        return Rows(_read_jsonl(path, lines, field), [lineno - 1 for lineno, _ in lines], skipped)
     if column or field:
         raise UserError(f"{path}: --column/--field only apply to .csv/.tsv/.jsonl files")
-    return [text for _, text in lines], bad
+    return Rows([text for _, text in lines], [lineno - 1 for lineno, _ in lines], skipped)
+
+
+def read_file(path: str | Path, column: str | None = None, field: str | None = None,
+              skip_bad_lines: bool = False, option: str = "--data") -> tuple[list[str], int]:
+    """Raw strings of a .txt/.csv/.tsv/.jsonl file (one string per line or row) and the bad-line count."""
+    rows = read_rows(path, column=column, field=field, skip_bad_lines=skip_bad_lines, option=option)
+    return rows.texts, len(rows.skipped)
 
 
 def top_words(n: int, lang: str) -> list[str]:

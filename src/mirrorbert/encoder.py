@@ -9,7 +9,6 @@ HF masked LM (the "before" state, mean pooling by default) or a hub id.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -21,7 +20,7 @@ import torch
 
 from mirrorbert import jsonio
 from mirrorbert.distributed import combine_rows, encoding_rows
-from mirrorbert.errors import UserError
+from mirrorbert.errors import NonFiniteEmbeddings, UserError
 from mirrorbert.modelcard import write_model_card
 from mirrorbert.pooling import (
     POOLINGS,
@@ -31,18 +30,7 @@ from mirrorbert.pooling import (
     sentence_transformers_modules,
 )
 from mirrorbert import search as _search
-from mirrorbert.preflight import (  # noqa: F401  (model_load_error etc. re-exported for callers)
-    OFFSET_POSITION_MODEL_TYPES,
-    check_max_length,
-    check_model_reachable,
-    check_tokenizer,
-    check_tokenizer_files,
-    check_weight_files,
-    hub_reachable,
-    max_positions,
-    model_load_error,
-    weights_load_error,
-)
+from mirrorbert.preflight import inspect_model, max_positions, model_load_error, read_json_file, weights_load_error
 from mirrorbert.safety import atomic_output_dir
 from mirrorbert.training.device import autocast, check_precision, resolve_device
 from mirrorbert.training.metrics import library_versions
@@ -69,6 +57,18 @@ _PYTHON_NAMES = {"--model": "name_or_path", "--pooling": "pooling", "--max-lengt
                  "--device": "device", "--batch-size": "batch_size", "--precision": "precision", "--packing": "packing"}
 
 
+def check_finite(vectors: torch.Tensor, model: str, precision: str = "fp32") -> None:
+    """NaN or infinite vectors are an error naming the model, never a score computed from them."""
+    finite = torch.isfinite(vectors).all(dim=-1)
+    if bool(finite.all()):
+        return
+    bad = (~finite).nonzero().flatten()
+    hint = (" (it overflowed in fp16: try --precision fp32 or bf16)" if precision == "fp16"
+            else "; are its weights damaged (NaN in the weights)?")
+    raise NonFiniteEmbeddings(f"model {model}: it gives NaN or infinite vectors for {len(bad)} of "
+                              f"{len(vectors)} inputs (the first is input {int(bad[0])}){hint}")
+
+
 def _either(name: str, value: Any, alias: str, alias_value: Any) -> Any:
     """One of two spellings of the same argument (ours, sentence-transformers'); both given must agree."""
     if alias_value is None:
@@ -78,7 +78,8 @@ def _either(name: str, value: Any, alias: str, alias_value: Any) -> Any:
     return alias_value
 
 
-def _check_encode_arguments(texts: Any, batch_size: Any, convert_to: Any, precision: Any, packing: Any) -> None:
+def _check_encode_arguments(texts: Any, batch_size: Any, convert_to: Any, precision: Any, packing: Any,
+                            normalize: Any = None) -> None:
     from mirrorbert.config import PACKING_MODES, PRECISIONS
 
     if not isinstance(texts, str) and not (isinstance(texts, Sequence) and all(isinstance(t, str) for t in texts)):
@@ -91,6 +92,8 @@ def _check_encode_arguments(texts: Any, batch_size: Any, convert_to: Any, precis
         raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     if packing is not None and not isinstance(packing, bool) and packing not in PACKING_MODES:
         raise UserError(f"packing must be None, True, False or one of {', '.join(PACKING_MODES)}, not {packing!r}")
+    if normalize is not None and not isinstance(normalize, bool):
+        raise UserError(f"normalize must be True, False or None, not {normalize!r}")
 
 
 @contextlib.contextmanager
@@ -155,7 +158,7 @@ class Encoder(torch.nn.Module):
     @classmethod
     def _load(cls, name_or_path: str | os.PathLike, pooling: str | None, device: str | None,
               max_length: int | None, config_overrides: dict[str, Any] | None) -> "Encoder":
-        from transformers import AutoConfig, AutoModel, AutoTokenizer
+        from transformers import AutoModel
 
         name = str(name_or_path)
         if pooling is not None and pooling not in POOLINGS:
@@ -170,19 +173,19 @@ class Encoder(torch.nn.Module):
             except ValueError as exc:
                 raise UserError(str(exc)) from None
             if (folder / MIRRORBERT_JSON).exists():
-                info = json.loads((folder / MIRRORBERT_JSON).read_text(encoding="utf-8"))
+                info = read_json_file(folder / MIRRORBERT_JSON, "--model")
                 saved_pooling = info.get("pooling", saved_pooling)
+                if saved_pooling is not None and saved_pooling not in POOLINGS:
+                    raise UserError(f"--model: {folder / MIRRORBERT_JSON}: unknown pooling {saved_pooling!r}")
             st_cfg = folder / "sentence_bert_config.json"
             if st_cfg.exists():
-                saved_max = json.loads(st_cfg.read_text(encoding="utf-8")).get("max_seq_length")
-            check_weight_files(folder)
-            check_tokenizer_files(folder)
-        check_model_reachable(name)
+                saved_max = read_json_file(st_cfg, "--model").get("max_seq_length")
+                if saved_max is not None and (not isinstance(saved_max, int) or isinstance(saved_max, bool) or saved_max < 1):
+                    raise UserError(f"--model: {st_cfg}: max_seq_length {saved_max!r} is not a positive whole number")
+        # config, tokenizer and the weights' shapes checked before any weight is read
+        config, tokenizer = inspect_model(name, max_length=max_length, config_overrides=config_overrides,
+                                          warn_decoder=False)
         try:
-            config = AutoConfig.from_pretrained(name, **(config_overrides or {}))
-            tokenizer = AutoTokenizer.from_pretrained(name)
-            check_tokenizer(tokenizer, name)
-            check_max_length(max_length, config, model=name)  # before the weights: a bad length fails now
             with _quiet_transformers():  # its load report of unused MLM-head weights is noise here
                 model = AutoModel.from_pretrained(name, config=config)
         except Exception as exc:  # noqa: BLE001  damaged weights raise the loader's own error types
@@ -260,7 +263,7 @@ class Encoder(torch.nn.Module):
             convert_to = "torch"
         elif convert_to_numpy is False:
             convert_to, as_list = "torch", True
-        _check_encode_arguments(texts, batch_size, convert_to, precision, packing)
+        _check_encode_arguments(texts, batch_size, convert_to, precision, packing, normalize)
         if isinstance(packing, str):  # the CLI's spelling: auto | on | grouped | off
             from mirrorbert.packing import packing_flag
 
@@ -302,6 +305,7 @@ class Encoder(torch.nn.Module):
             finally:
                 self.train(was_training)
             out = combine_rows(out, len(texts))
+            check_finite(out, self.source or type(self.model).__name__, precision)
         if normalize:
             out = torch.nn.functional.normalize(out, dim=-1)
         result = out[0] if single else out

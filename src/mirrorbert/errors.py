@@ -12,6 +12,11 @@ class DatasetMissing(UserError):
     """An evaluation set is absent from the data directory; the task is reported as skipped."""
 
 
+class NonFiniteEmbeddings(UserError):
+    """A model produced NaN or infinite vectors: every score computed from them would be meaningless, so
+    commands stop (exit 2) instead of printing NaN as a result."""
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type name when empty), for one-line error reports."""
     text = str(exc).strip()

@@ -99,15 +99,24 @@ def pooling_from_sentence_transformers(folder) -> tuple[str | None, bool]:
     modules_file = folder / "modules.json"
     if not modules_file.exists():
         return None, False
-    modules = json.loads(modules_file.read_text(encoding="utf-8"))
+    def read(path: Path, expect: type):
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--model: {path} is damaged (not valid JSON: {exc})") from None
+        if not isinstance(value, expect) or (expect is list and not all(isinstance(m, dict) for m in value)):
+            raise ValueError(f"--model: {path} is damaged (not the sentence-transformers layout)")
+        return value
+
+    modules = read(modules_file, list)
     mode, normalize, weighted = None, False, False
     for module in modules:
-        kind = module.get("type", "")
+        kind = str(module.get("type", ""))
         if kind.endswith("WeightedLayerPooling"):
             weighted = True
         elif kind.endswith("Pooling"):
-            cfg_path = folder / module.get("path", "") / "config.json"
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.exists() else {}
+            cfg_path = folder / str(module.get("path", "")) / "config.json"
+            cfg = read(cfg_path, dict) if cfg_path.exists() else {}
             if cfg.get("pooling_mode_cls_token") or cfg.get("pooling_mode") == "cls":
                 mode = "cls"
             elif cfg.get("pooling_mode_mean_tokens") or cfg.get("pooling_mode", "mean") == "mean":

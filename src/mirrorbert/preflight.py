@@ -154,9 +154,11 @@ def check_tokenizer_files(folder: Path, option: str = "--model") -> None:
                         f"{', '.join(TOKENIZER_FILES[:4])}, ...)")
 
 
-def check_safetensors(path: Path, option: str = "--model") -> None:
-    """Header-only integrity check: the data the header promises must be in the file (a truncated
-    download or copy fails here, in milliseconds, instead of inside the loader)."""
+def read_safetensors_header(path: Path, option: str = "--model") -> dict[str, Any]:
+    """The tensor table of a safetensors file (name -> dtype, shape, offsets), read from its header only.
+
+    Header-only integrity check: the data the header promises must be in the file (a truncated download or
+    copy fails here, in milliseconds, instead of inside the loader)."""
     size = path.stat().st_size
     try:
         with path.open("rb") as fh:
@@ -167,7 +169,12 @@ def check_safetensors(path: Path, option: str = "--model") -> None:
             if n > size - 8:
                 raise ValueError("header longer than the file")
             header = json.loads(fh.read(n).decode("utf-8"))
-        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a table of tensors")
+        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+        end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
+        for v in tensors.values():
+            [int(d) for d in v["shape"]]
     except PermissionError:
         raise UserError(f"{option}: {path}: permission denied (the file is not readable)") from None
     except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as exc:
@@ -175,6 +182,65 @@ def check_safetensors(path: Path, option: str = "--model") -> None:
     if 8 + n + end > size:
         raise UserError(f"{option}: {path} is truncated ({size} bytes, its header needs {8 + n + end}); "
                         "copy or download it again")
+    return tensors
+
+
+def check_safetensors(path: Path, option: str = "--model") -> None:
+    read_safetensors_header(path, option)
+
+
+def check_weights_match_config(folder: str | os.PathLike, config, option: str = "--model") -> None:
+    """Weights that disagree with config.json (a hidden size or vocabulary edited, a config copied from another
+    model) fail inside the loader after seconds of work: compare the shapes the config builds (on the meta
+    device: no memory, no weights) with the shapes in the safetensors headers, and name the first mismatch."""
+    folder = Path(folder)
+    shapes: dict[str, list[int]] = {}
+    for path in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
+        shapes.update({k: [int(d) for d in v["shape"]] for k, v in read_safetensors_header(path, option).items()})
+    if not shapes:
+        return
+    import torch
+    from transformers import AutoModel
+
+    try:
+        with torch.device("meta"):
+            model = AutoModel.from_config(config)
+    except Exception as exc:  # noqa: BLE001  any error here means config.json does not describe a model
+        raise UserError(f"{option} {folder}: config.json does not describe a model transformers can build: "
+                        f"{first_line(exc)}") from None
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    params = {name: list(p.shape) for name, p in model.named_parameters()}
+    found: set[str] = set()
+    for name, shape in params.items():
+        key = name if name in shapes else f"{prefix}.{name}" if f"{prefix}.{name}" in shapes else None
+        if key is None:
+            continue
+        found.add(key)
+        if shape != shapes[key]:
+            raise UserError(f"{option} {folder}: config.json and the weights disagree: {key} is "
+                            f"{'x'.join(map(str, shapes[key]))} in the weights, config.json makes it "
+                            f"{'x'.join(map(str, shape))} (was config.json edited or copied from another model?)")
+    if not found:
+        logger.debug("%s: no weight names in common with %s; shape check skipped", folder, type(model).__name__)
+        return
+    # Parameters the loader would fill with random numbers (config.json asks for more layers than the
+    # weights hold) or silently drop (fewer): renamed norms (gamma/beta) and the unused pooler are not counted.
+    missing = [n for n in params if n not in shapes and f"{prefix}.{n}" not in shapes and not _renamed_or_pooler(n)]
+    tops = {n.split(".")[0] for n in params}
+    unused = [k for k in shapes if k not in found and not _renamed_or_pooler(k)
+              and (k.split(".")[0] in tops or (prefix and k.startswith(prefix + ".")))]
+    if missing or unused:
+        which, names = ("config.json asks for parameters the weights do not hold", missing) if missing else (
+            "the weights hold parameters config.json has no place for", unused)
+        raise UserError(f"{option} {folder}: {which} ({len(names)}, e.g. {names[0]}); does num_hidden_layers "
+                        "or another size in config.json match the weights?")
+
+
+def _renamed_or_pooler(name: str) -> bool:
+    parts = name.split(".")
+    module = parts[-2].lower() if len(parts) > 1 else ""
+    return "pooler" in parts or parts[-1] in ("gamma", "beta", "position_ids") or module in (
+        "layernorm", "layer_norm", "ln")
 
 
 def check_weight_files(folder: str | os.PathLike, option: str = "--model") -> None:
@@ -199,17 +265,64 @@ def weights_load_error(name: str, exc: Exception, option: str = "--model") -> Us
     return None
 
 
+def _load_failure(name: str, option: str, what: str, exc: Exception) -> UserError:
+    detail = f"no entry {exc}" if isinstance(exc, KeyError) else " ".join(str(exc).split())[:300] or type(exc).__name__
+    if isinstance(exc, PermissionError):
+        return UserError(f"{option} {name}: permission denied: {exc.filename or first_line(exc)}")
+    if Path(name).is_dir():
+        return UserError(f"{option} {name}: cannot read the {what} in this folder: {detail}")
+    if isinstance(exc, (OSError, ValueError)):
+        return UserError(str(model_load_error(name, exc)).replace("--model", option, 1))
+    return UserError(f"{option} {name}: cannot read the {what}: {detail}")
+
+
+def read_json_file(path: Path, option: str, expect: type = dict) -> Any:
+    """A small JSON file a model folder carries (mirrorbert.json, sentence_bert_config.json, ...): damaged
+    or of the wrong shape is one error line naming the file."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except PermissionError:
+        raise UserError(f"{option}: {path}: permission denied (the file is not readable)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{option}: {path} is damaged (not valid JSON: {first_line(exc)})") from None
+    if not isinstance(value, expect):
+        raise UserError(f"{option}: {path} is damaged (expected a JSON {'object' if expect is dict else expect.__name__})")
+    return value
+
+
+def load_config(name: str, option: str = "--model", overrides: dict[str, Any] | None = None):
+    """AutoConfig of a folder or hub id; a config.json that is not JSON, or holds a value of the wrong type
+    (`"hidden_size": "abc"`), is one error line naming the folder, not the loader's traceback."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name, **(overrides or {}))
+    except Exception as exc:  # noqa: BLE001  transformers raises KeyError/TypeError/its own types for bad files
+        raise _load_failure(name, option, "model configuration (config.json)", exc) from None
+
+
+def load_tokenizer(name: str, option: str = "--model"):
+    """AutoTokenizer of a folder or hub id; a damaged tokenizer file (`tokenizer.json` holding `{}`) is one
+    error line naming the folder."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as exc:  # noqa: BLE001  a damaged tokenizer.json raises KeyError/Exception in tokenizers
+        raise _load_failure(name, option, "tokenizer files", exc) from None
+
+
 def inspect_model(name: str, option: str = "--model", max_length: int | None = None,
                   max_length_option: str = "--max-length", need_mask: bool = False,
-                  mask_option: str = "--mask-span", tokenizer_source: str | None = None) -> tuple[Any, Any]:
+                  mask_option: str = "--mask-span", tokenizer_source: str | None = None,
+                  config_overrides: dict[str, Any] | None = None, warn_decoder: bool = True) -> tuple[Any, Any]:
     """(config, tokenizer) of a model folder or hub id, checked, without loading any weights.
 
-    Raises UserError for: a folder without config.json or tokenizer files, damaged weight files, an
-    empty tokenizer, `max_length` beyond the model's positions, no mask token where masking is asked.
+    Raises UserError for: a folder without config.json or tokenizer files, a config.json or tokenizer file
+    that does not load (bad JSON, a wrong type), weights whose shapes disagree with config.json, damaged
+    weight files, an empty tokenizer, `max_length` beyond the model's positions, no mask token where masking is asked.
     Warns once for a decoder-only model.
     """
-    from transformers import AutoConfig, AutoTokenizer
-
     folder = Path(name)
     if folder.is_dir():
         if not (folder / "config.json").exists():
@@ -218,18 +331,15 @@ def inspect_model(name: str, option: str = "--model", max_length: int | None = N
         if tokenizer_source is None:
             check_tokenizer_files(folder, option)
     check_model_reachable(name)
-    try:
-        config = AutoConfig.from_pretrained(name)
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_source or name)
-    except PermissionError as exc:
-        raise UserError(f"{option} {name}: permission denied: {exc.filename or first_line(exc)}") from None
-    except (OSError, ValueError) as exc:
-        error = model_load_error(name, exc)
-        raise UserError(str(error).replace("--model", option, 1)) from None
+    config = load_config(name, option, config_overrides)
+    tokenizer = load_tokenizer(tokenizer_source or name, option)
+    if folder.is_dir():
+        check_weights_match_config(folder, config, option)
     check_tokenizer(tokenizer, tokenizer_source or name, option)
     check_max_length(max_length, config, max_length_option, name)
     if need_mask and getattr(tokenizer, "mask_token_id", None) is None:
         raise UserError(f"{mask_option}: the tokenizer of {name} has no mask token; masking needs one "
                         "([MASK] or <mask>)")
-    warn_if_decoder(config, name)
+    if warn_decoder:
+        warn_if_decoder(config, name)
     return config, tokenizer

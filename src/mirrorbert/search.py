@@ -251,8 +251,7 @@ class SearchIndex:
 
         ``use_faiss=None`` searches with the index's faiss index if it has one; True builds one if needed.
         """
-        if top_k < 1:
-            raise UserError(f"--top-k must be >= 1, not {top_k}")
+        check_top_k(top_k)
         queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
         if queries.shape[1] != self.dim:
             raise UserError(f"query vectors have dimension {queries.shape[1]}, the index {self.dim}")
@@ -304,12 +303,17 @@ def build_index(encoder, corpus: Sequence[str], *, batch_size: int = 64, use_fai
     return SearchIndex.from_vectors(vectors, corpus, use_faiss=use_faiss, meta=meta)
 
 
+def check_top_k(top_k: Any) -> None:
+    """A whole number >= 1 (2.5 or "3" would fail deep in the ranking, or be silently truncated)."""
+    if not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool) or top_k < 1:
+        raise UserError(f"--top-k must be a whole number >= 1, not {top_k!r}")
+
+
 def search(encoder, queries: str | Sequence[str], corpus_or_index: SearchIndex | Sequence[str], top_k: int = 10, *,
            batch_size: int = 64, use_faiss: bool | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
            show_progress: bool = False) -> list[Hit] | list[list[Hit]]:
     """The ``top_k`` corpus entries nearest (cosine) to each query; one list of hits for a single string."""
-    if top_k < 1:
-        raise UserError(f"--top-k must be >= 1, not {top_k}")
+    check_top_k(top_k)
     index = corpus_or_index
     if not isinstance(index, SearchIndex):
         index = build_index(encoder, index, batch_size=batch_size, use_faiss=use_faiss, show_progress=show_progress)

@@ -30,7 +30,8 @@ def add_search_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="strings per encoding batch (default 64)")
     p.add_argument("--max-length", type=int, help="truncate inputs to N tokens (default: the model's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:1 | mps (default auto)")
-    p.add_argument("--skip-bad-lines", action="store_true", help="skip lines that are not UTF-8")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip lines that are not UTF-8 (hit ids still name the corpus's lines)")
     p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True, help="no progress bar")
     p.set_defaults(func=run_search)
 
@@ -48,13 +49,13 @@ def _read_queries(args) -> list[str]:
     field = args.field if suffix in (".jsonl", ".json") else None
     queries, _ = read_file(args.queries, column=column, field=field, skip_bad_lines=args.skip_bad_lines,
                            option="--queries")
-    if not queries:
+    if not any(q.strip() for q in queries):
         raise UserError(f"--queries {args.queries}: no queries in the file")
     return queries
 
 
 def run_search(args) -> int:
-    from mirrorbert.data import read_file
+    from mirrorbert.data import read_rows
     from mirrorbert.encoder import Encoder
 
     if args.top_k < 1:
@@ -64,14 +65,19 @@ def run_search(args) -> int:
     if args.faiss not in FAISS_CHOICES:
         raise UserError(f"--faiss: expected one of {', '.join(FAISS_CHOICES)}, not {args.faiss!r}")
     use_faiss = FAISS_CHOICES[args.faiss]
+    from mirrorbert.training.device import check_device_and_precision
+
+    check_device_and_precision(args.device)
     if use_faiss:
         from mirrorbert.search import wants_faiss
 
         wants_faiss(True)  # fails now, not after encoding the corpus
     queries = _read_queries(args)
-    corpus, _ = read_file(args.corpus, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
-                          option="--corpus")
-    # blank lines keep their place in the numbering (a hit's id is its line's index) but are never hits
+    rows = read_rows(args.corpus, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
+                     option="--corpus")
+    corpus = rows.texts
+    # blank and skipped lines keep their place in the numbering (a hit's id is its record's index in the
+    # file, rows.ids) but are never hits
     kept = [i for i, text in enumerate(corpus) if text.strip()]
     if not kept:
         raise UserError(f"--corpus {args.corpus}: no entries in the file")
@@ -80,6 +86,6 @@ def run_search(args) -> int:
                                 show_progress=args.show_progress)
     results = encoder.search(queries, index, top_k=args.top_k, batch_size=args.batch_size, use_faiss=use_faiss)
     for query, hits in zip(queries, results):
-        hits = [h._replace(corpus_id=kept[h.corpus_id]) for h in hits]
+        hits = [h._replace(corpus_id=rows.ids[kept[h.corpus_id]]) for h in hits]
         sys.stdout.write(jsonio.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")
     return 0

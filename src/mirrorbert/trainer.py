@@ -80,6 +80,19 @@ class _Plan:
         return [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)][: self.batches_per_epoch]
 
 
+def planned_steps(cfg: TrainConfig, n_strings: int) -> int:
+    """The optimiser steps a run makes: --steps, or the epochs' batches (known before any model loads)."""
+    return cfg.steps or cfg.epochs * _Plan(n_strings, min(cfg.batch_size, n_strings), 0, cfg.seed).batches_per_epoch
+
+
+def check_resume_step(checkpoint: Path, step: int, total: int) -> None:
+    """A checkpoint past the run's end would 'finish' with no training and write a model named after a
+    step it never reached: refuse it before the model loads."""
+    if step > total:
+        raise UserError(f"--resume {checkpoint}: the checkpoint is at step {step}, past the end of this run "
+                        f"(step {total}: --steps/--epochs); ask for more than {step} steps to continue it")
+
+
 def load_model_config(name: str, cfg: TrainConfig | None = None):
     """The model's config, after the cheap checks (tokenizer, max length, mask token) of `preflight`."""
     config, _ = inspect_model(name, max_length=cfg.max_length if cfg else None,
@@ -217,7 +230,9 @@ class MirrorMethod:
         self.encoder.write(folder)
 
     def checkpoint_state(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "next_batch": self.next_batch}
+        # the losses travel with the checkpoint: a run resumed at its last step still reports them
+        return {"epoch": self.epoch, "next_batch": self.next_batch, "loss": self.loss_value,
+                "first_loss": self.first_loss, "mean_loss_last_epoch": self.mean_loss_last_epoch}
 
     def checkpoint_meta(self) -> dict[str, Any]:
         return {"data_sha256": self.fingerprint, "config": self.cfg.to_dict(), "world_size": self.dist.world_size}
@@ -241,6 +256,7 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
         check_resume_config(resume.path, resume.meta.get("config"), cfg.to_dict(), RESUME_HARMLESS)
         if resume.meta.get("data_sha256") not in (None, strings.fingerprint):
             raise UserError(f"--resume {resume.path}: the training data differ from the run that wrote this checkpoint")
+        check_resume_step(resume.path, int(resume.meta.get("step", 0)), planned_steps(cfg, len(strings.strings)))
     encoder, token_ids, views, pooling, drophead = _build_encoder(cfg, strings, resume, device, timer)
     with timer.phase("compile"):
         compiled = cfg.compile and compile_model(
@@ -259,6 +275,9 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     if resume is not None:
         extra = restore_training_state(resume, method.optimizer, method.scheduler, method.scaler)
         engine.step, method.epoch, method.next_batch = extra["step"], extra["epoch"], extra["next_batch"]
+        method.loss_value = extra.get("loss")
+        method.first_loss = extra.get("first_loss", method.first_loss)
+        method.mean_loss_last_epoch = extra.get("mean_loss_last_epoch", method.mean_loss_last_epoch)
         engine.last_checkpoint = resume.path
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, engine.step, method.epoch,
                     method.next_batch)

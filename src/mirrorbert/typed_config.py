@@ -99,4 +99,16 @@ def check_types(instance, where: str | None = None) -> None:
             setattr(instance, key, checked)
 
 
-__all__ = ["check_types", "coerce_mapping", "coerce_value"]
+def check_finite_numbers(instance, options: dict[str, str] | None = None) -> None:
+    """Every number of a config finite: `--lr nan` parses as a float and would train to NaN without a word.
+    `options` maps a field to its option where the two are spelt differently (`lam` -> `--lambda`)."""
+    import math
+
+    for key in field_types(type(instance)):
+        value = getattr(instance, key)
+        if isinstance(value, float) and not math.isfinite(value):
+            option = (options or {}).get(key, "--" + key.replace("_", "-"))
+            raise UserError(f"{option}: must be a finite number, not {value}")
+
+
+__all__ = ["check_finite_numbers", "check_types", "coerce_mapping", "coerce_value"]

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from mirrorbert import jsonio
+from mirrorbert.data import read_text_lines
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets as ds
 from mirrorbert.evaluation.retrieval import DEFAULT_CHUNK_SIZE, cosine_topk
@@ -133,15 +134,14 @@ def load_dictionary(path: str | os.PathLike[str]) -> Dictionary:
     """Dictionary file ``CUI[|CUI...]||name`` (one name per line); repeated names merge their CUIs."""
     path = Path(path)
     builder = _DictionaryBuilder()
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            fields = line.split("||")
-            if len(fields) != 2:
-                raise UserError(f"{path}:{lineno}: expected 'CUI[|CUI...]||name', got {line[:80]!r}")
-            builder.add(fields[1], _split_ids(fields[0].replace("+", "|")))
+    for lineno, line in enumerate(read_text_lines(path), 1):
+        line = line.strip()
+        if not line:
+            continue
+        fields = line.split("||")
+        if len(fields) != 2:
+            raise UserError(f"{path}:{lineno}: expected 'CUI[|CUI...]||name', got {line[:80]!r}")
+        builder.add(fields[1], _split_ids(fields[0].replace("+", "|")))
     dictionary = builder.build()
     if not len(dictionary):
         raise UserError(f"{path}: empty dictionary")
@@ -171,18 +171,17 @@ def load_queries(path: str | os.PathLike[str]) -> list[Query]:
     """Query file ``mention||gold[||...]`` (BioSyn/kNN-BioEL layout; extra fields are ignored)."""
     path = Path(path)
     queries: list[Query] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                continue
-            fields = line.split("||")
-            if len(fields) < 2:
-                raise UserError(f"{path}:{lineno}: expected 'mention||CUI[...]', got {line[:80]!r}")
-            try:
-                queries.append(make_query(fields[0], fields[1]))
-            except ValueError:
-                raise UserError(f"{path}:{lineno}: empty mention or CUI field") from None
+    for lineno, line in enumerate(read_text_lines(path), 1):
+        line = line.rstrip("\n")
+        if not line.strip():
+            continue
+        fields = line.split("||")
+        if len(fields) < 2:
+            raise UserError(f"{path}:{lineno}: expected 'mention||CUI[...]', got {line[:80]!r}")
+        try:
+            queries.append(make_query(fields[0], fields[1]))
+        except ValueError:
+            raise UserError(f"{path}:{lineno}: empty mention or CUI field") from None
     if not queries:
         raise UserError(f"{path}: no queries")
     return queries
@@ -199,26 +198,25 @@ def load_medic(path: str | os.PathLike[str]) -> list[tuple[list[str], list[str]]
     """
     path = Path(path)
     concepts: list[tuple[list[str], list[str]]] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip() or line.startswith("#"):
-                continue
-            if "\t" in line:
-                cols = line.split("\t")
-                if len(cols) < 2:
-                    raise UserError(f"{path}:{lineno}: expected CTD MEDIC TSV columns, got {line[:80]!r}")
-                ids = [cols[1]] + (_split_ids(cols[2]) if len(cols) > 2 else [])
-                names = [cols[0]] + (cols[7].split("|") if len(cols) > 7 and cols[7] else [])
-            else:
-                fields = line.split("||")
-                if len(fields) != 2:
-                    raise UserError(f"{path}:{lineno}: expected 'IDs||name|synonym...' or CTD TSV, got {line[:80]!r}")
-                ids, names = _split_ids(fields[0]), fields[1].split("|")
-            ids = [_strip_prefix(i.strip()) for i in ids if i.strip()]
-            names = [n for n in names if n.strip()]
-            if ids and names:
-                concepts.append((ids, names))
+    for lineno, line in enumerate(read_text_lines(path), 1):
+        line = line.rstrip("\n")
+        if not line.strip() or line.startswith("#"):
+            continue
+        if "\t" in line:
+            cols = line.split("\t")
+            if len(cols) < 2:
+                raise UserError(f"{path}:{lineno}: expected CTD MEDIC TSV columns, got {line[:80]!r}")
+            ids = [cols[1]] + (_split_ids(cols[2]) if len(cols) > 2 else [])
+            names = [cols[0]] + (cols[7].split("|") if len(cols) > 7 and cols[7] else [])
+        else:
+            fields = line.split("||")
+            if len(fields) != 2:
+                raise UserError(f"{path}:{lineno}: expected 'IDs||name|synonym...' or CTD TSV, got {line[:80]!r}")
+            ids, names = _split_ids(fields[0]), fields[1].split("|")
+        ids = [_strip_prefix(i.strip()) for i in ids if i.strip()]
+        names = [n for n in names if n.strip()]
+        if ids and names:
+            concepts.append((ids, names))
     if not concepts:
         raise UserError(f"{path}: no MEDIC concepts")
     return concepts
@@ -253,38 +251,37 @@ def read_pubtator(path: str | os.PathLike[str]) -> list[PubTatorDocument]:
     path = Path(path)
     docs: list[PubTatorDocument] = []
     current: PubTatorDocument | None = None
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
-            if not line.strip():
-                current = None
-                continue
-            if "\t" not in line:
-                m = re.match(r"^([^|]+)\|([ta])\|(.*)$", line)
-                if not m:
-                    raise UserError(f"{path}:{lineno}: not a PubTator title/abstract line: {line[:80]!r}")
-                pmid, kind, text = m.groups()
-                if current is None or current.pmid != pmid:
-                    current = PubTatorDocument(pmid, "", "", [])
-                    docs.append(current)
-                if kind == "t":
-                    current.title = text
-                else:
-                    current.abstract = text
-                continue
-            cols = line.split("\t")
-            if len(cols) == 4:
-                continue
-            if len(cols) not in (6, 7) or current is None or cols[0] != current.pmid:
-                raise UserError(f"{path}:{lineno}: not a PubTator annotation line of the current document: {line[:60]!r}")
-            try:
-                start, end = int(cols[1]), int(cols[2])
-            except ValueError:
-                raise UserError(f"{path}:{lineno}: bad offsets in {line[:80]!r}") from None
-            individual = tuple(cols[6].split("|")) if len(cols) == 7 and cols[6].strip() else ()
-            current.mentions.append(
-                PubTatorMention(cols[0], start, end, cols[3], cols[4], tuple(_split_ids(cols[5])), individual)
-            )
+    for lineno, line in enumerate(read_text_lines(path), 1):
+        line = line.rstrip("\n")
+        if not line.strip():
+            current = None
+            continue
+        if "\t" not in line:
+            m = re.match(r"^([^|]+)\|([ta])\|(.*)$", line)
+            if not m:
+                raise UserError(f"{path}:{lineno}: not a PubTator title/abstract line: {line[:80]!r}")
+            pmid, kind, text = m.groups()
+            if current is None or current.pmid != pmid:
+                current = PubTatorDocument(pmid, "", "", [])
+                docs.append(current)
+            if kind == "t":
+                current.title = text
+            else:
+                current.abstract = text
+            continue
+        cols = line.split("\t")
+        if len(cols) == 4:
+            continue
+        if len(cols) not in (6, 7) or current is None or cols[0] != current.pmid:
+            raise UserError(f"{path}:{lineno}: not a PubTator annotation line of the current document: {line[:60]!r}")
+        try:
+            start, end = int(cols[1]), int(cols[2])
+        except ValueError:
+            raise UserError(f"{path}:{lineno}: bad offsets in {line[:80]!r}") from None
+        individual = tuple(cols[6].split("|")) if len(cols) == 7 and cols[6].strip() else ()
+        current.mentions.append(
+            PubTatorMention(cols[0], start, end, cols[3], cols[4], tuple(_split_ids(cols[5])), individual)
+        )
     return docs
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mirrorbert.data import read_text_lines
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets as ds
 from mirrorbert.evaluation.retrieval import DEFAULT_CHUNK_SIZE, csls_topk, l2_normalize
@@ -42,15 +43,14 @@ def load_bli_dictionary(path: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """``source TAB target`` pairs of a Glavaš et al. dictionary file (blank lines ignored)."""
     path = Path(path)
     pairs: list[tuple[str, str]] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line.strip():
-                continue
-            cols = line.split("\t")
-            if len(cols) != 2 or not cols[0].strip() or not cols[1].strip():
-                raise UserError(f"{path}:{lineno}: expected 'source<TAB>target', got {line[:80]!r}")
-            pairs.append((cols[0].strip(), cols[1].strip()))
+    for lineno, line in enumerate(read_text_lines(path), 1):
+        line = line.rstrip("\n").rstrip("\r")
+        if not line.strip():
+            continue
+        cols = line.split("\t")
+        if len(cols) != 2 or not cols[0].strip() or not cols[1].strip():
+            raise UserError(f"{path}:{lineno}: expected 'source<TAB>target', got {line[:80]!r}")
+        pairs.append((cols[0].strip(), cols[1].strip()))
     if not pairs:
         raise UserError(f"{path}: no word pairs")
     return pairs

@@ -112,6 +112,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.xling_pairs:
         options.setdefault("wordsim", {})["cross_lingual"] = args.xling_pairs
     check_task_options(options)  # before any model is loaded
+    datasets.check_eval_files(data_dir, tasks)
     with _write_plan(args, data_dir, options).locked():
         return _run_eval(args, tasks, data_dir, options)
 

@@ -301,3 +301,25 @@ def registry_markdown() -> str:
         files = ", ".join(f"`{f}`" for f in e.files[:4]) + (", ..." if len(e.files) > 4 else "")
         lines.append(f"| {e.name} | `{e.folder}` | {files} | {e.official_source} | {e.licence} |")
     return "\n".join(lines)
+
+
+def check_eval_files(root: str | os.PathLike, tasks) -> int:
+    """Every present file of the selected tasks' sets checked for UTF-8 before any model is loaded, so a
+    damaged set is one error naming its file and line at the start, not a failure after the model and the
+    tasks before it ran. Returns the number of files checked (absent sets are the tasks' own business:
+    they are reported as skipped)."""
+    from mirrorbert.data import check_utf8_file
+
+    root = Path(root)
+    wanted = set(tasks)
+    checked = 0
+    for info in REGISTRY.values():
+        if info.folder.split("/")[0] not in wanted:
+            continue
+        for name in info.files:
+            path = root / info.folder / name
+            if path.is_file():
+                check_utf8_file(path, "--data-dir", hint="fix or replace this evaluation file")
+                checked += 1
+    return checked
+

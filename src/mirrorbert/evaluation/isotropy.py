@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from mirrorbert.data import read_text_lines
 from mirrorbert.errors import UserError
 from mirrorbert.evaluation.sts import (
     TaskMetrics,
@@ -94,8 +95,7 @@ def _read_texts(path: str | Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"isotropy texts file not found: {path}")
-    with open(path, encoding="utf-8") as f:
-        return [line.strip() for line in f if line.strip()]
+    return [line.strip() for line in read_text_lines(path) if line.strip()]
 
 
 def evaluate_isotropy(

@@ -381,6 +381,21 @@ class GenerationConfig:
     batch_size: int = 32
     max_length: int = 256
 
+    def validate(self) -> None:
+        """Each value checked once, where lexsub starts (CLI or Python), naming its option."""
+        from mirrorbert.typed_config import check_finite_numbers
+
+        check_finite_numbers(self)
+        for part in self.post:
+            if part not in ("emb", "valid"):
+                raise UserError(f"--post: unknown post-processing {part!r}; choose from emb, valid, none")
+        if self.emb_temperature <= 0:
+            raise UserError(f"--emb-temperature must be > 0, got {self.emb_temperature}")
+        for name in ("valid_top", "pool", "keep", "batch_size", "max_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+
 
 def word_candidates(tokenizer) -> tuple[list[int], list[str]]:
     """Vocabulary ids that are whole alphabetic words, and the words (lower-cased)."""
@@ -623,6 +638,8 @@ def evaluate_lexsub(
     from mirrorbert.gloss.wordnet import WordNet
     from mirrorbert.training.device import resolve_device
 
+    config = config or GenerationConfig()
+    config.validate()
     items = load_lexsub(dataset, data_dir)
     wn = WordNet.load(data_dir)
     if limit:
@@ -630,7 +647,7 @@ def evaluate_lexsub(
     dev = resolve_device(device)
     from mirrorbert.preflight import first_line, inspect_model, weights_load_error
 
-    inspect_model(str(model_path), need_mask=True, mask_option="--model")  # before the weights load
+    inspect_model(str(model_path), need_mask=True, mask_option="--model")  # before the weights load (max_length: capped)
     try:
         tok = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForMaskedLM.from_pretrained(model_path)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from mirrorbert.data import read_text_lines
 from mirrorbert.errors import UserError
 from mirrorbert.evaluation import datasets
 from mirrorbert.evaluation.sts import TaskMetrics, TextEncoder, pair_similarities
@@ -30,24 +31,24 @@ def load_qnli(path: str | Path) -> tuple[list[str], list[str], np.ndarray]:
     questions: list[str] = []
     sentences: list[str] = []
     labels: list[int] = []
-    with open(path, encoding="utf-8") as f:
-        header = f.readline().rstrip("\n\r").split("\t")
-        try:
-            iq, isent, ilab = header.index("question"), header.index("sentence"), header.index("label")
-        except ValueError:
-            raise UserError(f"{path}:1: expected a header with question, sentence, label") from None
-        for lineno, line in enumerate(f, start=2):
-            if not line.strip():
-                continue
-            fields = line.rstrip("\n\r").split("\t")
-            if len(fields) <= max(iq, isent, ilab):
-                raise UserError(f"{path}:{lineno}: expected {len(header)} TAB-separated fields, got {len(fields)}")
-            label = fields[ilab].strip()
-            if label not in (POSITIVE, NEGATIVE):
-                raise UserError(f"{path}:{lineno}: label must be {POSITIVE} or {NEGATIVE}, got {label!r}")
-            questions.append(fields[iq])
-            sentences.append(fields[isent])
-            labels.append(1 if label == POSITIVE else 0)
+    lines = read_text_lines(path)
+    header = (lines[0] if lines else "").split("\t")
+    try:
+        iq, isent, ilab = header.index("question"), header.index("sentence"), header.index("label")
+    except ValueError:
+        raise UserError(f"{path}:1: expected a header with question, sentence, label") from None
+    for lineno, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        fields = line.rstrip("\n\r").split("\t")
+        if len(fields) <= max(iq, isent, ilab):
+            raise UserError(f"{path}:{lineno}: expected {len(header)} TAB-separated fields, got {len(fields)}")
+        label = fields[ilab].strip()
+        if label not in (POSITIVE, NEGATIVE):
+            raise UserError(f"{path}:{lineno}: label must be {POSITIVE} or {NEGATIVE}, got {label!r}")
+        questions.append(fields[iq])
+        sentences.append(fields[isent])
+        labels.append(1 if label == POSITIVE else 0)
     return questions, sentences, np.asarray(labels, dtype=np.int64)
 
 

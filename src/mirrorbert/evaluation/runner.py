@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorbert import jsonio
-from mirrorbert.errors import DatasetMissing, UserError
+from mirrorbert.errors import DatasetMissing, NonFiniteEmbeddings, UserError
 from mirrorbert.scores import format_value
 from mirrorbert.evaluation import datasets
 
@@ -68,7 +68,7 @@ def check_task_options(options: Mapping[str, Mapping[str, Any]]) -> None:
 
     unknown = [k for k in options if k not in TASKS]
     if unknown:
-        raise UserError(f"options given for unknown task(s): {', '.join(unknown)}")
+        raise UserError(f"--option: options given for unknown task(s): {', '.join(unknown)}; tasks: {', '.join(TASKS)}")
     for task, values in options.items():
         params = inspect.signature(get_task(task)).parameters
         # `**_` is how tasks ignore the runner's common keywords; any other **kwargs takes anything
@@ -80,6 +80,9 @@ def check_task_options(options: Mapping[str, Mapping[str, Any]]) -> None:
             if key not in accepted:
                 raise UserError(f"--option {task}.{key}: the {task} task has no option {key!r} "
                                 f"(its options: {', '.join(accepted)})")
+        check = getattr(importlib.import_module(TASKS[task].split(":")[0]), "check_options", None)
+        if check is not None:  # the values, where the task module can tell (set names, languages, pairs)
+            check(**values)
 
 
 @dataclass
@@ -249,6 +252,7 @@ def evaluate(
         encoder = load_model(str(encoder))
     options = {k: dict(v) for k, v in (task_options or {}).items()}
     check_task_options(options)
+    datasets.check_eval_files(root, names)
     if plot_dir is None and report is not None:
         plot_dir = Path(report).with_name(Path(report).stem + "_files")
     from mirrorbert.safety import WritePlan, atomic_output_dir, write_text_atomic
@@ -301,6 +305,8 @@ def _run_tasks(encoder: Any, names: list[str], root: Path, options: dict[str, di
                 skipped_parts=dict(getattr(result, "skipped", {}) or {}),
                 artifacts=dict(getattr(result, "artifacts", {}) or {}),
             )
+        except NonFiniteEmbeddings:
+            raise  # every task would score NaN: stop with one error line, never print NaN as a result
         except DatasetMissing as exc:
             logger.warning("%s skipped: %s", name, exc)
             outcome = TaskOutcome(name, "skipped", message=str(exc))

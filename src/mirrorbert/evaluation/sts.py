@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mirrorbert.data import read_text_lines
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets
 
@@ -126,8 +127,7 @@ def _normalise_space(text: str) -> str:
 
 
 def _read_lines(path: Path) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return f.read().splitlines()
+    return read_text_lines(path)
 
 
 def _to_float(value: str, path: Path, lineno: int) -> float:
@@ -273,6 +273,14 @@ def load_set(data_dir: str | Path | None, name: str, split: str = "test") -> Pai
 def stsb_dev_score(encoder: TextEncoder, data_dir: str | Path | None, batch_size: int = 64) -> float:
     """STS-B dev Spearman (fraction): the model-selection signal used during training."""
     return score_pairs(encoder, load_set(data_dir, "stsb", "dev"), batch_size=batch_size)
+
+
+def check_options(sets: Iterable[str] | None = None, **_: Any) -> None:
+    """The set names checked before any model loads (the runner calls this for `--sts-sets`/`--option`)."""
+    for name in sets or []:
+        if name not in datasets.REGISTRY or not (name in ENGLISH_SETS or name in OTHER_LANGUAGE_SETS):
+            raise UserError(f"--sts-sets: unknown STS set {name!r}; known: "
+                            f"{', '.join(ENGLISH_SETS + OTHER_LANGUAGE_SETS)}")
 
 
 def evaluate_sts(

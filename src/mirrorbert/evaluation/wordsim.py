@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from mirrorbert.data import read_text_lines
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets
 from mirrorbert.evaluation.sts import TaskMetrics, TextEncoder, encode_unique, spearman, unit_rows
@@ -83,8 +84,7 @@ def clean_word(cell: str) -> str:
 
 
 def _read_rows(path: Path) -> list[list[str]]:
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n\r").split("\t") for line in f]
+    return [line.split("\t") for line in read_text_lines(path)]
 
 
 def _float(value: str, path: Path, lineno: int) -> float:
@@ -100,17 +100,16 @@ def load_word_pairs(path: str | Path) -> WordPairs:
     w1: list[str] = []
     w2: list[str] = []
     scores: list[float] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            fields = line.split("\t") if "\t" in line else line.split()
-            fields = [x.strip() for x in fields]
-            if not any(fields):
-                continue
-            if len(fields) < 3:
-                raise UserError(f"{path}:{lineno}: expected 'w1 w2 score', got {len(fields)} field(s)")
-            w1.append(fields[0])
-            w2.append(fields[1])
-            scores.append(_float(fields[2], path, lineno))
+    for lineno, line in enumerate(read_text_lines(path), start=1):
+        fields = line.split("\t") if "\t" in line else line.split()
+        fields = [x.strip() for x in fields]
+        if not any(fields):
+            continue
+        if len(fields) < 3:
+            raise UserError(f"{path}:{lineno}: expected 'w1 w2 score', got {len(fields)} field(s)")
+        w1.append(fields[0])
+        w2.append(fields[1])
+        scores.append(_float(fields[2], path, lineno))
     return WordPairs(w1, w2, np.asarray(scores, dtype=np.float64))
 
 
@@ -228,6 +227,28 @@ def _parse_pair(spec: str) -> tuple[str, str]:
     if len(parts) != 2:
         raise UserError(f"cross-lingual pair {spec!r}: expected 'L1-L2', e.g. 'en-fr'")
     return _lang_code(parts[0]), _lang_code(parts[1])
+
+
+def check_options(sets: Iterable[str] | None = None, languages: Iterable[str] | None = None,
+                  cross_lingual: Iterable[str] | str | None = None, **_: Any) -> None:
+    """The option values checked before any model loads (the runner calls this for `--option`,
+    `--wordsim-languages` and `--xling-pairs`)."""
+    for name in sets or []:
+        if name not in ENGLISH_SETS and name != "multisimlex":
+            raise UserError(f"--option wordsim.sets: unknown word-similarity set {name!r}; known: "
+                            f"{', '.join([*ENGLISH_SETS, 'multisimlex'])}")
+    try:
+        for language in languages or []:
+            _lang_code(language)
+    except UserError as exc:
+        raise UserError(f"--wordsim-languages: {exc}") from None
+    if isinstance(cross_lingual, str):
+        cross_lingual = [p for p in cross_lingual.split(",") if p.strip()]
+    try:
+        for pair in cross_lingual or []:
+            _parse_pair(pair)
+    except UserError as exc:
+        raise UserError(f"--xling-pairs: {exc}") from None
 
 
 def evaluate_wordsim(

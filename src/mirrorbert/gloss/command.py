@@ -48,7 +48,7 @@ def add_gloss_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also mask this fraction of the other tokens, BERT-style 80/10/10 (default 0: target only)")
     m.add_argument("--no-hard-negatives", dest="hard_negatives", action="store_false", default=True,
                    help="do not add another gloss of the same word as a negative")
-    m.add_argument("--max-length", type=int, default=d.max_length, help=f"sentence tokens (default {d.max_length})")
+    m.add_argument("--max-length", type=int, default=d.max_length, help=f"sentence tokens, at most the model's positions (default {d.max_length})")
     m.add_argument("--max-gloss-length", type=int, default=d.max_gloss_length,
                    help=f"gloss tokens (default {d.max_gloss_length})")
     o = p.add_argument_group("optimisation")
@@ -116,7 +116,8 @@ def add_lexsub_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--valid-top", type=int, default=ls.DEFAULT_VALID_TOP,
                    help=f"how many top candidates 'valid' re-ranks (default {ls.DEFAULT_VALID_TOP})")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass")
-    p.add_argument("--max-length", type=int, default=256, help="truncate sentences to N tokens")
+    p.add_argument("--max-length", type=int, default=256,
+                   help="truncate sentences to N tokens (at most the model's positions)")
     p.add_argument("--device", default=None, help="auto | cpu | cuda | mps (default auto)")
     p.add_argument("--limit", type=int, help="score only the first N items (smoke tests)")
     p.add_argument("--output", help="folder for system files in the official format (<set>.best, <set>.oot) and scores")
@@ -161,6 +162,10 @@ def run_lexsub(args: argparse.Namespace) -> int:
         valid_weight=args.valid_weight, valid_top=args.valid_top, batch_size=args.batch_size,
         max_length=args.max_length,
     )
+    cfg.validate()
+    from mirrorbert.training.device import check_device_and_precision
+
+    check_device_and_precision(args.device)
     names = [resolve_dataset(n.strip()) for n in args.dataset.split(",") if n.strip()]
     results = {}
     with _write_plan(args).folder("--output", args.output).locked(), contextlib.ExitStack() as stack:
@@ -205,7 +210,8 @@ def add_finetune_sts_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sentence pairs per step")
     p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate")
     p.add_argument("--warmup", type=float, default=d.warmup, help="warmup fraction (default 0.1)")
-    p.add_argument("--max-length", type=int, default=d.max_length, help="truncate sentences to N tokens")
+    p.add_argument("--max-length", type=int, default=d.max_length,
+                   help="truncate sentences to N tokens (at most the model's positions)")
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:1 | mps")
     p.add_argument("--precision", default=d.precision, help="fp32 | bf16 | fp16 (GPU only)")
     p.add_argument("--output", help="write the results as JSON to this file")

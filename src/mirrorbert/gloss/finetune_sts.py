@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorbert.errors import UserError
+from mirrorbert.typed_config import check_finite_numbers
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,15 @@ class FinetuneStsConfig:
             raise UserError("--epochs must be >= 1, --batch-size >= 2 and --lr > 0")
         if not 0.0 <= self.warmup < 1.0:
             raise UserError(f"--warmup must be in [0, 1), got {self.warmup}")
+        check_finite_numbers(self)
+        if self.weight_decay < 0:
+            raise UserError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        for name in ("max_length", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        from mirrorbert.training.device import check_device_and_precision  # torch: not at --help time
+
+        check_device_and_precision(self.device, self.precision)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from typing import Any
 
 from mirrorbert import jsonio
 from mirrorbert.errors import UserError
+from mirrorbert.typed_config import check_finite_numbers
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,18 @@ class GlossPretrainConfig:
             raise UserError("--tau and --lr must be > 0 and --lambda >= 0")
         if self.save_every < 0:
             raise UserError(f"--save-every must be >= 0, got {self.save_every}")
+        check_finite_numbers(self, {"lam": "--lambda"})
+        if self.weight_decay < 0:
+            raise UserError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        if self.max_grad_norm <= 0:
+            raise UserError(f"--max-grad-norm must be > 0, got {self.max_grad_norm}")
+        if self.seed < 0:
+            raise UserError(f"--seed must be >= 0, got {self.seed}")
+        if not 0.0 <= self.holdout < 1.0:
+            raise UserError(f"--holdout must be a fraction in [0, 1), got {self.holdout}")
+        from mirrorbert.training.device import check_device_and_precision  # torch: not at --help time
+
+        check_device_and_precision(self.device, self.precision)
 
     def resolved_checkpoint_dir(self) -> Path:
         from mirrorbert.safety import default_checkpoint_dir

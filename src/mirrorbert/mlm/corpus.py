@@ -93,8 +93,15 @@ def check_corpus_files(paths: Sequence[str | Path]) -> list[Path]:
             raise UserError(f"--corpus {path}: not a regular file")
         # the same rule as `train --data`: a binary or mis-encoded corpus is refused, not tokenised as U+FFFD
         check_utf8_file(path, "--corpus", hint="convert the file to UTF-8 (e.g. iconv -c -f utf-8 -t utf-8)")
+        if not _has_text(path):
+            raise UserError(f"--corpus {path}: no text in the file (it is empty or every line is blank)")
         out.append(path)
     return out
+
+
+def _has_text(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return any(raw.strip() for raw in fh)
 
 
 def _has_blank_separators(path: Path) -> bool:

@@ -129,6 +129,7 @@ def validate(cfg: PretrainConfig) -> None:
 
     check(bool(cfg.corpus), "corpus", "give at least one corpus file (UTF-8 text, one sentence per line)")
     check(bool(cfg.output), "output", "required: the folder to write the pre-trained model to")
+    check(isinstance(cfg.seed, int) and cfg.seed >= 0, "seed", f"must be an integer >= 0, not {cfg.seed!r}")
     check((cfg.model is None) != (cfg.architecture is None), "model",
           "give exactly one of --model (continue pre-training an MLM) or --architecture (from scratch)")
     check(cfg.architecture is None or cfg.tokenizer is not None, "tokenizer",
@@ -232,7 +233,7 @@ def build_model(cfg: PretrainConfig):
         except ValueError as exc:
             raise UserError(f"--architecture {cfg.architecture}: no masked-LM head for this config ({exc})") from None
         return model, tokenizer, f"{cfg.architecture} (from scratch)"
-    from mirrorbert.encoder import model_load_error, check_model_reachable
+    from mirrorbert.preflight import check_model_reachable, model_load_error
 
     name = cfg.model
     if Path(name).is_dir() and not (Path(name) / "config.json").exists():

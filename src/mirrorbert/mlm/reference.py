@@ -110,7 +110,7 @@ def ensure_reference_mlm(work: Path, data_dir: Path, build_corpus: Callable[[Pat
 def model_or_fallback(model: str, work: Path, data_dir: Path, build_corpus: Callable[[Path], None],
                       plan: ReferencePlan | None = None, say: Callable[[str], None] = print) -> str:
     """``model`` if it can be loaded here, else (in one line of ``say``) the offline reference MLM."""
-    from mirrorbert.encoder import check_model_reachable
+    from mirrorbert.preflight import check_model_reachable
 
     try:
         check_model_reachable(model)

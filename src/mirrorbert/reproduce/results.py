@@ -45,6 +45,11 @@ class ReproduceConfig:
             raise UserError(f"--experiments: unknown experiment(s) {', '.join(unknown)}; known: {', '.join(known)}")
         if not self.seeds:
             raise UserError("--seeds: give at least one seed")
+        if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise UserError(f"--seeds {self.seeds!r}: seeds are integers >= 0")
+        from mirrorbert.training.device import check_device_and_precision
+
+        check_device_and_precision(self.device)
         bs = self.eval_batch_size
         if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
             raise UserError(f"--eval-batch-size {bs!r}: must be an integer >= 1")

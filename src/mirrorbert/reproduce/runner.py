@@ -501,7 +501,7 @@ def _reproduce(cfg: ReproduceConfig, experiments: list[str], data_dir: Path, out
         data_dir = quick_data_dir(data_dir, out / "data" / "quick", quick)
     ctx = _Context(cfg, data_dir, out, quick)
     if not Path(cfg.model).exists():
-        from mirrorbert.encoder import check_model_reachable
+        from mirrorbert.preflight import check_model_reachable
 
         check_model_reachable(cfg.model)
     cells, skipped = build_cells(experiments, data_dir, out, _model_type(cfg.model), quick)

@@ -41,6 +41,15 @@ def check_precision(precision: str, device: torch.device) -> None:
         raise UserError(f"--precision fp16 needs a CUDA GPU (device is {device.type}); use bf16 or fp32")
 
 
+def check_device_and_precision(device: str | None, precision: str | None = None) -> torch.device:
+    """Both options checked where a command starts, before anything is read or loaded (`--device gpu9` used
+    to fail only when the model was moved there)."""
+    resolved = resolve_device(device)
+    if precision not in (None, "auto"):
+        check_precision(precision, resolved)
+    return resolved
+
+
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """Mixed precision for the forward pass; fp32 is a no-op context."""
     if precision == "fp32":
