@@ -303,7 +303,7 @@ def build_cases(env: dict[str, Path]) -> list[Case]:
                 values += BAD_FLOAT
             elif action.choices:
                 values.append("bogus-choice")
-            for value in values + EXTRA_BAD.get(command, {}).get(option, []):
+            for value in dict.fromkeys(values + EXTRA_BAD.get(command, {}).get(option, [])):  # each once
                 if (command, option, value) in NOT_MISTAKES:
                     continue
                 concrete, name = _value(env, command, value, argv)

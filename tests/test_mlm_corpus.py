@@ -149,7 +149,8 @@ def test_missing_and_empty_corpus(tmp_path, tiny_bert):
     empty.write_text("\n   \n\n", encoding="utf-8")
     with pytest.raises(UserError, match="empty"):
         prepare_corpus(empty, tok, tmp_path / "cache", show_progress=False)
-    assert not any(p.name.startswith("empty-") for p in (tmp_path / "cache").iterdir())
+    cache = tmp_path / "cache"  # refused before any cache is written
+    assert not cache.exists() or not any(p.name.startswith("empty-") for p in cache.iterdir())
 
 
 def test_token_dtype_and_epoch_order():

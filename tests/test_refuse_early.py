@@ -275,3 +275,73 @@ def test_any_value_of_any_option_is_accepted_or_one_error_line(hostile_env, choi
     assert outcome.kind in (table.REFUSED, table.UNNAMED, table.ACCEPTED), (argv, outcome.kind, outcome.err[-2000:])
     if outcome.kind == table.ACCEPTED:
         assert outcome.rc in (None, 0), (argv, outcome.rc, outcome.err[-2000:])  # None: reached the work
+
+
+def test_encode_search_and_eval_options_are_typed_and_checked_at_construction():
+    from mirrorbert.command_options import EncodeOptions, EvalOptions, SearchOptions
+
+    assert EncodeOptions(model="m", input="in.txt", output="out.npy").batch_size == 64
+    for kwargs, message in [({"output": "out.txt"}, "--output"), ({"batch_size": 0}, "--batch-size"),
+                            ({"batch_size": "8"}, "--batch-size"), ({"precision": "fp8"}, "--precision"),
+                            ({"packing": "yes"}, "--packing"), ({"pooling": "max"}, "--pooling"),
+                            ({"model": ""}, "--model"), ({"normalize": "yes"}, "--normalize")]:
+        with pytest.raises(ValueError, match=message):
+            EncodeOptions(**{"model": "m", "input": "in.txt", "output": "out.npy", **kwargs})
+    for kwargs, message in [({"top_k": 2.5}, "--top-k"), ({"faiss": "maybe"}, "--faiss"),
+                            ({"query": None}, "--query"), ({"queries": "q.txt"}, "--query")]:
+        with pytest.raises(ValueError, match=message):
+            SearchOptions(**{"model": "m", "corpus": "c.txt", "query": ["a"], **kwargs})
+    for kwargs, message in [({"tasks": ["bogus"]}, "--tasks"), ({"tasks": []}, "--tasks"),
+                            ({"max_length": 0}, "--max-length"), ({"backend": "onnx"}, "--backend")]:
+        with pytest.raises(ValueError, match=message):
+            EvalOptions(**{"model": "m", "tasks": ["sts"], **kwargs})
+
+
+def _python_configs():
+    from mirrorbert.command_options import EncodeOptions, EvalOptions, SearchOptions
+    from mirrorbert.config import TrainConfig
+    from mirrorbert.evaluation.lexsub import GenerationConfig
+    from mirrorbert.gloss.finetune_sts import FinetuneStsConfig
+    from mirrorbert.gloss.pretrain import GlossPretrainConfig
+    from mirrorbert.mlm.pretrain import PretrainConfig, validate as validate_pretrain
+    from mirrorbert.reproduce.results import ReproduceConfig
+
+    def checked(cls, validate=None):
+        def build(**values):
+            instance = cls(**values)
+            (validate or getattr(instance, "validate", lambda: None))(*([instance] if validate else []))
+        return build
+
+    base = {"model": "m", "output": "o.npy", "input": "i.txt", "corpus": ["c.txt"], "query": ["q"],
+            "tasks": ["sts"]}
+    return [
+        (TrainConfig, checked(TrainConfig), {"model": "m"}),
+        (EncodeOptions, checked(EncodeOptions), {k: base[k] for k in ("model", "output", "input")}),
+        (SearchOptions, checked(SearchOptions), {"model": "m", "corpus": "c.txt", "query": ["q"]}),
+        (EvalOptions, checked(EvalOptions), {"model": "m", "tasks": ["sts"]}),
+        (GlossPretrainConfig, checked(GlossPretrainConfig), {"model": "m", "output": "o"}),
+        (FinetuneStsConfig, checked(FinetuneStsConfig), {"model": "m"}),
+        (GenerationConfig, checked(GenerationConfig), {}),
+        (PretrainConfig, checked(PretrainConfig, validate_pretrain), {"corpus": ("c.txt",), "output": "o", "model": "m"}),
+        (ReproduceConfig, checked(ReproduceConfig), {"model": "m", "output": "o"}),
+    ]
+
+
+ANY_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
+                      st.text(max_size=8), st.lists(st.integers(), max_size=2), st.just({"a": 1}))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_python_configs_take_any_value_or_raise_a_value_error(data):
+    """Every Python config of every command: any value of any field either builds a valid config or raises
+    `UserError`/`TypeError`/`ValueError` at the call, never another exception."""
+    import dataclasses
+
+    cls, build, required = data.draw(st.sampled_from(_python_configs()))
+    name = data.draw(st.sampled_from([f.name for f in dataclasses.fields(cls)]))
+    values = {**required, name: data.draw(ANY_VALUE)}
+    try:
+        build(**values)
+    except UserError:
+        pass

@@ -200,7 +200,7 @@ def test_cli_search_query_and_queries_file(tiny_bert, tiny_encoder, corpus, tmp_
     [
         (lambda d: ["--corpus", str(d / "missing.txt"), "--query", "x"], "--corpus .*no such file"),
         (lambda d: ["--corpus", str(d / "empty.txt"), "--query", "x"], "--corpus .*empty"),
-        (lambda d: ["--corpus", str(d / "corpus.txt"), "--query", "x", "--top-k", "0"], "--top-k must be >= 1"),
+        (lambda d: ["--corpus", str(d / "corpus.txt"), "--query", "x", "--top-k", "0"], "--top-k must be a whole number >= 1"),
         (lambda d: ["--corpus", str(d / "corpus.txt")], "either --query"),
         (lambda d: ["--corpus", str(d / "corpus.txt"), "--query", "x", "--queries", str(d / "corpus.txt")], "either --query"),
         (lambda d: ["--corpus", str(d / "corpus.txt"), "--queries", str(d / "nope.txt")], "--queries .*no such file"),

@@ -231,31 +231,28 @@ def rows_file(output: Path) -> Path:
 def run_encode(args) -> int:
     import numpy as np
 
-    if args.max_length is not None and args.max_length < 1:
-        raise UserError(f"--max-length {args.max_length}: must be an integer >= 1")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size {args.batch_size}: must be an integer >= 1")
-    output = Path(args.output)
-    if output.suffix != ".npy":
-        raise UserError(f"--output {output}: expected a .npy file name")
+    from mirrorbert.command_options import EncodeOptions
     from mirrorbert.training.device import check_device_and_precision
 
-    check_device_and_precision(args.device, args.precision)
-    plan = WritePlan({"--input": args.input, "--model": args.model}, overwrite=args.overwrite).file("--output", output)
-    if args.skip_bad_lines:
+    opts = EncodeOptions.from_args(args)  # every value checked here, as in Python
+    output = Path(opts.output)
+
+    check_device_and_precision(opts.device, opts.precision)
+    plan = WritePlan({"--input": opts.input, "--model": opts.model}, overwrite=opts.overwrite).file("--output", output)
+    if opts.skip_bad_lines:
         plan.file("--output", rows_file(output))
     with plan.locked():
-        vectors, pooling, rows = _encode(args)
+        vectors, pooling, rows = _encode(opts)
         if vectors is None:
             return 0
-        with atomic_output_file(output, overwrite=args.overwrite) as tmp:
+        with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
             np.save(tmp, vectors)
         record = {"output": str(output), "rows": int(vectors.shape[0]), "dim": int(vectors.shape[1]),
                   "pooling": pooling}
-        if args.skip_bad_lines:
-            with atomic_output_file(rows_file(output), overwrite=args.overwrite) as tmp:
+        if opts.skip_bad_lines:
+            with atomic_output_file(rows_file(output), overwrite=opts.overwrite) as tmp:
                 Path(tmp).write_text(jsonio.dumps({
-                    "input": str(args.input), "output": str(output), "skipped_lines": rows.skipped,
+                    "input": str(opts.input), "output": str(output), "skipped_lines": rows.skipped,
                     "row_ids": rows.ids,
                     "row_ids_note": "row i of the matrix is record row_ids[i] of the input (0-based, as search ids); "
                                     "skipped_lines are 1-based line numbers",
@@ -265,25 +262,25 @@ def run_encode(args) -> int:
     return 0
 
 
-def _encode(args):
+def _encode(opts):
     """The vectors of --input (None on the other processes of a torchrun job), the pooling used and the rows read."""
     from mirrorbert.data import read_rows
     from mirrorbert.distributed import init_from_env, sharded_encoding
     from mirrorbert.encoder import Encoder
     from mirrorbert.packing import packing_flag
 
-    rows = read_rows(args.input, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
+    rows = read_rows(opts.input, column=opts.column, field=opts.field, skip_bad_lines=opts.skip_bad_lines,
                      option="--input")
     texts = rows.texts
     if not any(t.strip() for t in texts):
-        raise UserError(f"--input {args.input}: no text in the file (every line is blank)")
-    dist_ctx = init_from_env(args.device)  # under torchrun every process encodes a share of the rows
-    encoder = Encoder.load(args.model, pooling=args.pooling, device=str(dist_ctx.device), max_length=args.max_length,
+        raise UserError(f"--input {opts.input}: no text in the file (every line is blank)")
+    dist_ctx = init_from_env(opts.device)  # under torchrun every process encodes a share of the rows
+    encoder = Encoder.load(opts.model, pooling=opts.pooling, device=str(dist_ctx.device), max_length=opts.max_length,
                            cli=True)
     with sharded_encoding(dist_ctx):
-        vectors = encoder.encode(texts, batch_size=args.batch_size, normalize=args.normalize or None,
-                                 show_progress=args.show_progress and dist_ctx.is_main, precision=args.precision,
-                                 packing=packing_flag(args.packing))
+        vectors = encoder.encode(texts, batch_size=opts.batch_size, normalize=opts.normalize or None,
+                                 show_progress=opts.show_progress and dist_ctx.is_main, precision=opts.precision,
+                                 packing=packing_flag(opts.packing))
     return (vectors if dist_ctx.is_main else None), encoder.pooling, rows
 
 

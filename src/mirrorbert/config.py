@@ -210,7 +210,6 @@ TEXT_FIELDS = ("model", "output", "preset", "data", "column", "field", "lang", "
 
 def validate(cfg: TrainConfig) -> None:
     check_types(cfg)
-    check_finite_numbers(cfg)
     for key in TEXT_FIELDS:  # first, so the checks below may compare strings safely
         value = getattr(cfg, key)
         _check(value is None or isinstance(value, str), key, f"expected text, got {type(value).__name__} {value!r}")
@@ -250,6 +249,7 @@ def validate(cfg: TrainConfig) -> None:
     sources = [cfg.data is not None, cfg.words_top is not None, cfg.random_strings is not None]
     _check(sum(sources) <= 1, "data", "give only one of --data, --words-top, --random-strings")
     _check(not (cfg.column and cfg.field), "column", "--column is for CSV/TSV, --field for JSONL; not both")
+    check_finite_numbers(cfg)  # last: the checks above give their own messages for nan/inf where they apply
 
 
 def _is_int(value: Any) -> bool:

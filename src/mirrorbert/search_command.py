@@ -6,9 +6,8 @@ import sys
 from pathlib import Path
 
 from mirrorbert import jsonio
+from mirrorbert.command_options import FAISS_CHOICES, SearchOptions
 from mirrorbert.errors import UserError
-
-FAISS_CHOICES = {"auto": None, "yes": True, "no": False}
 
 
 def add_search_parser(sub) -> None:
@@ -36,21 +35,19 @@ def add_search_parser(sub) -> None:
     p.set_defaults(func=run_search)
 
 
-def _read_queries(args) -> list[str]:
+def _read_queries(opts: SearchOptions) -> list[str]:
     from mirrorbert.data import read_file
 
-    if bool(args.query) == bool(args.queries):
-        raise UserError("give either --query TEXT (repeatable) or --queries FILE")
-    if args.query:
-        return list(args.query)
+    if opts.query:
+        return list(opts.query)
     # --column/--field name the corpus's text; a query file of the same kind uses the same name
-    suffix = Path(args.queries).suffix.lower()
-    column = args.column if suffix in (".csv", ".tsv") else None
-    field = args.field if suffix in (".jsonl", ".json") else None
-    queries, _ = read_file(args.queries, column=column, field=field, skip_bad_lines=args.skip_bad_lines,
+    suffix = Path(opts.queries).suffix.lower()
+    column = opts.column if suffix in (".csv", ".tsv") else None
+    field = opts.field if suffix in (".jsonl", ".json") else None
+    queries, _ = read_file(opts.queries, column=column, field=field, skip_bad_lines=opts.skip_bad_lines,
                            option="--queries")
     if not any(q.strip() for q in queries):
-        raise UserError(f"--queries {args.queries}: no queries in the file")
+        raise UserError(f"--queries {opts.queries}: no queries in the file")
     return queries
 
 
@@ -58,33 +55,28 @@ def run_search(args) -> int:
     from mirrorbert.data import read_rows
     from mirrorbert.encoder import Encoder
 
-    if args.top_k < 1:
-        raise UserError(f"--top-k must be >= 1, not {args.top_k}")
-    if args.batch_size < 1:
-        raise UserError("--batch-size must be >= 1")
-    if args.faiss not in FAISS_CHOICES:
-        raise UserError(f"--faiss: expected one of {', '.join(FAISS_CHOICES)}, not {args.faiss!r}")
-    use_faiss = FAISS_CHOICES[args.faiss]
+    opts = SearchOptions.from_args(args)  # every value checked here, as in Python
+    use_faiss = FAISS_CHOICES[opts.faiss]
     from mirrorbert.training.device import check_device_and_precision
 
-    check_device_and_precision(args.device)
+    check_device_and_precision(opts.device)
     if use_faiss:
         from mirrorbert.search import wants_faiss
 
         wants_faiss(True)  # fails now, not after encoding the corpus
-    queries = _read_queries(args)
-    rows = read_rows(args.corpus, column=args.column, field=args.field, skip_bad_lines=args.skip_bad_lines,
+    queries = _read_queries(opts)
+    rows = read_rows(opts.corpus, column=opts.column, field=opts.field, skip_bad_lines=opts.skip_bad_lines,
                      option="--corpus")
     corpus = rows.texts
     # blank and skipped lines keep their place in the numbering (a hit's id is its record's index in the
     # file, rows.ids) but are never hits
     kept = [i for i, text in enumerate(corpus) if text.strip()]
     if not kept:
-        raise UserError(f"--corpus {args.corpus}: no entries in the file")
-    encoder = Encoder.load(args.model, pooling=args.pooling, device=args.device, max_length=args.max_length, cli=True)
-    index = encoder.build_index([corpus[i] for i in kept], batch_size=args.batch_size, use_faiss=use_faiss,
-                                show_progress=args.show_progress)
-    results = encoder.search(queries, index, top_k=args.top_k, batch_size=args.batch_size, use_faiss=use_faiss)
+        raise UserError(f"--corpus {opts.corpus}: no entries in the file")
+    encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length, cli=True)
+    index = encoder.build_index([corpus[i] for i in kept], batch_size=opts.batch_size, use_faiss=use_faiss,
+                                show_progress=opts.show_progress)
+    results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss)
     for query, hits in zip(queries, results):
         hits = [h._replace(corpus_id=rows.ids[kept[h.corpus_id]]) for h in hits]
         sys.stdout.write(jsonio.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")

@@ -54,6 +54,9 @@ def coerce_value(key: str, value: Any, annotation: Any, where: str | None) -> An
         if nullable:
             return None
         raise UserError(f"{_subject(where, key)} must not be empty")
+    containers = [t for t in types_ if typing.get_origin(t) in (list, tuple, dict)]
+    if containers:
+        return _coerce_container(key, value, containers[0], where)
     if bool in types_:
         if isinstance(value, bool):
             return value
@@ -79,6 +82,21 @@ def coerce_value(key: str, value: Any, annotation: Any, where: str | None) -> An
     return value  # a field type this module does not know: left to the validator
 
 
+def _coerce_container(key: str, value: Any, annotation: Any, where: str | None) -> Any:
+    """list[X] / tuple[X, ...] (each element checked as X) and dict[...] (a mapping)."""
+    origin = typing.get_origin(annotation)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{_subject(where, key)} must be a mapping of names to values, not {_describe(value)}")
+        return value
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, (list, tuple)):
+        raise UserError(f"{_subject(where, key)} must be a list, not {_describe(value)}")
+    args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
+    if len(args) == 1:
+        value = [coerce_value(key, item, args[0], where) for item in value]
+    return tuple(value) if origin is tuple else list(value)
+
+
 def field_types(cls) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
@@ -95,7 +113,7 @@ def check_types(instance, where: str | None = None) -> None:
     for key, annotation in field_types(type(instance)).items():
         value = getattr(instance, key)
         checked = coerce_value(key, value, annotation, where)
-        if checked is not value and type(checked) is not type(value):
+        if checked is not value and (type(checked) is not type(value) or checked != value):
             setattr(instance, key, checked)
 
 

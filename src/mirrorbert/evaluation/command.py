@@ -95,11 +95,16 @@ def run_eval(args: argparse.Namespace) -> int:
         return 0
     if not args.model:
         raise UserError("eval: --model is required (a model folder, a hub id, or 'glove')")
-    if args.batch_size < 1:
-        raise UserError("--batch-size must be >= 1")
-    if args.max_length is not None and args.max_length < 1:
-        raise UserError(f"--max-length {args.max_length}: must be an integer >= 1")
     tasks = parse_tasks(args.tasks)
+    from mirrorbert.command_options import EvalOptions
+    from mirrorbert.training.device import check_device_and_precision
+
+    EvalOptions(  # every value checked once, as `EvalOptions(...)` checks it in Python
+        model=args.model, tasks=tasks, data_dir=args.data_dir, output=args.output, report=args.report,
+        overwrite=args.overwrite, plot_dir=args.plot_dir, batch_size=args.batch_size, pooling=args.pooling,
+        reference_pooling=args.reference_pooling, device=args.device, max_length=args.max_length,
+        backend=args.backend, packing=args.packing, show_progress=args.progress)
+    check_device_and_precision(args.device)
     data_dir = datasets.resolve_data_dir(args.data_dir)
     options: dict[str, dict[str, Any]] = {}
     for text in args.option:

@@ -383,8 +383,9 @@ class GenerationConfig:
 
     def validate(self) -> None:
         """Each value checked once, where lexsub starts (CLI or Python), naming its option."""
-        from mirrorbert.typed_config import check_finite_numbers
+        from mirrorbert.typed_config import check_finite_numbers, check_types
 
+        check_types(self)
         check_finite_numbers(self)
         for part in self.post:
             if part not in ("emb", "valid"):

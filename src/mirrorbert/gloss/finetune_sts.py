@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorbert.errors import UserError
-from mirrorbert.typed_config import check_finite_numbers
+from mirrorbert.typed_config import check_finite_numbers, check_types
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class FinetuneStsConfig:
     show_progress: bool = True
 
     def validate(self) -> None:
+        check_types(self)
         if not self.model:
             raise UserError("--model is required")
         if not self.fractions or any(not 0.0 < f <= 1.0 for f in self.fractions):

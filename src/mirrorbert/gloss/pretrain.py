@@ -23,7 +23,7 @@ from typing import Any
 
 from mirrorbert import jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.typed_config import check_finite_numbers
+from mirrorbert.typed_config import check_finite_numbers, check_types
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class GlossPretrainConfig:
     show_progress: bool = True
 
     def validate(self) -> None:
+        check_types(self)  # a value of the wrong type is named before any comparison trips over it
         if not self.model:
             raise UserError("--model is required: the masked LM to start from")
         if not self.output:

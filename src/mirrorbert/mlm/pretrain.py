@@ -123,6 +123,9 @@ class PretrainConfig:
 
 
 def validate(cfg: PretrainConfig) -> None:
+    from mirrorbert.typed_config import check_types
+
+    check_types(cfg)
     def check(ok: bool, option: str, message: str) -> None:
         if not ok:
             raise UserError(f"--{option}: {message}")

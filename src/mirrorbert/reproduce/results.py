@@ -36,6 +36,9 @@ class ReproduceConfig:
     command: str = ""  # the command line, for the report
 
     def validate(self) -> list[str]:
+        from mirrorbert.typed_config import check_types
+
+        check_types(self)
         if self.paper not in PAPERS:
             raise UserError(f"--paper: unknown paper {self.paper!r}; choose one of {', '.join(PAPERS)}")
         known = PAPERS["all"]
@@ -71,7 +74,7 @@ class ReproduceConfig:
             raise UserError(f"--gr-option: unknown or runner-set option(s) {', '.join(bad)}")
         try:  # the values, before hours of work
             GlossPretrainConfig(model=self.model, output="-", **self.gr_options).validate()
-        except TypeError as exc:
+        except (UserError, TypeError) as exc:
             raise UserError(f"--gr-option: {exc}") from None
         return chosen
 
