@@ -146,6 +146,7 @@ def base_commands(env: dict[str, Path]) -> dict[str, list[str]]:
                   "--batch-size", "4", "--no-progress"],
         "encode": ["encode", "--model", tiny, "--input", data, "--output", f"{r}/out/x.npy", "--no-progress"],
         "search": ["search", "--model", tiny, "--corpus", data, "--query", "the cat", "--no-progress"],
+        "index": ["index", "--model", tiny, "--corpus", data, "--output", f"{r}/out/index", "--no-progress"],
         "eval": ["eval", "--model", tiny, "--tasks", "sts", "--data-dir", shared, "--no-progress"],
         "pretrain-mlm": ["pretrain-mlm", "--corpus", data, "--output", f"{r}/out/mlm", "--model", tiny,
                          "--max-tokens", "2000", "--seq-length", "32", "--no-progress"],
@@ -193,7 +194,10 @@ EXTRA_BAD: dict[str, dict[str, list[str]]] = {
                "--output": ["@x.txt", "@a-file", "@in-missing-folder", "@foreign-file", "@input"], "--model": ["", "@missing"]},
     "search": {"--pooling": ["max"], "--device": ["gpu9"], "--top-k": ["0"], "--batch-size": ["0"],
                "--max-length": ["0", "100000"], "--faiss": ["maybe"], "--queries": ["@missing"], "--column": ["text"],
-               "--field": ["text"], "--model": ["", "@missing"]},
+               "--field": ["text"], "--model": ["", "@missing"], "--index": ["@missing", "@foreign", "@a-file"]},
+    "index": {"--pooling": ["max"], "--device": ["gpu9"], "--batch-size": ["0"], "--max-length": ["0", "100000"],
+              "--column": ["text"], "--field": ["text"], "--output": ["@foreign", "@a-file"],
+              "--model": ["", "@missing"]},
     "eval": {"--tasks": ["bogus", "sts,bogus"], "--data-dir": ["@missing", "@a-file"], "--device": ["gpu9"],
              "--batch-size": ["0"], "--max-length": ["0", "100000"], "--reference-model": ["@missing"],
              "--sts-sets": ["bogus"], "--wordsim-languages": ["xx"], "--xling-pairs": ["bogus"],
@@ -277,6 +281,7 @@ def build_cases(env: dict[str, Path]) -> list[Case]:
                               (folder.name, "--model")))
     # 2. bad data files, for every option that reads strings
     readers = [("train", "--data"), ("encode", "--input"), ("search", "--corpus"), ("search", "--queries"),
+               ("index", "--corpus"),
                ("pretrain-mlm", "--corpus"), ("gloss-pretrain", "--triplets")]
     for command, option in readers:
         for name in DATA_DAMAGES:

@@ -22,7 +22,7 @@ from mirrorbert.gloss.command import add_finetune_sts_parser, add_gloss_parser, 
 from mirrorbert.mlm.command import add_pretrain_parser
 from mirrorbert.reproduce.command import add_reproduce_parser
 from mirrorbert.safety import WritePlan, atomic_output_file, check_outputs_avoid
-from mirrorbert.search_command import add_search_parser
+from mirrorbert.search_command import add_index_parser, add_search_parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -296,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(sub)
     add_encode_parser(sub)
     add_search_parser(sub)
+    add_index_parser(sub)
     add_eval_parser(sub)
     add_pretrain_parser(sub)
     add_gloss_parser(sub)

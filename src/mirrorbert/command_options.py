@@ -91,7 +91,8 @@ class EncodeOptions(_Options):
 @dataclass
 class SearchOptions(_Options):
     model: str
-    corpus: str
+    corpus: str | None = None
+    index: str | None = None
     query: list[str] | None = None
     queries: str | None = None
     column: str | None = None
@@ -107,7 +108,10 @@ class SearchOptions(_Options):
 
     def check(self) -> None:
         _text(self.model, "--model")
-        _text(self.corpus, "--corpus")
+        if self.index is None:
+            _text(self.corpus, "--corpus")
+        else:
+            _text(self.index, "--index")
         if bool(self.query) == bool(self.queries):
             raise UserError("give either --query TEXT (repeatable) or --queries FILE")
         if self.query is not None and not all(isinstance(q, str) for q in self.query):
@@ -118,6 +122,31 @@ class SearchOptions(_Options):
         _choice(self.pooling, "--pooling", POOLINGS, allow_none=True)
         _positive(self.batch_size, "--batch-size")
         _positive(self.max_length, "--max-length", allow_none=True)
+
+
+@dataclass
+class IndexOptions(_Options):
+    model: str
+    corpus: str
+    output: str
+    overwrite: bool = False
+    column: str | None = None
+    field: str | None = None
+    pooling: str | None = None
+    batch_size: int = 64
+    max_length: int | None = None
+    device: str = "auto"
+    skip_bad_lines: bool = False
+    show_progress: bool = True
+
+    def check(self) -> None:
+        for option in ("model", "corpus", "output"):
+            _text(getattr(self, option), f"--{option}")
+        _choice(self.pooling, "--pooling", POOLINGS, allow_none=True)
+        _positive(self.batch_size, "--batch-size")
+        _positive(self.max_length, "--max-length", allow_none=True)
+        if self.column and self.field:
+            raise UserError("--column is for CSV/TSV, --field for JSONL; not both")
 
 
 @dataclass
@@ -155,4 +184,4 @@ class EvalOptions(_Options):
         _choice(self.packing, "--packing", PACKING_MODES)
 
 
-__all__ = ["EncodeOptions", "EvalOptions", "FAISS_CHOICES", "SearchOptions"]
+__all__ = ["EncodeOptions", "EvalOptions", "FAISS_CHOICES", "IndexOptions", "SearchOptions"]

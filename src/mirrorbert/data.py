@@ -81,7 +81,7 @@ def check_utf8_file(path: str | Path, option: str, hint: str = "fix the file") -
     raise UserError(f"{path}: not valid UTF-8 (the file ends inside a character); {hint}")
 
 
-def _split_lines(raw: bytes) -> list[bytes]:
+def split_lines(raw: bytes) -> list[bytes]:
     """One line read up to `\n`, cut at lone CRs too: LF, CRLF and CR all end a line (as Python's universal
     newlines read them), so a file saved with old Mac line endings is not one long string."""
     raw = raw[:-1] if raw.endswith(b"\n") else raw
@@ -97,7 +97,7 @@ def read_text_lines(path: str | Path, hint: str = "fix the file") -> list[str]:
     try:
         with path.open("rb") as fh:
             for raw in fh:
-                for piece in _split_lines(raw):
+                for piece in split_lines(raw):
                     try:
                         lines.append(piece.decode("utf-8"))
                     except UnicodeDecodeError as exc:
@@ -127,7 +127,7 @@ def _decoded_lines(path: Path, skip_bad_lines: bool) -> tuple[list[tuple[int, st
     out, skipped, lineno = [], [], 0
     with path.open("rb") as fh:
         for raw in fh:
-            for piece in _split_lines(raw):
+            for piece in split_lines(raw):
                 lineno += 1
                 try:
                     text = piece.decode("utf-8")

