@@ -51,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data_dir:
         sys.exit("pass --data-dir (or set MIRRORBERT_DATA)")
 
-    import numpy as np
     import torch
     from sentence_transformers import util
 

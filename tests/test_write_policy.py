@@ -88,6 +88,7 @@ COMMANDS = {
     "lexsub": (["lexsub", "--model", "m"], "--output", "folder"),
     "finetune-sts": (["finetune-sts", "--model", "m"], "--output", "file"),
     "reproduce": (["reproduce", "--model", "m"], "--output", "folder"),
+    "index": (["index", "--model", "m", "--corpus", "sents.txt"], "--output", "folder"),
 }
 
 

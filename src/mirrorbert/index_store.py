@@ -19,7 +19,6 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mirrorbert import jsonio
 from mirrorbert.errors import UserError

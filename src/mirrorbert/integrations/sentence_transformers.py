@@ -1,0 +1,166 @@
+"""Mirror-BERT as a sentence-transformers loss: `SentenceTransformerTrainer` with a one-column dataset of strings.
+
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+    from mirrorbert.integrations.sentence_transformers import MirrorBertDataCollator, MirrorBertLoss
+
+    model = SentenceTransformer("bert-base-uncased")           # any encoder; mean pooling is added
+    loss = MirrorBertLoss(model, temperature=0.04)             # InfoNCE over the 2B-2 in-batch negatives
+    collator = MirrorBertDataCollator(model, mask_span=5)      # the second view: a 5-character span masked
+    trainer = SentenceTransformerTrainer(model=model, train_dataset=dataset, loss=loss, data_collator=collator)
+
+What each piece does and why it is ours: sentence-transformers has no loss that makes the positive from the
+anchor itself (SimCSE-style `MultipleNegativesRankingLoss` on duplicated columns counts each string's own
+copy among the negatives' side and masks nothing). `MirrorBertLoss` embeds the two views of every string
+(with dropout on, as in training mode) and applies the very loss of `mirrorbert train` (`mirrorbert.loss`:
+InfoNCE over the 2B views, the anchor excluded from its denominator, or the multi-similarity loss), gathering
+the views of every process first when the trainer runs on several (differentiable all-gather). With one text
+column and no collator the two views differ by dropout alone; `MirrorBertDataCollator` adds the masked second
+view as the authors ran it (one span of `mask_span` characters replaced by the tokenizer's mask token, strings
+of at most `mask_min_chars` characters left whole), drawn from `seed` and the batch number so a rerun masks the
+same way and every epoch draws anew; `mask_unit="token"` masks tokens instead, as `--mask-unit token` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from mirrorbert.errors import UserError
+from mirrorbert.loss import LOSSES, build_loss
+from mirrorbert.training.randomness import derived_generator
+from mirrorbert.config import MASK_UNITS
+from mirrorbert.views import char_span_starts, mask_chars, special_token_ids
+from mirrorbert.views import mask_span as mask_span_ids
+
+STREAM_ST_MASK = 7  # the collator's own random stream (training.randomness.derived_generator)
+MIRROR_SUFFIX = "_mirror"
+
+
+def _import_sentence_transformers():
+    try:
+        import sentence_transformers
+    except ImportError:
+        raise UserError('this needs sentence-transformers: pip install "mirrorbert[st]"') from None
+    return sentence_transformers
+
+
+class MirrorBertLoss(torch.nn.Module):
+    """The Mirror-BERT loss for `SentenceTransformerTrainer` (one text column, or the two columns of
+    `MirrorBertDataCollator`)."""
+
+    def __init__(self, model, temperature: float = 0.04, loss: str = "infonce", gather_across_devices: bool = True):
+        super().__init__()
+        if loss not in LOSSES:
+            raise UserError(f"loss: unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature > 0 \
+                or temperature == float("inf"):
+            raise UserError(f"temperature: must be a positive finite number, not {temperature!r}")
+        self.model = model
+        self.temperature = float(temperature)
+        self.loss_name = loss
+        self.gather_across_devices = gather_across_devices
+        self._loss = build_loss(loss, self.temperature)
+
+    def embeddings(self, sentence_features: Iterable[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """[2B, d]: the first views, then the second views (mirror order), over every process."""
+        features = list(sentence_features)
+        if len(features) == 1:  # one column: the second view differs by dropout alone
+            features = features * 2
+        if len(features) != 2:
+            raise UserError(f"MirrorBertLoss takes a dataset with one text column (got {len(features)} inputs); "
+                            "with MirrorBertDataCollator it gets that column and its masked copy")
+        first, second = (self.model(f)["sentence_embedding"] for f in features)
+        if self.gather_across_devices and torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1:
+            from torch.distributed.nn.functional import all_gather  # gradients flow back to every process
+
+            first, second = torch.cat(all_gather(first)), torch.cat(all_gather(second))
+        return torch.cat([first, second])
+
+    def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: Any = None) -> torch.Tensor:
+        return self._loss(self.embeddings(sentence_features))
+
+    def get_config_dict(self) -> dict[str, Any]:  # shown in sentence-transformers' model card
+        return {"temperature": self.temperature, "loss": self.loss_name}
+
+    @property
+    def citation(self) -> str:
+        return MIRROR_BERT_BIBTEX
+
+
+def MirrorBertDataCollator(model, mask_span: int = 5, mask_min_chars: int = 30, seed: int = 42,
+                           mask_unit: str = "char", **kwargs):
+    """A `SentenceTransformerDataCollator` that adds each string's masked copy as a second column.
+
+    `model` is the SentenceTransformer (its tokenizer's mask token is used); other keywords go to the
+    sentence-transformers collator. The masks are drawn from `seed` and the batch number. `mask_unit="char"`
+    masks `mask_span` characters (strings of at most `mask_min_chars` left whole), as the authors ran the paper;
+    `"token"` masks `mask_span` consecutive non-special tokens of strings with more than that many.
+    """
+    st = _import_sentence_transformers()
+    base = getattr(st, "SentenceTransformerDataCollator", None)
+    if base is None:  # older layouts
+        from sentence_transformers.data_collator import SentenceTransformerDataCollator as base
+    if not isinstance(mask_span, int) or isinstance(mask_span, bool) or mask_span < 0:
+        raise UserError(f"mask_span: must be an integer >= 0, not {mask_span!r}")
+    if mask_unit not in MASK_UNITS:
+        raise UserError(f"mask_unit: must be one of {', '.join(MASK_UNITS)}, not {mask_unit!r}")
+    mask_token = getattr(model.tokenizer, "mask_token", None)
+    if mask_span > 0 and not mask_token:
+        raise UserError("mask_span: the model's tokenizer has no mask token; masking needs one ([MASK] or <mask>)")
+
+    class _Collator(base):
+        def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+            text_columns = [k for k, v in features[0].items() if isinstance(v, str) and k != "dataset_name"]
+            if len(text_columns) != 1:
+                raise UserError(f"MirrorBertDataCollator takes a dataset with one text column, got {text_columns}")
+            column = text_columns[0]
+            strings = [row[column] for row in features]
+            if mask_unit == "token":
+                batch = super().__call__([{**row, column + MIRROR_SUFFIX: row[column]} for row in features])
+                ids = batch[column + MIRROR_SUFFIX + "_input_ids"]
+                batch[column + MIRROR_SUFFIX + "_input_ids"] = self.masked_token_ids(ids)
+                return batch
+            masked = self.masked_copies(strings)
+            rows = [{**row, column + MIRROR_SUFFIX: view} for row, view in zip(features, masked)]
+            return super().__call__(rows)
+
+        def masked_token_ids(self, ids: torch.Tensor) -> torch.Tensor:
+            """Token unit: `mask_span` consecutive non-special tokens of each padded row replaced by the mask id."""
+            generator = self._next_generator()
+            special = special_token_ids(model.tokenizer)
+            rows = [mask_span_ids(row, mask_span, model.tokenizer.mask_token_id, special, generator)
+                    for row in ids.tolist()]
+            return torch.tensor(rows, dtype=ids.dtype)
+
+        def _next_generator(self) -> torch.Generator:
+            generator = derived_generator(seed, STREAM_ST_MASK, self._batches)
+            self._batches += 1
+            return generator
+
+        def masked_copies(self, strings: list[str]) -> list[str]:
+            """Char unit: the second views of one batch; each call is the next batch's draw."""
+            generator = self._next_generator()
+            starts = char_span_starts(strings, mask_span, mask_min_chars, generator)
+            return [s if start is None else mask_chars(s, start, mask_span, mask_token)
+                    for s, start in zip(strings, starts)]
+
+    preprocess = getattr(model, "preprocess", None) or getattr(model, "tokenize")
+    try:
+        collator = _Collator(preprocess, **kwargs)
+    except TypeError:  # sentence-transformers 3-5 name it tokenize_fn
+        collator = _Collator(tokenize_fn=model.tokenize, **kwargs)
+    collator._batches = 0
+    return collator
+
+
+MIRROR_BERT_BIBTEX = """@inproceedings{liu-etal-2021-fast,
+    title = "Fast, Effective, and Self-Supervised: Transforming Masked Language Models into Universal Lexical and Sentence Encoders",
+    author = "Liu, Fangyu and Vuli{\\'c}, Ivan and Korhonen, Anna and Collier, Nigel",
+    booktitle = "Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing",
+    year = "2021",
+    pages = "1442--1459",
+}"""
+
+__all__ = ["MirrorBertDataCollator", "MirrorBertLoss"]
