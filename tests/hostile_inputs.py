@@ -100,6 +100,8 @@ DATA_DAMAGES = {
     "no-field.jsonl": b'{"other": "the cat"}\n{"other": "the dog"}\n',
     "number-field.jsonl": b'{"text": 5}\n{"text": 6}\n',
     "a-folder": "dir",
+    "damaged.parquet": b"PAR1\x15\xff\xfe not a parquet file PAR1",
+    "damaged.arrow": b"ARROW1\x00\x00\xff\xff\xff\xff garbage",
 }
 
 

@@ -1,7 +1,7 @@
 """Mirror-BERT: self-supervised conversion of masked language models into universal encoders."""
 
 __version__ = "0.1.0"
-__all__ = ["Encoder", "TrainConfig", "train", "__version__"]
+__all__ = ["Encoder", "TrainConfig", "strings_from_dataset", "train", "__version__"]
 
 
 def __getattr__(name):
@@ -18,4 +18,8 @@ def __getattr__(name):
         from mirrorbert.trainer import train
 
         return train
+    if name == "strings_from_dataset":
+        from mirrorbert.data import strings_from_dataset
+
+        return strings_from_dataset
     raise AttributeError(name)

@@ -85,7 +85,7 @@ class EncodeOptions(_Options):
         _choice(self.precision, "--precision", [p for p in PRECISIONS if p != "auto"])
         _choice(self.packing, "--packing", PACKING_MODES)
         if self.column and self.field:
-            raise UserError("--column is for CSV/TSV, --field for JSONL; not both")
+            raise UserError("--column is for CSV/TSV/Parquet/Arrow, --field for JSONL; not both")
 
 
 @dataclass
@@ -146,7 +146,7 @@ class IndexOptions(_Options):
         _positive(self.batch_size, "--batch-size")
         _positive(self.max_length, "--max-length", allow_none=True)
         if self.column and self.field:
-            raise UserError("--column is for CSV/TSV, --field for JSONL; not both")
+            raise UserError("--column is for CSV/TSV/Parquet/Arrow, --field for JSONL; not both")
 
 
 @dataclass

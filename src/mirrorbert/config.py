@@ -248,7 +248,7 @@ def validate(cfg: TrainConfig) -> None:
            "cannot be combined with --controlled-dropout (its two views must run as paired passes)")
     sources = [cfg.data is not None, cfg.words_top is not None, cfg.random_strings is not None]
     _check(sum(sources) <= 1, "data", "give only one of --data, --words-top, --random-strings")
-    _check(not (cfg.column and cfg.field), "column", "--column is for CSV/TSV, --field for JSONL; not both")
+    _check(not (cfg.column and cfg.field), "column", "--column is for CSV/TSV/Parquet/Arrow, --field for JSONL; not both")
     check_finite_numbers(cfg)  # last: the checks above give their own messages for nan/inf where they apply
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorbert.errors import UserError
+from mirrorbert.tabular import is_table, read_table_column
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +192,11 @@ def read_rows(path: str | Path, column: str | None = None, field: str | None = N
     path = Path(path)
     if not path.exists():
         raise UserError(f"{option} {path}: no such file")
+    if is_table(path):  # Parquet/Arrow files, saved dataset folders (tabular.py); a row's id is its place
+        if field:
+            raise UserError(f"{path}: --field applies to .jsonl files; tabular data takes --column")
+        texts = read_table_column(path, column, option)
+        return Rows(texts, list(range(len(texts))), [])
     if path.is_dir():
         raise UserError(f"{option} {path}: is a folder, expected a file")
     if path.stat().st_size == 0:
@@ -208,7 +214,7 @@ def read_rows(path: str | Path, column: str | None = None, field: str | None = N
     if suffix in JSONL_SUFFIXES:
         return Rows(_read_jsonl(path, lines, field), [lineno - 1 for lineno, _ in lines], skipped)
     if column or field:
-        raise UserError(f"{path}: --column/--field only apply to .csv/.tsv/.jsonl files")
+        raise UserError(f"{path}: --column/--field only apply to .csv/.tsv/.jsonl/.parquet/.arrow files")
     return Rows([text for _, text in lines], [lineno - 1 for lineno, _ in lines], skipped)
 
 
@@ -273,6 +279,23 @@ def load_training_strings(
     else:
         raise UserError("no training data: give --data FILE, --words-top N or --random-strings N")
 
+    return training_strings(raw, source, bad, limit, seed)
+
+
+def strings_from_dataset(dataset, column: str | None = None, limit: int | None = None,
+                         seed: int = 42) -> TrainingStrings:
+    """Training strings from a `datasets.Dataset` column (the only column when it has one), for
+    `train(cfg, strings_from_dataset(ds, "text"))`: blanks and duplicates dropped as for a file."""
+    from mirrorbert.tabular import dataset_strings
+
+    raw = dataset_strings(dataset, column)
+    fingerprint_of_source = getattr(dataset, "_fingerprint", None)
+    source = f"datasets.Dataset:{column or 'only column'}" + (f":{fingerprint_of_source}" if fingerprint_of_source else "")
+    return training_strings(raw, source, 0, limit, seed)
+
+
+def training_strings(raw: list[str], source: str, bad: int, limit: int | None, seed: int) -> TrainingStrings:
+    """Strip, drop blanks and duplicates (first occurrence kept), then sample `limit` in file order."""
     stripped = [s.strip() for s in raw]
     n_blank = sum(1 for s in stripped if not s)
     seen: set[str] = set()

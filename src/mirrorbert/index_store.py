@@ -33,6 +33,14 @@ IGNORED_MODEL_FILES = {"README.md", "mirrorbert.json", "manifest.json", ".mirror
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    """SHA-256 of a file's bytes; of a folder (a saved dataset), over its files' names and checksums."""
+    path = Path(path)
+    if path.is_dir():
+        digest = hashlib.sha256()
+        for member in sorted(p for p in path.rglob("*") if p.is_file()):
+            digest.update(member.relative_to(path).as_posix().encode("utf-8") + b"\0"
+                          + file_sha256(member).encode("ascii") + b"\n")
+        return digest.hexdigest()
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(chunk), b""):
@@ -56,8 +64,12 @@ def model_fingerprint(model: str) -> str:
 
 
 def count_lines(path: Path) -> int:
-    """Lines as every reader counts them (LF, CRLF or CR), whatever their encoding."""
+    """Lines as every reader counts them (LF, CRLF or CR), whatever their encoding; rows of tabular data."""
     from mirrorbert.data import split_lines
+    from mirrorbert.tabular import count_rows, is_table
+
+    if is_table(Path(path)):
+        return count_rows(path)
 
     with open(path, "rb") as fh:
         return sum(len(split_lines(raw)) for raw in fh)
@@ -122,8 +134,8 @@ def check_index(folder: Path, model: str, corpus: str | None = None, option: str
         raise UserError(f"{option} {folder}: built by another model ({manifest.model}); --model {model} differs "
                         "(its files' SHA-256 do not match): rebuild the index with `mirrorbert index`")
     path = Path(corpus) if corpus is not None else Path(manifest.corpus)
-    if corpus is not None or path.is_file():
-        if not path.is_file():
+    if corpus is not None or path.exists():
+        if not path.exists():
             raise UserError(f"--corpus {path}: no such file")
         if file_sha256(path) != manifest.corpus_sha256:
             raise UserError(f"{option} {folder}: the corpus {path} changed since the index was built "

@@ -17,11 +17,11 @@ def add_search_parser(sub) -> None:
                     '{"query": ..., "hits": [{"id": ..., "text": ..., "score": ...}, ...]} (id = corpus line, from 0).',
     )
     p.add_argument("--model", required=True, help="trained folder, sentence-transformers folder, HF MLM or hub id")
-    p.add_argument("--corpus", help="entries to search: .txt (one per line), .csv/.tsv (--column) or .jsonl (--field); "
+    p.add_argument("--corpus", help="entries to search: .txt (one per line), .csv/.tsv/.parquet/.arrow/saved datasets folder (--column) or .jsonl (--field); "
                                    "with --index: the corpus the index was built from, checked unchanged")
     p.add_argument("--index", help="answer from a folder written by `mirrorbert index` (no corpus encoding); refused "
                                    "if --model or the corpus changed since")
-    p.add_argument("--column", help="column holding the text in a CSV/TSV corpus (and --queries file)")
+    p.add_argument("--column", help="column holding the text in a CSV/TSV/Parquet/Arrow corpus or saved dataset (and --queries file)")
     p.add_argument("--field", help="field holding the text in a JSONL corpus (and --queries file)")
     p.add_argument("--query", action="append", help="a query string (repeat for several)")
     p.add_argument("--queries", help="file of queries, one per line (.txt; .csv/.tsv/.jsonl with --column/--field)")
@@ -110,10 +110,10 @@ def add_index_parser(sub) -> None:
                     "the model's fingerprint and the corpus's SHA-256 (a changed model or corpus is refused).",
     )
     p.add_argument("--model", required=True, help="trained folder, sentence-transformers folder, HF MLM or hub id")
-    p.add_argument("--corpus", required=True, help=".txt (one entry per line), .csv/.tsv (--column) or .jsonl (--field)")
+    p.add_argument("--corpus", required=True, help=".txt (one entry per line), .csv/.tsv/.parquet/.arrow/saved datasets folder (--column) or .jsonl (--field)")
     p.add_argument("--output", required=True, help="the index folder to write")
     p.add_argument("--overwrite", action="store_true", help="replace an index folder mirrorbert wrote")
-    p.add_argument("--column", help="column holding the text in a CSV/TSV corpus")
+    p.add_argument("--column", help="column holding the text in a CSV/TSV/Parquet/Arrow corpus or saved dataset")
     p.add_argument("--field", help="field holding the text in a JSONL corpus")
     p.add_argument("--pooling", help="override the saved pooling: cls | mean | first-last (recorded in the index)")
     p.add_argument("--batch-size", type=int, default=64, help="strings per encoding batch (default 64)")
