@@ -216,6 +216,9 @@ def add_encode_parser(sub) -> None:
     p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU) | cpu | cuda | cuda:1 | mps")
     p.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 (GPU only)")
     p.add_argument("--packing", default="auto", choices=PACKING_MODES, help=PACKING_HELP)
+    p.add_argument("--quantize", default="float32",
+                   help="float32 (default) | int8 | uint8 (per-dimension ranges from these vectors) | binary | "
+                        "ubinary (sign bits, 8 dimensions per byte): sentence-transformers' quantize_embeddings")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip lines that are not UTF-8; then row i of --output is no longer line i, so the line "
                         "numbers of the rows go to OUTPUT.rows.json (0-based, as search ids) with the skipped lines")
@@ -238,6 +241,10 @@ def run_encode(args) -> int:
     output = Path(opts.output)
 
     check_device_and_precision(opts.device, opts.precision)
+    if opts.quantize != "float32":
+        from mirrorbert.quantized import _st_quantization
+
+        _st_quantization()  # installed, before the model loads
     plan = WritePlan({"--input": opts.input, "--model": opts.model}, overwrite=opts.overwrite).file("--output", output)
     if opts.skip_bad_lines:
         plan.file("--output", rows_file(output))
@@ -245,10 +252,15 @@ def run_encode(args) -> int:
         vectors, pooling, rows = _encode(opts)
         if vectors is None:
             return 0
+        dim = int(vectors.shape[1])
+        if opts.quantize != "float32":
+            from mirrorbert.quantized import quantize
+
+            vectors = quantize(vectors, opts.quantize)
         with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
             np.save(tmp, vectors)
-        record = {"output": str(output), "rows": int(vectors.shape[0]), "dim": int(vectors.shape[1]),
-                  "pooling": pooling}
+        record = {"output": str(output), "rows": int(vectors.shape[0]), "dim": dim, "pooling": pooling,
+                  "dtype": str(vectors.dtype), "quantize": opts.quantize}
         if opts.skip_bad_lines:
             with atomic_output_file(rows_file(output), overwrite=opts.overwrite) as tmp:
                 Path(tmp).write_text(jsonio.dumps({

@@ -15,6 +15,7 @@ from typing import Any
 
 from mirrorbert.config import PACKING_MODES, POOLINGS, PRECISIONS
 from mirrorbert.errors import UserError
+from mirrorbert.quantized import ENCODE_QUANTIZATIONS, SEARCH_QUANTIZATIONS
 from mirrorbert.typed_config import check_types
 
 FAISS_CHOICES = {"auto": None, "yes": True, "no": False}
@@ -70,12 +71,14 @@ class EncodeOptions(_Options):
     device: str = "auto"
     precision: str = "fp32"
     packing: str = "auto"
+    quantize: str = "float32"
     skip_bad_lines: bool = False
     show_progress: bool = True
 
     def check(self) -> None:
         _text(self.model, "--model")
         _text(self.input, "--input")
+        _choice(self.quantize, "--quantize", ENCODE_QUANTIZATIONS)
         _text(self.output, "--output")
         if not self.output.endswith(".npy"):
             raise UserError(f"--output {self.output}: expected a .npy file name")
@@ -103,11 +106,13 @@ class SearchOptions(_Options):
     batch_size: int = 64
     max_length: int | None = None
     device: str = "auto"
+    quantize: str = "float32"
     skip_bad_lines: bool = False
     show_progress: bool = True
 
     def check(self) -> None:
         _text(self.model, "--model")
+        _choice(self.quantize, "--quantize", SEARCH_QUANTIZATIONS)
         if self.index is None:
             _text(self.corpus, "--corpus")
         else:

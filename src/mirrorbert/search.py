@@ -222,6 +222,7 @@ class SearchIndex:
     texts: list[str] | None = None
     faiss_index: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
+    quantized_cache: dict = field(default_factory=dict, repr=False)  # quantised corpus and faiss index per precision
 
     def __post_init__(self) -> None:
         self.vectors = np.ascontiguousarray(np.atleast_2d(self.vectors), dtype=np.float32)
@@ -246,23 +247,33 @@ class SearchIndex:
         return index
 
     def search_vectors(self, queries: np.ndarray, top_k: int, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                       use_faiss: bool | None = None) -> list[list[Hit]]:
+                       use_faiss: bool | None = None, quantize: str = "float32") -> list[list[Hit]]:
         """Hits for already computed query vectors (normalised here), best first.
 
         ``use_faiss=None`` searches with the index's faiss index if it has one; True builds one if needed.
+        ``quantize="int8"|"ubinary"``: candidates from the quantised corpus, rescored (quantized.py); the
+        scores are then the float query against the dequantised vectors, not exact cosines.
         """
         check_top_k(top_k)
         queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
         if queries.shape[1] != self.dim:
             raise UserError(f"query vectors have dimension {queries.shape[1]}, the index {self.dim}")
+        if quantize != "float32":
+            from mirrorbert.quantized import quantized_topk
+
+            scores, ids = quantized_topk(l2_normalize(queries), self.vectors, quantize, top_k, self.quantized_cache)
+            return self._hits(scores, ids)
         use = self.faiss_index is not None if use_faiss is None else wants_faiss(use_faiss)
         if use and self.faiss_index is None:
             self.faiss_index = build_faiss_index(self.vectors)
         scores, ids = chunked_topk(l2_normalize(queries), self.vectors, top_k, chunk_size=chunk_size,
                                    use_faiss=False, faiss_index=self.faiss_index if use else None)
+        return self._hits(scores, ids)
+
+    def _hits(self, scores: np.ndarray, ids: np.ndarray) -> list[list[Hit]]:
         texts = self.texts
         return [
-            [Hit(int(i), texts[i] if texts is not None else None, float(s)) for s, i in zip(row_s, row_i)]
+            [Hit(int(i), texts[i] if texts is not None else None, float(s)) for s, i in zip(row_s, row_i) if i >= 0]
             for row_s, row_i in zip(scores, ids)
         ]
 
@@ -311,9 +322,13 @@ def check_top_k(top_k: Any) -> None:
 
 def search(encoder, queries: str | Sequence[str], corpus_or_index: SearchIndex | Sequence[str], top_k: int = 10, *,
            batch_size: int = 64, use_faiss: bool | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-           show_progress: bool = False) -> list[Hit] | list[list[Hit]]:
+           show_progress: bool = False, quantize: str = "float32") -> list[Hit] | list[list[Hit]]:
     """The ``top_k`` corpus entries nearest (cosine) to each query; one list of hits for a single string."""
     check_top_k(top_k)
+    if quantize != "float32":
+        from mirrorbert.quantized import SEARCH_QUANTIZATIONS, check_quantization
+
+        check_quantization(quantize, "quantize", SEARCH_QUANTIZATIONS)
     index = corpus_or_index
     if not isinstance(index, SearchIndex):
         index = build_index(encoder, index, batch_size=batch_size, use_faiss=use_faiss, show_progress=show_progress)
@@ -322,7 +337,7 @@ def search(encoder, queries: str | Sequence[str], corpus_or_index: SearchIndex |
     if not queries:
         return []
     vectors = encoder.encode(queries, batch_size=batch_size, normalize=True)
-    hits = index.search_vectors(vectors, top_k, chunk_size=chunk_size, use_faiss=use_faiss)
+    hits = index.search_vectors(vectors, top_k, chunk_size=chunk_size, use_faiss=use_faiss, quantize=quantize)
     return hits[0] if single else hits
 
 

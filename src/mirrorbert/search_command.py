@@ -32,6 +32,9 @@ def add_search_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="strings per encoding batch (default 64)")
     p.add_argument("--max-length", type=int, help="truncate inputs to N tokens (default: the model's)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:1 | mps (default auto)")
+    p.add_argument("--quantize", default="float32",
+                   help="float32 (exact, default) | int8 | ubinary: candidates from the quantised corpus, "
+                        "rescored with the float query (scores are then not exact cosines); needs faiss")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip lines that are not UTF-8 (hit ids still name the corpus's lines)")
     p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True, help="no progress bar")
@@ -76,10 +79,14 @@ def run_search(args) -> int:
     from mirrorbert.training.device import check_device_and_precision
 
     check_device_and_precision(opts.device)
-    if use_faiss:
+    if use_faiss or opts.quantize != "float32":
         from mirrorbert.search import wants_faiss
 
         wants_faiss(True)  # fails now, not after encoding the corpus
+    if opts.quantize != "float32":
+        from mirrorbert.quantized import _st_quantization
+
+        _st_quantization()
     queries = _read_queries(opts)
     if opts.index:
         from mirrorbert.index_store import check_index, load_index
@@ -94,7 +101,8 @@ def run_search(args) -> int:
                                cli=True)
         index = encoder.build_index(texts, batch_size=opts.batch_size, use_faiss=use_faiss,
                                     show_progress=opts.show_progress)
-    results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss)
+    results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
+                             quantize=opts.quantize)
     for query, hits in zip(queries, results):
         hits = [h._replace(corpus_id=ids[h.corpus_id]) for h in hits]
         sys.stdout.write(jsonio.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")
