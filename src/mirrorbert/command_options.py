@@ -13,9 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from mirrorbert.config import PACKING_MODES, POOLINGS, PRECISIONS
+from mirrorbert.config import ENCODE_QUANTIZATIONS, PACKING_MODES, POOLINGS, PRECISIONS, SEARCH_QUANTIZATIONS
 from mirrorbert.errors import UserError
-from mirrorbert.quantized import ENCODE_QUANTIZATIONS, SEARCH_QUANTIZATIONS
 from mirrorbert.typed_config import check_types
 
 FAISS_CHOICES = {"auto": None, "yes": True, "no": False}

@@ -22,6 +22,12 @@ SCHEDULES = ("constant", "linear")
 PACKING_MODES = ("auto", "on", "grouped", "off")  # --packing (packing.py)
 MASK_UNITS = ("char", "token")
 LOSSES = ("infonce", "ms")
+# encode --quantize / search --quantize (quantized.py)
+ENCODE_QUANTIZATIONS = ("float32", "int8", "uint8", "binary", "ubinary")
+# int8: ours (centred codes, integer dot products); ubinary: sentence-transformers' faiss binary search. Not
+# sentence-transformers' faiss "uint8": it ranks unsigned codes by inner product without centring them, which
+# kept 0.74 of the exact top-10 on MiniLM/Wikipedia where int8 here keeps 0.99 (docs/benchmarks/quantized_recall.json).
+SEARCH_QUANTIZATIONS = ("float32", "int8", "ubinary")
 DEFAULT_MODEL = "bert-base-uncased"
 
 # The paper's settings (Liu et al. 2021, section 3 and appendix). `pooling: None` in the sentence

@@ -12,13 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from mirrorbert.config import ENCODE_QUANTIZATIONS, SEARCH_QUANTIZATIONS
 from mirrorbert.errors import UserError
 
-ENCODE_QUANTIZATIONS = ("float32", "int8", "uint8", "binary", "ubinary")
-# int8: ours (centred codes, integer dot products); ubinary: sentence-transformers' faiss binary search. Not
-# sentence-transformers' faiss "uint8": it ranks unsigned codes by inner product without centring them, which
-# lost half the exact top-10 on a synthetic check (recall@10 0.47 where int8 here keeps > 0.9).
-SEARCH_QUANTIZATIONS = ("float32", "int8", "ubinary")
 DEFAULT_RESCORE_MULTIPLIER = 4
 
 
