@@ -221,234 +221,315 @@ def _sts_eval(max_texts: int | None = None) -> EvalSpec:
     return EvalSpec("sts", keep=("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr", "avg", "stsb_dev"))
 
 
+@dataclass
+class _Context:
+    """What every experiment's cells draw on: the data found, the quick limits, the lists being filled."""
+
+    data_dir: Path
+    derived: Path
+    model_type: str
+    quick: QuickLimits | None
+    n_strings: int
+    limit: dict[str, Any]
+    stsb_file: Path
+    sentence_train: dict[str, Any] | None
+    en_words: dict[str, Any] | None
+    word_train: dict[str, Any] | None
+    cells: list[Cell] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def need_sentences(self, exp: str) -> bool:
+        if self.sentence_train is None:
+            self.skipped.append(Skipped(exp, "training on STS-B sentences", f"{self.stsb_file} (the authors' 10k STS-B training sentences, cambridgeltl/mirror-bert data/mirror_corpus)"))
+        return self.sentence_train is not None
+
+
 def build_cells(
     experiments: list[str], data_dir: Path, work_dir: Path, model_type: str, quick: QuickLimits | None,
 ) -> tuple[list[Cell], list[Skipped]]:
     """Every cell of ``experiments`` that this data directory allows, and what it skips (with its needs)."""
-    cells: list[Cell] = []
-    skipped: list[Skipped] = []
     n_strings = quick.strings if quick else PAPER_STRINGS
     limit = {"limit": quick.strings} if quick else {}
-    derived = work_dir / "data"
     stsb_file = data_dir / CORPORA / STSB_SENTENCES
-    sentence_train = {"preset": "sentence", "data": str(stsb_file), **limit} if stsb_file.is_file() else None
     en_words = word_list_source(data_dir, "en")
-    word_train = {"preset": "word", **en_words, **limit} if en_words else None
-
-    def need_sentences(exp: str) -> bool:
-        if sentence_train is None:
-            skipped.append(Skipped(exp, "training on STS-B sentences", f"{stsb_file} (the authors' 10k STS-B training sentences, cambridgeltl/mirror-bert data/mirror_corpus)"))
-        return sentence_train is not None
-
+    ctx = _Context(
+        data_dir=data_dir, derived=work_dir / "data", model_type=model_type, quick=quick, n_strings=n_strings,
+        limit=limit, stsb_file=stsb_file,
+        sentence_train={"preset": "sentence", "data": str(stsb_file), **limit} if stsb_file.is_file() else None,
+        en_words=en_words, word_train={"preset": "word", **en_words, **limit} if en_words else None,
+    )
     for exp in experiments:
-        if exp == "wordsim":
-            from mirrorbert.evaluation.wordsim import PAPER_LANGUAGES
-
-            langs = ["en"] if quick else list(PAPER_LANGUAGES)
-            for lang in langs:
-                source = word_list_source(data_dir, lang)
-                if source is None:
-                    skipped.append(Skipped(exp, f"Multi-SimLex {lang}", f"{data_dir / CORPORA}/{lang}_words_top_10k.txt or a wordfreq list for {lang}"))
-                    continue
-                spec = EvalSpec("wordsim", {"sets": ["multisimlex"], "languages": [lang]}, keep=(f"msimlex_{lang}",))
-                cells.append(Cell(f"wordsim/before/{lang}", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
-                cells.append(Cell(f"wordsim/after/{lang}", exp, "after", spec, train={"preset": "word", **source, **limit},
-                                  data_note=_describe(source)))
-        elif exp == "random-strings":
-            if word_train is None:
-                skipped.append(Skipped(exp, "all", "an English word list"))
-                continue
-            spec = EvalSpec("wordsim", {"sets": ["multisimlex"], "languages": ["en"]}, keep=("msimlex_en",))
-            cells.append(Cell("random-strings/before-cls", exp, "before-cls", EvalSpec(**{**asdict(spec), "pooling": "cls"})))
-            cells.append(Cell("random-strings/before", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
-            cells.append(Cell("random-strings/after", exp, "after", spec, train=word_train, data_note=_describe(en_words)))
-            rnd = {"preset": "word", "random_strings": n_strings}
-            cells.append(Cell("random-strings/random-strings", exp, "random-strings", spec, train=rnd,
-                              data_note=f"{n_strings} random letter/digit strings"))
-            cells.append(Cell("random-strings/random-strings-lr5e-5", exp, "random-strings-lr5e-5", spec,
-                              train={**rnd, "lr": 5e-5}, data_note=f"{n_strings} random strings, lr 5e-5"))
-        elif exp == "sts":
-            spec = _sts_eval()
-            cells.append(Cell("sts/before", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
-            cells.append(Cell("sts/before-cls", exp, "before-cls", EvalSpec(**{**asdict(spec), "pooling": "cls"})))
-            if need_sentences(exp):
-                cells.append(Cell("sts/after", exp, "after", spec, train=sentence_train, data_note=f"`{STSB_SENTENCES}`"))
-        elif exp == "qnli":
-            spec = EvalSpec("qnli", keep=("auc",), rename={"primary": "auc"})
-            cells.append(Cell("qnli/before", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
-            qnli_train = data_dir / QNLI_TRAIN
-            if qnli_train.is_file():
-                cells.append(Cell("qnli/after", exp, "after", spec,
-                                  train={"preset": "sentence", "data": str(qnli_train), "column": "sentence", "limit": n_strings},
-                                  data_note=f"{n_strings} sentences sampled from the QNLI training set"))
-            else:
-                skipped.append(Skipped(exp, "Mirror on QNLI training sentences (the paper's setting)",
-                                       f"{qnli_train} (GLUE QNLI train.tsv); tuned on the STS-B sentences instead"))
-                if need_sentences(exp):
-                    cells.append(Cell("qnli/after-stsb-sentences", exp, "after-stsb-sentences", spec, train=sentence_train,
-                                      data_note=f"`{STSB_SENTENCES}` (QNLI training sentences absent)"))
-        elif exp == "bel":
-            spec = EvalSpec("bel", keep=("ncbi_acc@1", "ncbi_acc@5", "bc5cdr_acc@1", "bc5cdr_acc@5"))
-            names = bel_names(data_dir, derived / f"bel_names_{n_strings}.txt", n_strings)
-            if names is None:
-                skipped.append(Skipped(exp, "all", f"{data_dir}/bel/ncbi/test_dictionary.txt or bel/bc5cdr/medic_06Jul2012.txt"))
-                continue
-            cells.append(Cell("bel/before", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
-            cells.append(Cell("bel/after", exp, "after", spec, train={"preset": "phrase", "data": str(names)},
-                              data_note=f"{n_strings} names sampled from the NCBI/MEDIC dictionaries of the BEL sets "
-                                        "(the paper samples 10k UMLS names; UMLS needs a licence)"))
-        elif exp == "bli":
-            pairs = [p for p in BLI_PAIRS if (data_dir / "bli" / p).is_dir()]
-            for p in BLI_PAIRS:
-                if p not in pairs:
-                    skipped.append(Skipped(exp, p, f"{data_dir}/bli/{p}/ (Glavaš et al. 2019 dictionaries)"))
-            if not pairs:
-                continue
-            if quick:
-                pairs = pairs[:1]
-            langs = sorted({x for p in pairs for x in p.split("-")})
-            words: list[str] = []
-            per_lang = max(1, n_strings // len(langs))
-            for lang in langs:
-                src = word_list_source(data_dir, lang)
-                if src is None:
-                    continue
-                if "data" in src:
-                    words += _lines(Path(src["data"]))[:per_lang]
-                else:
-                    from mirrorbert.data import top_words
-
-                    words += top_words(per_lang, lang)
-            train_file = _write_lines(derived / f"bli_words_{'_'.join(langs)}_{per_lang}.txt", list(dict.fromkeys(words)))
-            bli_opts: dict[str, Any] = {"pairs": pairs, **({"extra_vocab": quick.bli_extra_vocab} if quick else {})}
-            spec = EvalSpec("bli", bli_opts, keep=tuple(f"{p}_acc@1" for p in pairs) + ("avg",),
-                            rename={"primary": "avg"})
-            cells.append(Cell("bli/before", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
-            cells.append(Cell("bli/after", exp, "after", spec, train={"preset": "word", "data": str(train_file)},
-                              data_note=f"the {per_lang} most frequent words of each of {', '.join(langs)} (one model)"))
-        elif exp == "ablation":
-            if not need_sentences(exp):
-                continue
-            spec = _sts_eval()
-            drophead = DROPHEAD_RATE.get(model_type, DROPHEAD_DEFAULT)
-            variants = {
-                "after": {},
-                "drophead": {"dropout": 0.0, "drophead": drophead},
-                "no-dropout": {"dropout": 0.0},
-                "no-span-mask": {"mask_span": 0},
-                "no-dropout-no-span-mask": {"dropout": 0.0, "mask_span": 0},
-                "controlled-dropout-no-span-mask": {"mask_span": 0, "controlled_dropout": True},
-            }
-            for state, change in variants.items():
-                note = ", ".join(f"{k}={v}" for k, v in change.items()) or "the sentence preset"
-                cells.append(Cell(f"ablation/{state}", exp, state, spec, train={**sentence_train, **change},
-                                  data_note=f"`{STSB_SENTENCES}`; {note}"))
-        elif exp == "isotropy":
-            levels: dict[str, tuple[dict[str, Any] | None, str]] = {"word": (word_train, "English word list")}
-            names = bel_names(data_dir, derived / f"bel_names_{n_strings}.txt", n_strings)
-            levels["phrase"] = ({"preset": "phrase", "data": str(names)} if names else None, "BEL dictionary names")
-            levels["sentence"] = (sentence_train, "STS-B training sentences")
-            for level, (train, what) in levels.items():
-                if train is None:
-                    skipped.append(Skipped(exp, level, f"the {what} in the data directory"))
-                    continue
-                texts_file = train.get("data")
-                opts: dict[str, Any] = {"max_texts": n_strings}
-                if texts_file:
-                    opts["texts_file"] = texts_file
-                else:  # wordfreq words: written out so that the evaluation reads the same strings
-                    from mirrorbert.data import top_words
-
-                    opts["texts_file"] = str(_write_lines(derived / f"en_words_top_{n_strings}.txt", top_words(n_strings, "en")))
-                spec = EvalSpec("isotropy", opts, keep=("is",), rename={"is": f"is_{level}"})
-                plot = EvalSpec(**{**asdict(spec), "reference_base": level == "sentence"})
-                cells.append(Cell(f"isotropy/before/{level}", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
-                cells.append(Cell(f"isotropy/after/{level}", exp, "after", plot, train=train, data_note=what))
-                cells.append(Cell(f"isotropy/no-aug/{level}", exp, "no-aug", spec,
-                                  train={**train, "mask_span": 0, "dropout": 0.0}, data_note=f"{what}; no span mask, no dropout"))
-        elif exp == "datasize":
-            sizes = quick.datasizes if quick else DATASIZES
-            if en_words is not None:
-                available = len(_lines(Path(en_words["data"]))) if "data" in en_words else None
-                spec = EvalSpec("wordsim", {"sets": ["multisimlex"], "languages": ["en"]}, keep=("msimlex_en",))
-                for n in sizes:
-                    if available is not None and n <= available:  # the whole list: the same model as wordsim's
-                        src = {"data": en_words["data"], **({"limit": n} if n < available else limit)}
-                        note = f"{n} of `{Path(en_words['data']).name}`"
-                    elif _wordfreq_has("en"):
-                        src, note = {"words_top": n, "lang": "en"}, f"wordfreq top {n} (en)"
-                    else:
-                        skipped.append(Skipped(exp, f"word, {n} strings", "more English words (wordfreq)"))
-                        continue
-                    cells.append(Cell(f"datasize/word/{n}", exp, "word", spec, train={"preset": "word", **src},
-                                      data_note=note, x=n))
-            if stsb_file.is_file():
-                available = len(_lines(stsb_file))
-                for n in sizes:
-                    if n > available:
-                        skipped.append(Skipped(exp, f"sentence, {n} strings",
-                                               f"more than the {available} STS-B training sentences (the paper samples NLI sentences)"))
-                        continue
-                    cells.append(Cell(f"datasize/sentence/{n}", exp, "sentence", _sts_eval(),
-                                      train=sentence_train if n == available else
-                                      {"preset": "sentence", "data": str(stsb_file), "limit": n},
-                                      data_note=f"{n} STS-B training sentences", x=n))
-            else:
-                need_sentences(exp)
-        elif exp == "frequency":
-            n_buckets = quick.buckets if quick else FREQUENCY_BUCKETS
-            size = quick.bucket_size if quick else FREQUENCY_BUCKET_SIZE
-            try:
-                from mirrorbert.data import top_words
-
-                ranked = top_words(n_buckets * size, "en")
-            except Exception as exc:  # wordfreq missing or without the list: the figure is skipped
-                skipped.append(Skipped(exp, "all", f"wordfreq's English list ({exc})"))
-                continue
-            spec = EvalSpec("wordsim", {"sets": ["multisimlex"], "languages": ["en"]}, keep=("msimlex_en",))
-            for b in range(n_buckets):
-                bucket = ranked[b * size:(b + 1) * size]
-                if len(bucket) < 2:
-                    skipped.append(Skipped(exp, f"bucket {b + 1}", "more wordfreq words"))
-                    continue
-                path = _write_lines(derived / f"en_words_bucket{b + 1}_of{size}.txt", bucket)
-                cells.append(Cell(f"frequency/bucket-{b + 1}", exp, "bucket", spec, train={"preset": "word", "data": str(path)},
-                                  data_note=f"en words ranked {b * size + 1}-{b * size + len(bucket)} by wordfreq", x=b + 1))
-        elif exp == "lexsub":
-            # The cheap comparisons first (LS07 before the 6x larger CoInCo, no post-processing before the
-            # costly candidate validation), all three models each: a stopped run still has whole columns.
-            for dataset in LEXSUB_SETS:
-                if not (data_dir / "lexsub" / dataset).is_dir():
-                    skipped.append(Skipped(exp, dataset, f"{data_dir}/lexsub/{dataset} (LexSubCon layout)"))
-                    continue
-                for post, post_opts in LEXSUB_POST.items():
-                    for arch in (None, "mt", "sc"):
-                        name = "base" if arch is None else f"gr-{arch}"
-                        opts = {"dataset": dataset, "post": list(post_opts)}
-                        if quick:
-                            opts["limit"] = quick.lexsub_items
-                        cells.append(Cell(f"lexsub/{name}/{post}/{dataset}", exp, f"{name}/{post}",
-                                          EvalSpec("lexsub", opts), gr_arch=arch))
-        elif exp == "gr-sts":
-            for arch in (None, "mt", "sc"):
-                name = "base" if arch is None else f"gr-{arch}"
-                cells.append(Cell(f"gr-sts/{name}", exp, name, EvalSpec(**{**asdict(_sts_eval()), "pooling": "first-last"}),
-                                  gr_arch=arch))
-        elif exp == "gr-supervised":
-            if not (data_dir / "sts/STSBenchmark").is_dir():
-                skipped.append(Skipped(exp, "all", f"{data_dir}/sts/STSBenchmark"))
-                continue
-            for arch in (None, "mt", "sc"):
-                name = "base" if arch is None else f"gr-{arch}"
-                opts: dict[str, Any] = {"fractions": [1.0, 0.5, 0.2]}
-                if quick:
-                    opts.update(epochs=1)
-                cells.append(Cell(f"gr-supervised/{name}", exp, name, EvalSpec("finetune-sts", opts), gr_arch=arch))
-        else:  # validated at the edge; kept for safety
+        if exp not in EXPERIMENT_CELLS:  # validated at the edge; kept for safety
             raise ValueError(f"unknown experiment {exp}")
-    ids = [c.id for c in cells]
+        EXPERIMENT_CELLS[exp](ctx, exp)
+    ids = [c.id for c in ctx.cells]
     assert len(ids) == len(set(ids)), "cell ids must be unique"
-    return cells, skipped
+    return ctx.cells, ctx.skipped
+
+
+def _wordsim_cells(ctx: "_Context", exp: str) -> None:
+    cells, skipped, quick, data_dir, limit = (ctx.cells, ctx.skipped, ctx.quick, ctx.data_dir, ctx.limit)
+    from mirrorbert.evaluation.wordsim import PAPER_LANGUAGES
+
+    langs = ["en"] if quick else list(PAPER_LANGUAGES)
+    for lang in langs:
+        source = word_list_source(data_dir, lang)
+        if source is None:
+            skipped.append(Skipped(exp, f"Multi-SimLex {lang}", f"{data_dir / CORPORA}/{lang}_words_top_10k.txt or a wordfreq list for {lang}"))
+            continue
+        spec = EvalSpec("wordsim", {"sets": ["multisimlex"], "languages": [lang]}, keep=(f"msimlex_{lang}",))
+        cells.append(Cell(f"wordsim/before/{lang}", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
+        cells.append(Cell(f"wordsim/after/{lang}", exp, "after", spec, train={"preset": "word", **source, **limit},
+                          data_note=_describe(source)))
+
+
+def _random_strings_cells(ctx: "_Context", exp: str) -> None:
+    cells, skipped, n_strings, en_words, word_train = (
+        ctx.cells, ctx.skipped, ctx.n_strings, ctx.en_words, ctx.word_train)
+    if word_train is None:
+        skipped.append(Skipped(exp, "all", "an English word list"))
+        return
+    spec = EvalSpec("wordsim", {"sets": ["multisimlex"], "languages": ["en"]}, keep=("msimlex_en",))
+    cells.append(Cell("random-strings/before-cls", exp, "before-cls", EvalSpec(**{**asdict(spec), "pooling": "cls"})))
+    cells.append(Cell("random-strings/before", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
+    cells.append(Cell("random-strings/after", exp, "after", spec, train=word_train, data_note=_describe(en_words)))
+    rnd = {"preset": "word", "random_strings": n_strings}
+    cells.append(Cell("random-strings/random-strings", exp, "random-strings", spec, train=rnd,
+                      data_note=f"{n_strings} random letter/digit strings"))
+    cells.append(Cell("random-strings/random-strings-lr5e-5", exp, "random-strings-lr5e-5", spec,
+                      train={**rnd, "lr": 5e-5}, data_note=f"{n_strings} random strings, lr 5e-5"))
+
+
+def _sts_cells(ctx: "_Context", exp: str) -> None:
+    cells, sentence_train, need_sentences = (ctx.cells, ctx.sentence_train, ctx.need_sentences)
+    spec = _sts_eval()
+    cells.append(Cell("sts/before", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
+    cells.append(Cell("sts/before-cls", exp, "before-cls", EvalSpec(**{**asdict(spec), "pooling": "cls"})))
+    if need_sentences(exp):
+        cells.append(Cell("sts/after", exp, "after", spec, train=sentence_train, data_note=f"`{STSB_SENTENCES}`"))
+
+
+def _qnli_cells(ctx: "_Context", exp: str) -> None:
+    cells, skipped, data_dir, n_strings, sentence_train, need_sentences = (
+        ctx.cells, ctx.skipped, ctx.data_dir, ctx.n_strings, ctx.sentence_train, ctx.need_sentences)
+    spec = EvalSpec("qnli", keep=("auc",), rename={"primary": "auc"})
+    cells.append(Cell("qnli/before", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
+    qnli_train = data_dir / QNLI_TRAIN
+    if qnli_train.is_file():
+        cells.append(Cell("qnli/after", exp, "after", spec,
+                          train={"preset": "sentence", "data": str(qnli_train), "column": "sentence", "limit": n_strings},
+                          data_note=f"{n_strings} sentences sampled from the QNLI training set"))
+    else:
+        skipped.append(Skipped(exp, "Mirror on QNLI training sentences (the paper's setting)",
+                               f"{qnli_train} (GLUE QNLI train.tsv); tuned on the STS-B sentences instead"))
+        if need_sentences(exp):
+            cells.append(Cell("qnli/after-stsb-sentences", exp, "after-stsb-sentences", spec, train=sentence_train,
+                              data_note=f"`{STSB_SENTENCES}` (QNLI training sentences absent)"))
+
+
+def _bel_cells(ctx: "_Context", exp: str) -> None:
+    cells, skipped, data_dir, derived, n_strings = (ctx.cells, ctx.skipped, ctx.data_dir, ctx.derived, ctx.n_strings)
+    spec = EvalSpec("bel", keep=("ncbi_acc@1", "ncbi_acc@5", "bc5cdr_acc@1", "bc5cdr_acc@5"))
+    names = bel_names(data_dir, derived / f"bel_names_{n_strings}.txt", n_strings)
+    if names is None:
+        skipped.append(Skipped(exp, "all", f"{data_dir}/bel/ncbi/test_dictionary.txt or bel/bc5cdr/medic_06Jul2012.txt"))
+        return
+    cells.append(Cell("bel/before", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
+    cells.append(Cell("bel/after", exp, "after", spec, train={"preset": "phrase", "data": str(names)},
+                      data_note=f"{n_strings} names sampled from the NCBI/MEDIC dictionaries of the BEL sets "
+                                "(the paper samples 10k UMLS names; UMLS needs a licence)"))
+
+
+def _bli_cells(ctx: "_Context", exp: str) -> None:
+    cells, skipped, quick, data_dir, derived, n_strings = (
+        ctx.cells, ctx.skipped, ctx.quick, ctx.data_dir, ctx.derived, ctx.n_strings)
+    pairs = [p for p in BLI_PAIRS if (data_dir / "bli" / p).is_dir()]
+    for p in BLI_PAIRS:
+        if p not in pairs:
+            skipped.append(Skipped(exp, p, f"{data_dir}/bli/{p}/ (Glavaš et al. 2019 dictionaries)"))
+    if not pairs:
+        return
+    if quick:
+        pairs = pairs[:1]
+    langs = sorted({x for p in pairs for x in p.split("-")})
+    words: list[str] = []
+    per_lang = max(1, n_strings // len(langs))
+    for lang in langs:
+        src = word_list_source(data_dir, lang)
+        if src is None:
+            continue
+        if "data" in src:
+            words += _lines(Path(src["data"]))[:per_lang]
+        else:
+            from mirrorbert.data import top_words
+
+            words += top_words(per_lang, lang)
+    train_file = _write_lines(derived / f"bli_words_{'_'.join(langs)}_{per_lang}.txt", list(dict.fromkeys(words)))
+    bli_opts: dict[str, Any] = {"pairs": pairs, **({"extra_vocab": quick.bli_extra_vocab} if quick else {})}
+    spec = EvalSpec("bli", bli_opts, keep=tuple(f"{p}_acc@1" for p in pairs) + ("avg",),
+                    rename={"primary": "avg"})
+    cells.append(Cell("bli/before", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
+    cells.append(Cell("bli/after", exp, "after", spec, train={"preset": "word", "data": str(train_file)},
+                      data_note=f"the {per_lang} most frequent words of each of {', '.join(langs)} (one model)"))
+
+
+def _ablation_cells(ctx: "_Context", exp: str) -> None:
+    cells, sentence_train, need_sentences, model_type = (
+        ctx.cells, ctx.sentence_train, ctx.need_sentences, ctx.model_type)
+    if not need_sentences(exp):
+        return
+    spec = _sts_eval()
+    drophead = DROPHEAD_RATE.get(model_type, DROPHEAD_DEFAULT)
+    variants = {
+        "after": {},
+        "drophead": {"dropout": 0.0, "drophead": drophead},
+        "no-dropout": {"dropout": 0.0},
+        "no-span-mask": {"mask_span": 0},
+        "no-dropout-no-span-mask": {"dropout": 0.0, "mask_span": 0},
+        "controlled-dropout-no-span-mask": {"mask_span": 0, "controlled_dropout": True},
+    }
+    for state, change in variants.items():
+        note = ", ".join(f"{k}={v}" for k, v in change.items()) or "the sentence preset"
+        cells.append(Cell(f"ablation/{state}", exp, state, spec, train={**sentence_train, **change},
+                          data_note=f"`{STSB_SENTENCES}`; {note}"))
+
+
+def _isotropy_cells(ctx: "_Context", exp: str) -> None:
+    cells, skipped, data_dir, derived, n_strings, sentence_train, word_train = (
+        ctx.cells, ctx.skipped, ctx.data_dir, ctx.derived, ctx.n_strings, ctx.sentence_train, ctx.word_train)
+    levels: dict[str, tuple[dict[str, Any] | None, str]] = {"word": (word_train, "English word list")}
+    names = bel_names(data_dir, derived / f"bel_names_{n_strings}.txt", n_strings)
+    levels["phrase"] = ({"preset": "phrase", "data": str(names)} if names else None, "BEL dictionary names")
+    levels["sentence"] = (sentence_train, "STS-B training sentences")
+    for level, (train, what) in levels.items():
+        if train is None:
+            skipped.append(Skipped(exp, level, f"the {what} in the data directory"))
+            continue
+        texts_file = train.get("data")
+        opts: dict[str, Any] = {"max_texts": n_strings}
+        if texts_file:
+            opts["texts_file"] = texts_file
+        else:  # wordfreq words: written out so that the evaluation reads the same strings
+            from mirrorbert.data import top_words
+
+            opts["texts_file"] = str(_write_lines(derived / f"en_words_top_{n_strings}.txt", top_words(n_strings, "en")))
+        spec = EvalSpec("isotropy", opts, keep=("is",), rename={"is": f"is_{level}"})
+        plot = EvalSpec(**{**asdict(spec), "reference_base": level == "sentence"})
+        cells.append(Cell(f"isotropy/before/{level}", exp, "before", EvalSpec(**{**asdict(spec), "pooling": "mean"})))
+        cells.append(Cell(f"isotropy/after/{level}", exp, "after", plot, train=train, data_note=what))
+        cells.append(Cell(f"isotropy/no-aug/{level}", exp, "no-aug", spec,
+                          train={**train, "mask_span": 0, "dropout": 0.0}, data_note=f"{what}; no span mask, no dropout"))
+
+
+def _datasize_cells(ctx: "_Context", exp: str) -> None:
+    cells, skipped, quick, limit, stsb_file, sentence_train, en_words, need_sentences = (
+        ctx.cells, ctx.skipped, ctx.quick, ctx.limit, ctx.stsb_file, ctx.sentence_train, ctx.en_words, ctx.need_sentences)
+    sizes = quick.datasizes if quick else DATASIZES
+    if en_words is not None:
+        available = len(_lines(Path(en_words["data"]))) if "data" in en_words else None
+        spec = EvalSpec("wordsim", {"sets": ["multisimlex"], "languages": ["en"]}, keep=("msimlex_en",))
+        for n in sizes:
+            if available is not None and n <= available:  # the whole list: the same model as wordsim's
+                src = {"data": en_words["data"], **({"limit": n} if n < available else limit)}
+                note = f"{n} of `{Path(en_words['data']).name}`"
+            elif _wordfreq_has("en"):
+                src, note = {"words_top": n, "lang": "en"}, f"wordfreq top {n} (en)"
+            else:
+                skipped.append(Skipped(exp, f"word, {n} strings", "more English words (wordfreq)"))
+                continue
+            cells.append(Cell(f"datasize/word/{n}", exp, "word", spec, train={"preset": "word", **src},
+                              data_note=note, x=n))
+    if stsb_file.is_file():
+        available = len(_lines(stsb_file))
+        for n in sizes:
+            if n > available:
+                skipped.append(Skipped(exp, f"sentence, {n} strings",
+                                       f"more than the {available} STS-B training sentences (the paper samples NLI sentences)"))
+                continue
+            cells.append(Cell(f"datasize/sentence/{n}", exp, "sentence", _sts_eval(),
+                              train=sentence_train if n == available else
+                              {"preset": "sentence", "data": str(stsb_file), "limit": n},
+                              data_note=f"{n} STS-B training sentences", x=n))
+    else:
+        need_sentences(exp)
+
+
+def _frequency_cells(ctx: "_Context", exp: str) -> None:
+    cells, skipped, quick, derived = (ctx.cells, ctx.skipped, ctx.quick, ctx.derived)
+    n_buckets = quick.buckets if quick else FREQUENCY_BUCKETS
+    size = quick.bucket_size if quick else FREQUENCY_BUCKET_SIZE
+    try:
+        from mirrorbert.data import top_words
+
+        ranked = top_words(n_buckets * size, "en")
+    except Exception as exc:  # wordfreq missing or without the list: the figure is skipped
+        skipped.append(Skipped(exp, "all", f"wordfreq's English list ({exc})"))
+        return
+    spec = EvalSpec("wordsim", {"sets": ["multisimlex"], "languages": ["en"]}, keep=("msimlex_en",))
+    for b in range(n_buckets):
+        bucket = ranked[b * size:(b + 1) * size]
+        if len(bucket) < 2:
+            skipped.append(Skipped(exp, f"bucket {b + 1}", "more wordfreq words"))
+            continue
+        path = _write_lines(derived / f"en_words_bucket{b + 1}_of{size}.txt", bucket)
+        cells.append(Cell(f"frequency/bucket-{b + 1}", exp, "bucket", spec, train={"preset": "word", "data": str(path)},
+                          data_note=f"en words ranked {b * size + 1}-{b * size + len(bucket)} by wordfreq", x=b + 1))
+
+
+def _lexsub_cells(ctx: "_Context", exp: str) -> None:
+    cells, skipped, quick, data_dir = (ctx.cells, ctx.skipped, ctx.quick, ctx.data_dir)
+    # The cheap comparisons first (LS07 before the 6x larger CoInCo, no post-processing before the
+    # costly candidate validation), all three models each: a stopped run still has whole columns.
+    for dataset in LEXSUB_SETS:
+        if not (data_dir / "lexsub" / dataset).is_dir():
+            skipped.append(Skipped(exp, dataset, f"{data_dir}/lexsub/{dataset} (LexSubCon layout)"))
+            continue
+        for post, post_opts in LEXSUB_POST.items():
+            for arch in (None, "mt", "sc"):
+                name = "base" if arch is None else f"gr-{arch}"
+                opts = {"dataset": dataset, "post": list(post_opts)}
+                if quick:
+                    opts["limit"] = quick.lexsub_items
+                cells.append(Cell(f"lexsub/{name}/{post}/{dataset}", exp, f"{name}/{post}",
+                                  EvalSpec("lexsub", opts), gr_arch=arch))
+
+
+def _gr_sts_cells(ctx: "_Context", exp: str) -> None:
+    cells = ctx.cells
+    for arch in (None, "mt", "sc"):
+        name = "base" if arch is None else f"gr-{arch}"
+        cells.append(Cell(f"gr-sts/{name}", exp, name, EvalSpec(**{**asdict(_sts_eval()), "pooling": "first-last"}),
+                          gr_arch=arch))
+
+
+def _gr_supervised_cells(ctx: "_Context", exp: str) -> None:
+    cells, skipped, quick, data_dir = (ctx.cells, ctx.skipped, ctx.quick, ctx.data_dir)
+    if not (data_dir / "sts/STSBenchmark").is_dir():
+        skipped.append(Skipped(exp, "all", f"{data_dir}/sts/STSBenchmark"))
+        return
+    for arch in (None, "mt", "sc"):
+        name = "base" if arch is None else f"gr-{arch}"
+        opts: dict[str, Any] = {"fractions": [1.0, 0.5, 0.2]}
+        if quick:
+            opts.update(epochs=1)
+        cells.append(Cell(f"gr-supervised/{name}", exp, name, EvalSpec("finetune-sts", opts), gr_arch=arch))
+
+
+EXPERIMENT_CELLS = {
+    "wordsim": _wordsim_cells,
+    "random-strings": _random_strings_cells,
+    "sts": _sts_cells,
+    "qnli": _qnli_cells,
+    "bel": _bel_cells,
+    "bli": _bli_cells,
+    "ablation": _ablation_cells,
+    "isotropy": _isotropy_cells,
+    "datasize": _datasize_cells,
+    "frequency": _frequency_cells,
+    "lexsub": _lexsub_cells,
+    "gr-sts": _gr_sts_cells,
+    "gr-supervised": _gr_supervised_cells,
+}
 
 
 def cells_json(cells: list[Cell]) -> str:
