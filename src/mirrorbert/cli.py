@@ -242,9 +242,9 @@ def run_encode(args) -> int:
 
     check_device_and_precision(opts.device, opts.precision)
     if opts.quantize != "float32":
-        from mirrorbert.quantized import _st_quantization
+        from mirrorbert.quantized import st_quantization
 
-        _st_quantization()  # installed, before the model loads
+        st_quantization()  # installed, before the model loads
     plan = WritePlan({"--input": opts.input, "--model": opts.model}, overwrite=opts.overwrite).file("--output", output)
     if opts.skip_bad_lines:
         plan.file("--output", rows_file(output))

@@ -18,7 +18,7 @@ from mirrorbert.errors import UserError
 DEFAULT_RESCORE_MULTIPLIER = 4
 
 
-def _st_quantization():
+def st_quantization():
     try:
         from sentence_transformers.util import quantization  # sentence-transformers >= 5.2
     except ImportError:
@@ -40,7 +40,7 @@ def quantize(vectors: np.ndarray, precision: str, calibration: np.ndarray | None
     check_quantization(precision, "--quantize")
     if precision == "float32":
         return np.asarray(vectors, dtype=np.float32)
-    quantization = _st_quantization()
+    quantization = st_quantization()
     vectors = np.asarray(vectors, dtype=np.float32)
     calibration = vectors if calibration is None else np.asarray(calibration, dtype=np.float32)
     return quantization.quantize_embeddings(vectors, precision=precision, calibration_embeddings=calibration)
@@ -57,19 +57,19 @@ def quantized_topk(queries: np.ndarray, corpus: np.ndarray, precision: str, top_
     queries = np.asarray(queries, dtype=np.float32)
     if precision == "int8":
         return _int8_topk(queries, corpus, top_k, cache, rescore_multiplier)
-    quantization = _st_quantization()
+    quantization = st_quantization()
     index = cache.get(("index", precision))
     codes = None if index is not None else quantization.quantize_embeddings(corpus, precision=precision)
     results, _, index = quantization.semantic_search_faiss(
         queries, corpus_embeddings=codes, corpus_index=index, corpus_precision=precision, top_k=top_k,
         rescore=True, rescore_multiplier=rescore_multiplier, exact=True, output_index=True)
     cache[("index", precision)] = index
-    return _as_arrays(results, len(queries), min(top_k, len(corpus)))
+    return hits_as_arrays(results, len(queries), min(top_k, len(corpus)))
 
 
 def _int8_topk(queries: np.ndarray, corpus: np.ndarray, top_k: int, cache: dict, rescore_multiplier: int,
                query_block: int = 256, corpus_block: int = 8192) -> tuple[np.ndarray, np.ndarray]:
-    quantization = _st_quantization()
+    quantization = st_quantization()
     if ("index", "int8") not in cache:
         ranges = np.vstack([corpus.min(axis=0), corpus.max(axis=0)])
         cache[("index", "int8")] = (quantization.quantize_embeddings(corpus, "int8", ranges=ranges), ranges)
@@ -101,7 +101,7 @@ def _int8_topk(queries: np.ndarray, corpus: np.ndarray, top_k: int, cache: dict,
     return scores, ids
 
 
-def _as_arrays(results: list[list[dict]], n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+def hits_as_arrays(results: list[list[dict]], n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     scores = np.full((n_queries, k), -np.inf, dtype=np.float64)
     ids = np.full((n_queries, k), -1, dtype=np.int64)
     for row, hits in enumerate(results):
@@ -116,4 +116,4 @@ def recall_at_k(reference_ids: np.ndarray, ids: np.ndarray) -> float:
     return float(np.mean(shares)) if shares else 0.0
 
 
-__all__ = ["ENCODE_QUANTIZATIONS", "SEARCH_QUANTIZATIONS", "quantize", "quantized_topk", "recall_at_k"]
+__all__ = ["hits_as_arrays", "quantize", "quantized_topk", "recall_at_k", "st_quantization"]

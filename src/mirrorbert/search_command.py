@@ -42,13 +42,14 @@ def add_search_parser(sub) -> None:
 
 
 def _read_queries(opts: SearchOptions) -> list[str]:
-    from mirrorbert.data import read_file
+    from mirrorbert.data import CSV_SUFFIXES, read_file
+    from mirrorbert.tabular import is_table
 
     if opts.query:
         return list(opts.query)
     # --column/--field name the corpus's text; a query file of the same kind uses the same name
     suffix = Path(opts.queries).suffix.lower()
-    column = opts.column if suffix in (".csv", ".tsv") else None
+    column = opts.column if suffix in CSV_SUFFIXES or is_table(Path(opts.queries)) else None
     field = opts.field if suffix in (".jsonl", ".json") else None
     queries, _ = read_file(opts.queries, column=column, field=field, skip_bad_lines=opts.skip_bad_lines,
                            option="--queries")
@@ -84,9 +85,9 @@ def run_search(args) -> int:
 
         wants_faiss(True)  # fails now, not after encoding the corpus
     if opts.quantize != "float32":
-        from mirrorbert.quantized import _st_quantization
+        from mirrorbert.quantized import st_quantization
 
-        _st_quantization()
+        st_quantization()
     queries = _read_queries(opts)
     if opts.index:
         from mirrorbert.index_store import check_index, load_index
