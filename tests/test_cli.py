@@ -11,13 +11,6 @@ import pytest
 from mirrorbert.cli import main
 
 
-@pytest.fixture()
-def strings_file(tmp_path, corpus):
-    p = tmp_path / "s.txt"
-    p.write_text("\n".join(corpus) + "\n", encoding="utf-8")
-    return p
-
-
 def test_train_then_encode_console_script(tiny_bert, strings_file, tmp_path):
     """The real console script in a subprocess: exit codes, output files, vectors readable."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -43,13 +43,6 @@ def weights_trap(monkeypatch):
         monkeypatch.setattr(getattr(transformers, name), "from_pretrained", refuse)
 
 
-@pytest.fixture
-def strings_file(tmp_path, corpus) -> Path:
-    path = tmp_path / "strings.txt"
-    path.write_text("\n".join(corpus) + "\n", encoding="utf-8")
-    return path
-
-
 def damaged_copy(tiny_bert: Path, tmp_path: Path, damage: str) -> Path:
     folder = tmp_path / damage
     shutil.copytree(tiny_bert, folder)

@@ -35,13 +35,6 @@ def no_weights(monkeypatch):
         monkeypatch.setattr(getattr(transformers, name), "from_pretrained", refuse)
 
 
-@pytest.fixture
-def strings_file(tmp_path, corpus) -> Path:
-    path = tmp_path / "strings.txt"
-    path.write_text("\n".join(corpus) + "\n", encoding="utf-8")
-    return path
-
-
 def run_cli(capsys, argv) -> tuple[int, str]:
     code = main([str(a) for a in argv])
     err = capsys.readouterr().err
