@@ -10,6 +10,7 @@ paper's sentence preset: temperature 0.04, a 5-character span masked in the seco
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 
@@ -30,30 +31,40 @@ def main(argv: list[str] | None = None) -> int:
     from sentence_transformers.models import Pooling, Transformer
 
     from mirrorbert.integrations.sentence_transformers import MirrorBertDataCollator, MirrorBertLoss
+    from mirrorbert.safety import WritePlan, atomic_output_dir
 
-    strings = list(dict.fromkeys(s.strip() for s in Path(args.data).read_text(encoding="utf-8").splitlines() if s.strip()))
-    if (Path(args.model) / "modules.json").exists():  # already a sentence-transformers model
-        model = SentenceTransformer(args.model)
-    else:  # a masked LM: the encoder plus mean pooling
-        encoder = Transformer(args.model, max_seq_length=50)
-        model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_word_embedding_dimension(), "mean")])
-    trainer = SentenceTransformerTrainer(
-        model=model,
-        train_dataset=Dataset.from_dict({"text": strings}),
-        loss=MirrorBertLoss(model, temperature=0.04),
-        data_collator=MirrorBertDataCollator(model, mask_span=5, seed=args.seed),
-        args=SentenceTransformerTrainingArguments(
-            output_dir=str(Path(args.output).with_name(Path(args.output).name + ".trainer")),
-            num_train_epochs=args.epochs, max_steps=args.max_steps, per_device_train_batch_size=args.batch_size,
-            learning_rate=args.lr, warmup_ratio=0.0, seed=args.seed, report_to=[], save_strategy="no",
-            logging_steps=1,
-        ),
-    )
-    trainer.train()
-    model.save_pretrained(args.output)
+    # mirrorbert's write policy: OUTPUT must not exist (or be inside MODEL/DATA); written aside, then renamed
+    plan = WritePlan({"MODEL": args.model, "DATA": args.data}).folder("OUTPUT", args.output)
+    with plan.locked(), tempfile.TemporaryDirectory() as trainer_dir:
+        strings = list(dict.fromkeys(s.strip() for s in Path(args.data).read_text(encoding="utf-8").splitlines()
+                                     if s.strip()))
+        if (Path(args.model) / "modules.json").exists():  # already a sentence-transformers model
+            model = SentenceTransformer(args.model)
+        else:  # a masked LM: the encoder plus mean pooling
+            encoder = Transformer(args.model, max_seq_length=50)
+            model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_word_embedding_dimension(), "mean")])
+        trainer = SentenceTransformerTrainer(
+            model=model,
+            train_dataset=Dataset.from_dict({"text": strings}),
+            loss=MirrorBertLoss(model, temperature=0.04),
+            data_collator=MirrorBertDataCollator(model, mask_span=5, seed=args.seed),
+            args=SentenceTransformerTrainingArguments(
+                output_dir=trainer_dir, num_train_epochs=args.epochs, max_steps=args.max_steps,
+                per_device_train_batch_size=args.batch_size, learning_rate=args.lr, warmup_ratio=0.0,
+                seed=args.seed, report_to=[], save_strategy="no", logging_steps=1,
+            ),
+        )
+        trainer.train()
+        with atomic_output_dir(args.output, kind="model") as tmp:
+            model.save_pretrained(str(tmp))
     print(f"model saved to {args.output}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from mirrorbert.errors import UserError
+
+    try:
+        raise SystemExit(main())
+    except UserError as exc:  # one line, as the mirrorbert commands answer
+        raise SystemExit(f"sentence_transformers_trainer.py: error: {exc}") from None

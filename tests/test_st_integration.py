@@ -201,3 +201,11 @@ def test_example_script_trains_and_saves(tiny_no_dropout, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "modules.json").exists() and (out / "model.safetensors").exists()
+    mine = tmp_path / "mine"  # the user's folder: refused in one line, untouched
+    mine.mkdir()
+    (mine / "notes.md").write_text("keep me\n", encoding="utf-8")
+    again = subprocess.run([sys.executable, str(ROOT / "examples" / "sentence_transformers_trainer.py"),
+                            str(tiny_no_dropout), str(data), str(mine), "--max-steps", "1"],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode != 0 and "already exists" in again.stderr.strip().splitlines()[-1], again.stderr[-2000:]
+    assert [p.name for p in mine.iterdir()] == ["notes.md"]
