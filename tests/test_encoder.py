@@ -162,3 +162,31 @@ def test_loading_an_mlm_in_python_prints_no_load_report(tiny_bert, capfd, caplog
     out, err = capfd.readouterr()
     assert "LOAD REPORT" not in out + err and "were not used" not in out + err
     assert not [r for r in caplog.records if r.name.startswith("transformers")]
+
+
+def test_a_normalising_model_is_saved_with_its_normalize_module(tiny_bert, tmp_path):
+    """A model loaded with a Normalize module (all-MiniLM-L6-v2 has one) keeps it when saved again: the saved
+    folder still gives unit vectors in sentence-transformers and in mirrorbert (it used to drop it)."""
+    import json
+
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from mirrorbert.encoder import Encoder
+
+    first = Encoder.load(tiny_bert, device="cpu")
+    first.normalize_default = True
+    first.save(tmp_path / "a")
+    modules = json.loads((tmp_path / "a" / "modules.json").read_text(encoding="utf-8"))
+    assert modules[-1]["type"].endswith("Normalize")
+    again = Encoder.load(tmp_path / "a", device="cpu")
+    assert again.normalize_default is True
+    again.save(tmp_path / "b")  # and once more: still there
+    texts = ["the cat sat on the mat", "a dog"]
+    st = SentenceTransformer(str(tmp_path / "b"), device="cpu").encode(texts)
+    np.testing.assert_allclose(np.linalg.norm(st, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(Encoder.load(tmp_path / "b", device="cpu").encode(texts), st, atol=1e-5)
+    plain = Encoder.load(tiny_bert, device="cpu")
+    plain.save(tmp_path / "c")
+    assert not any(m["type"].endswith("Normalize")
+                   for m in json.loads((tmp_path / "c" / "modules.json").read_text(encoding="utf-8")))

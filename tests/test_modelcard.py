@@ -64,12 +64,15 @@ def test_train_eval_after_puts_scores_in_card_and_json(tiny_bert, data_file, sts
     for expected in (
         f'base_model: "{Path(tiny_bert).name}"', "library_name: sentence-transformers", "Mirror-BERT",
         "| temperature | 0.05 |", "| mask_span | 1 |", "| dropout | 0.1 |", "| pooling | mean |",
-        "output dimension 32", "| batch_size | 4 |", "| lr | 0.001 |", "| steps | 2 |",
+        "**Output Dimensionality:** 32 dimensions", "| batch_size | 4 |", "| lr | 0.001 |", "| steps | 2 |",
         f"{data['strings']} strings", data["sha256"],
         "## Evaluation", f"| sts | stsb | {metrics['sts/stsb'] * 100:.2f} |",
         f"SentenceTransformer({out.name!r})", f"AutoModel.from_pretrained({out.name!r})",
         "@inproceedings{liu-etal-2021-fast", "Liu, Fangyu and Vuli{\\'c}, Ivan and Korhonen, Anna and Collier, Nigel",
         "Fast, Effective, and Self-Supervised: Transforming Masked Language Models into Universal Lexical and Sentence Encoders",
+        "## Training Details", "### Training Dataset", "### Training Hyperparameters", "### Metrics",
+        "- **Training Method:** Mirror-BERT", f"- dataset_size:{data['strings']}", "- mirror-bert",
+        "@inproceedings{lin-etal-2022-improving",
     ):
         assert expected in card, expected
 
@@ -80,10 +83,86 @@ def test_card_without_training_and_its_transformers_snippet_runs(tiny_bert, tmp_
     card = (out / "README.md").read_text(encoding="utf-8")
     assert "no training recorded" in card and "## Training" not in card and "## Evaluation" not in card
     # the card's transformers snippet gives the encoder's vectors (with the model name filled in)
-    snippet = card.split("With transformers (the same vectors):")[1].split("```python")[1].split("```")[0]
+    snippet = card.split("### Direct Usage (Transformers)")[1].split("```python")[1].split("```")[0]
     scope: dict = {}
     exec(snippet.replace("path/to/model", str(out)).replace('["a sentence", "another one"]', repr(TEXTS)), scope)
     np.testing.assert_allclose(scope["vectors"].numpy(), enc.encode(TEXTS), atol=1e-5)
+
+
+SECTIONS = ("## Model Details", "### Model Description", "### Model Sources", "### Full Model Architecture", "## Usage",
+            "### Direct Usage (Sentence Transformers)", "### Direct Usage (Transformers)", "### Direct Usage (mirrorbert)",
+            "## Framework Versions", "## Citation", "### BibTeX", "#### Mirror-BERT", "#### GR-BERT")
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean", "first-last"])
+def test_card_follows_the_sentence_transformers_layout(tiny_bert, tmp_path, pooling):
+    import re
+
+    import sentence_transformers
+    import transformers
+    import yaml
+    from sentence_transformers import SentenceTransformer
+
+    out = Encoder.load(tiny_bert, pooling=pooling, device="cpu").save(tmp_path / "m")
+    card = (out / "README.md").read_text(encoding="utf-8")
+    # the front matter is valid YAML with the hub's keys
+    assert card.startswith("---\n")
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["library_name"] == "sentence-transformers" and front["pipeline_tag"] == "sentence-similarity"
+    assert front["base_model"] == Path(tiny_bert).name and "language" not in front and "datasets" not in front
+    assert {"sentence-transformers", "sentence-similarity", "feature-extraction"} <= set(front["tags"])
+    # sentence-transformers' sections, in its order
+    places = [card.index(section + "\n") for section in SECTIONS]
+    assert places == sorted(places)
+    for line in ("- **Model Type:** Sentence Transformer", "- **Maximum Sequence Length:** 64 tokens",
+                 "- **Output Dimensionality:** 32 dimensions", "- **Similarity Function:** Cosine Similarity",
+                 f"- **Pooling:** `{pooling}`", "- **Training Method:** none (no training recorded)",
+                 f"- Transformers: {transformers.__version__}",
+                 f"- Sentence Transformers: {sentence_transformers.__version__}"):
+        assert line in card, line
+    # the architecture (from modules.json and the module configs) is the modules sentence-transformers loads
+    block = card.split("### Full Model Architecture")[1].split("```")[1].strip().splitlines()
+    assert block[0] == "SentenceTransformer(" and block[-1] == ")"
+    shown = [re.match(r"  \((\d+)\): (\w+)\(", line).groups() for line in block[1:-1]]
+    loaded = SentenceTransformer(str(out), device="cpu")
+    assert shown == [(str(i), type(module).__name__) for i, module in enumerate(loaded)]
+    assert "'max_seq_length': 64" in block[1] and "'architecture': 'BertModel'" in block[1]
+    assert f"'pooling_mode_cls_token': {pooling == 'cls'}" in block[-2]
+    assert f"'pooling_mode_mean_tokens': {pooling != 'cls'}" in block[-2]
+
+
+def test_card_cites_both_papers_in_well_formed_bibtex():
+    from mirrorbert.modelcard import CITATION, CITATIONS, GR_BERT_CITATION, render_model_card
+
+    card = render_model_card({"pooling": "mean", "dim": 8, "max_length": 16, "base_model": "bert-base-uncased"})
+    for entry in (CITATION, GR_BERT_CITATION):
+        assert f"```bibtex\n{entry}\n```" in card
+        assert entry.count("{") == entry.count("}") and entry.startswith("@inproceedings{") and entry.endswith("}")
+    assert list(CITATIONS) == ["Mirror-BERT", "GR-BERT"]
+    for field in ('title = "Improving Contextual Representation with Gloss Regularized Pre-training"',
+                  'booktitle = "Findings of the Association for Computational Linguistics: NAACL 2022"',
+                  'year = "2022"', 'eprint = "2205.06603"', 'archivePrefix = "arXiv"', "An, Zhecheng"):
+        assert field in GR_BERT_CITATION, field
+    # a hub base model is linked; the untrained card's title and snippets use sentence-transformers' wording
+    assert "[bert-base-uncased](https://huggingface.co/bert-base-uncased)" in card
+    assert "# SentenceTransformer based on bert-base-uncased" in card and "SentenceTransformer('path/to/model')" in card
+    assert "### Full Model Architecture" not in card  # no folder to read it from
+
+
+def test_card_language_and_repo_name():
+    import yaml
+
+    from mirrorbert.modelcard import render_model_card
+
+    meta = {"pooling": "cls", "dim": 8, "max_length": 16, "base_model": "bert-base-uncased",
+            "training": {"method": "mirror-bert", "config": {"words_top": 100, "lang": "fr", "output": "/x/y/words"},
+                         "data": {"strings": 100, "source": "wordfreq:fr"}}}
+    card = render_model_card(meta)
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["language"] == ["fr"] and "dataset_size:100" in front["tags"] and "- **Language:** fr" in card
+    assert "# words" in card and "SentenceTransformer('words')" in card
+    pushed = render_model_card(meta, name="me/fr-words")
+    assert "# fr-words" in pushed and "SentenceTransformer('me/fr-words')" in pushed and "'words'" not in pushed
 
 
 @pytest.mark.parametrize("tasks, data_dir, message", [

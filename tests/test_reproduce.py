@@ -4,6 +4,7 @@ report has every table, and the paper-numbers file holds the paper's values."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -100,6 +101,11 @@ def test_reproduce_quick_end_to_end_and_cache(tiny_bert, tiny_data, tmp_path, mo
     shutil.copy(out / ".mirrorbert-output", moved)  # the marker: a folder mirrorbert's reproduce wrote
     again = reproduce(_config(tiny_bert, tiny_data, moved, seeds=(0, 1), report_only=True), progress=lambda _: None)
     assert [r.cell for r in again.results if r.status == "not run"] == []
+    # its report embeds only images that are in it: the cached cells' plots stayed in the first folder
+    moved_report = (moved / "report.md").read_text(encoding="utf-8")
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", moved_report)
+    assert images and all((moved / image).is_file() for image in images), images
+    assert "isotropy_cosine.png` is not in this folder" in moved_report
 
 
 def test_reproduce_validates_options(tiny_bert, tiny_data, tmp_path):

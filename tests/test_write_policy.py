@@ -89,6 +89,8 @@ COMMANDS = {
     "finetune-sts": (["finetune-sts", "--model", "m"], "--output", "file"),
     "reproduce": (["reproduce", "--model", "m"], "--output", "folder"),
     "index": (["index", "--model", "m", "--corpus", "sents.txt"], "--output", "folder"),
+    "push": (["push", "--model", "m", "--repo", "user/name", "--dry-run"], "--output", "folder"),
+    "export": (["export", "--model", "m"], "--output", "folder"),
 }
 
 

@@ -23,6 +23,8 @@ from mirrorbert.mlm.command import add_pretrain_parser
 from mirrorbert.reproduce.command import add_reproduce_parser
 from mirrorbert.safety import WritePlan, atomic_output_file, check_outputs_avoid
 from mirrorbert.search_command import add_index_parser, add_search_parser
+from mirrorbert.export_command import add_export_parser
+from mirrorbert.hub_command import PUSH_TO_HUB_HELP, add_push_parser, check_push_to_hub, push_trained
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -63,6 +65,7 @@ def add_train_parser(sub) -> None:
     g.add_argument("--model", help="hub id or local folder of the starting MLM (default: bert-base-uncased)")
     g.add_argument("--output", help="folder to write the trained model to (must not exist unless --overwrite)")
     g.add_argument("--overwrite", action="store_true", default=None, help="replace an existing --output folder")
+    g.add_argument("--push-to-hub", metavar="USER/NAME", help=PUSH_TO_HUB_HELP)
     g.add_argument("--preset", help="paper settings: word | phrase | sentence")
     g.add_argument("--config", dest="config_file", help="YAML or JSON file of options; command-line options win")
     d = p.add_argument_group("training strings")
@@ -165,6 +168,7 @@ def run_train(args) -> int:
     from mirrorbert.config import resolve_config
     from mirrorbert.data import strings_for_config
 
+    push_repo = check_push_to_hub(getattr(args, "push_to_hub", None))  # before anything is read or trained
     cfg = resolve_config({k: getattr(args, k, None) for k in _train_keys()}, config_file=args.config_file)
     if cfg.output:  # the outputs, before the data is read (the trainer checks again, and locks them)
         inputs = {"--config": args.config_file, "--model": cfg.model, "--data": cfg.data, "--data-dir": cfg.data_dir,
@@ -193,10 +197,12 @@ def run_train(args) -> int:
               f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(train_summary(result), file=sys.stderr)
+    pushed = push_trained(result.output, push_repo) if push_repo else None
     print(jsonio.dumps({"output": str(result.output), "steps": result.steps, "final_loss": result.final_loss,
                       "mean_loss_last_epoch": result.info.get("mean_loss_last_epoch"),
                       "wall_time_s": round(result.wall_time_s, 2),
-                      "strings_per_s": result.info.get("strings_per_s")}, indent=2))
+                      "strings_per_s": result.info.get("strings_per_s"),
+                      **({"pushed": pushed["url"]} if pushed else {})}, indent=2))
     return 0
 
 
@@ -237,6 +243,8 @@ def run_encode(args) -> int:
     from mirrorbert.command_options import EncodeOptions
     from mirrorbert.training.device import check_device_and_precision
 
+    from mirrorbert.distributed import launched_world_size
+
     opts = EncodeOptions.from_args(args)  # every value checked here, as in Python
     output = Path(opts.output)
 
@@ -249,29 +257,54 @@ def run_encode(args) -> int:
     if opts.skip_bad_lines:
         plan.file("--output", rows_file(output))
     with plan.locked():
-        vectors, pooling, rows = _encode(opts)
-        if vectors is None:
-            return 0
-        dim = int(vectors.shape[1])
-        if opts.quantize != "float32":
-            from mirrorbert.quantized import quantize
+        if opts.quantize == "float32" and launched_world_size() == 1:  # vectors straight to disk, chunk by chunk
+            n_rows, dim, pooling, rows = _encode_streaming(opts, output)
+            dtype = "float32"
+        else:  # quantised (ranges from all vectors) or sharded over torchrun processes: in memory
+            vectors, pooling, rows = _encode(opts)
+            if vectors is None:
+                return 0
+            n_rows, dim = int(vectors.shape[0]), int(vectors.shape[1])
+            if opts.quantize != "float32":
+                from mirrorbert.quantized import quantize
 
-            vectors = quantize(vectors, opts.quantize)
-        with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
-            np.save(tmp, vectors)
-        record = {"output": str(output), "rows": int(vectors.shape[0]), "dim": dim, "pooling": pooling,
-                  "dtype": str(vectors.dtype), "quantize": opts.quantize}
+                vectors = quantize(vectors, opts.quantize)
+            with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
+                np.save(tmp, vectors)
+            dtype = str(vectors.dtype)
+        record = {"output": str(output), "rows": n_rows, "dim": dim, "pooling": pooling,
+                  "dtype": dtype, "quantize": opts.quantize}
         if opts.skip_bad_lines:
+            skipped, ids = (rows.skipped, rows.ids) if rows is not None else ([], list(range(n_rows)))
             with atomic_output_file(rows_file(output), overwrite=opts.overwrite) as tmp:
                 Path(tmp).write_text(jsonio.dumps({
-                    "input": str(opts.input), "output": str(output), "skipped_lines": rows.skipped,
-                    "row_ids": rows.ids,
+                    "input": str(opts.input), "output": str(output), "skipped_lines": skipped,
+                    "row_ids": ids,
                     "row_ids_note": "row i of the matrix is record row_ids[i] of the input (0-based, as search ids); "
                                     "skipped_lines are 1-based line numbers",
                 }) + "\n", encoding="utf-8")
-            record.update(skipped_lines=len(rows.skipped), rows_file=str(rows_file(output)))
+            record.update(skipped_lines=len(skipped), rows_file=str(rows_file(output)))
     print(jsonio.dumps(record))
     return 0
+
+
+def _encode_streaming(opts, output: Path):
+    """One process: --input in chunks, the vectors written into OUTPUT's temporary .npy as they come
+    (streaming.py); (rows, dim, pooling, the rows read when the input was read whole)."""
+    from mirrorbert.encoder import Encoder
+    from mirrorbert.packing import packing_flag
+    from mirrorbert.streaming import chunked_input, encode_to_npy
+
+    source = chunked_input(opts.input, opts.column, opts.field, opts.skip_bad_lines)  # before the model loads
+    encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length, cli=True)
+
+    def encode(chunk: list[str]):
+        return encoder.encode(chunk, batch_size=opts.batch_size, normalize=opts.normalize or None,
+                              precision=opts.precision, packing=packing_flag(opts.packing))
+
+    with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
+        rows = encode_to_npy(encode, source, encoder.dim, Path(tmp), show_progress=opts.show_progress)
+    return rows, encoder.dim, encoder.pooling, source.rows
 
 
 def _encode(opts):
@@ -309,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_encode_parser(sub)
     add_search_parser(sub)
     add_index_parser(sub)
+    add_export_parser(sub)
+    add_push_parser(sub)
     add_eval_parser(sub)
     add_pretrain_parser(sub)
     add_gloss_parser(sub)

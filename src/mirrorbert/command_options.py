@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from mirrorbert.config import ENCODE_QUANTIZATIONS, PACKING_MODES, POOLINGS, PRECISIONS, SEARCH_QUANTIZATIONS
+from mirrorbert.config import (DEFAULT_ONNX_OPSET, ENCODE_QUANTIZATIONS, PACKING_MODES, POOLINGS, PRECISIONS,
+                               SEARCH_QUANTIZATIONS)
 from mirrorbert.errors import UserError
 from mirrorbert.typed_config import check_types
 
@@ -146,6 +147,10 @@ class IndexOptions(_Options):
     def check(self) -> None:
         for option in ("model", "corpus", "output"):
             _text(getattr(self, option), f"--{option}")
+        if self.corpus.startswith("hf:"):
+            raise UserError(f"--corpus {self.corpus}: an index needs a local corpus (its checksum and row count go "
+                            f"into the manifest, so search --index can tell when it changed); save the dataset "
+                            f"to Parquet first (Dataset.to_parquet) and index that")
         _choice(self.pooling, "--pooling", POOLINGS, allow_none=True)
         _positive(self.batch_size, "--batch-size")
         _positive(self.max_length, "--max-length", allow_none=True)
@@ -189,3 +194,25 @@ class EvalOptions(_Options):
 
 
 __all__ = ["EncodeOptions", "EvalOptions", "FAISS_CHOICES", "IndexOptions", "SearchOptions"]
+
+
+@dataclass
+class ExportOptions(_Options):
+    model: str
+    output: str
+    format: str = "onnx"
+    opset: int = DEFAULT_ONNX_OPSET
+    pooling: str | None = None
+    max_length: int | None = None
+    overwrite: bool = False
+
+    def check(self) -> None:
+        from mirrorbert.export import parse_formats  # numpy-free at import: parse_formats is plain Python
+
+        _text(self.model, "--model")
+        _text(self.output, "--output")
+        self.formats = parse_formats(self.format)
+        if not isinstance(self.opset, int) or isinstance(self.opset, bool) or not 14 <= self.opset <= 23:
+            raise UserError(f"--opset {self.opset!r}: must be a whole number from 14 to 23 (default {DEFAULT_ONNX_OPSET})")
+        _choice(self.pooling, "--pooling", POOLINGS, allow_none=True)
+        _positive(self.max_length, "--max-length", allow_none=True)

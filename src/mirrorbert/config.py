@@ -29,6 +29,10 @@ ENCODE_QUANTIZATIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 # kept 0.74 of the exact top-10 on MiniLM/Wikipedia where int8 here keeps 0.99 (docs/benchmarks/quantized_recall.json).
 SEARCH_QUANTIZATIONS = ("float32", "int8", "ubinary")
 DEFAULT_MODEL = "bert-base-uncased"
+# mirrorbert export (export.py): the serving formats, in the folder layout sentence-transformers' backends read
+EXPORT_FORMATS = ("onnx", "openvino")
+DEFAULT_ONNX_OPSET = 18  # torch.onnx's exporter default; onnxruntime >= 1.14 and OpenVINO read it
+EXPORT_MIN_COSINE = 0.9999  # an export whose vectors fall below this cosine to PyTorch's is not written
 
 # The paper's settings (Liu et al. 2021, section 3 and appendix). `pooling: None` in the sentence
 # preset means "mean for BERT-family models, [CLS] otherwise", resolved once the model type is known.

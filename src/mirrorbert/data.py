@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorbert.errors import UserError
-from mirrorbert.tabular import is_table, read_table_column
+from mirrorbert.tabular import is_hub_dataset, is_table, iter_hub_column, read_table_column
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +188,13 @@ def _read_jsonl(path: Path, lines: list[tuple[int, str]], field: str | None) -> 
 
 def read_rows(path: str | Path, column: str | None = None, field: str | None = None,
               skip_bad_lines: bool = False, option: str = "--data") -> Rows:
-    """The strings of a .txt/.csv/.tsv/.jsonl file (one per line or row), each with its record id."""
+    """The strings of a .txt/.csv/.tsv/.jsonl file (one per line or row), each with its record id; also of a
+    Parquet/Arrow file, a saved dataset folder or a Hub dataset (`hf:OWNER/NAME[/CONFIG][:SPLIT]`)."""
+    if is_hub_dataset(path):
+        if field:
+            raise UserError(f"{option} {path}: --field applies to .jsonl files; a Hub dataset takes --column")
+        texts = [text for chunk in iter_hub_column(str(path), column, option) for text in chunk]
+        return Rows(texts, list(range(len(texts))), [])
     path = Path(path)
     if not path.exists():
         raise UserError(f"{option} {path}: no such file")

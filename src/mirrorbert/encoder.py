@@ -347,7 +347,8 @@ class Encoder(torch.nn.Module):
             config.output_hidden_states = previous_hidden
         self.tokenizer.save_pretrained(folder)
         modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
-        for idx, module in enumerate(sentence_transformers_modules(self.pooling, self.dim, config.num_hidden_layers), 1):
+        for idx, module in enumerate(sentence_transformers_modules(self.pooling, self.dim, config.num_hidden_layers,
+                                                                          self.normalize_default), 1):
             sub = folder / module["folder"]
             sub.mkdir(exist_ok=True)
             (sub / "config.json").write_text(jsonio.dumps(module["config"], indent=2), encoding="utf-8")
@@ -376,6 +377,22 @@ class Encoder(torch.nn.Module):
         with atomic_output_dir(path, overwrite=overwrite) as tmp:
             self.write(tmp, training_info)
         return Path(path)
+
+    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
+                    commit_message: str | None = None, dry_run_dir: str | Path | None = None) -> dict[str, Any]:
+        """Upload this encoder to the Hugging Face Hub repo `repo_id` ("user/name"; created when missing).
+
+        The encoder is saved as `save` writes it (transformers and sentence-transformers files, `mirrorbert.json`)
+        with a model card whose usage snippets load `repo_id`; mirrorbert's bookkeeping files are not sent.
+        `private`: the visibility of a repo created now (None: the Hub's default). `token`: a Hub token
+        (default: `HF_TOKEN` or the saved login). `dry_run_dir`: touch no network, write exactly the files that
+        would be uploaded into this new folder instead. Returns a record: repo, files, bytes (and the URL).
+        A bad repo id, or a Hub that cannot be reached, raises `UserError` naming the repo.
+        """
+        from mirrorbert.hub import push_encoder
+
+        return push_encoder(self, repo_id, private=private, token=token, commit_message=commit_message,
+                            dry_run_dir=dry_run_dir)
 
 
 def detach_pooler(model) -> dict[str, torch.Tensor]:

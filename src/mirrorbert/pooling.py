@@ -60,11 +60,12 @@ def pool_views(outputs, view_of_token: torch.Tensor, first_token: torch.Tensor, 
     return sums / counts.unsqueeze(-1)
 
 
-def sentence_transformers_modules(mode: str, dim: int, num_layers: int) -> list[dict]:
+def sentence_transformers_modules(mode: str, dim: int, num_layers: int, normalize: bool = False) -> list[dict]:
     """Describe `mode` as stock sentence-transformers modules so SentenceTransformer(path) reproduces it.
 
     first-last becomes a WeightedLayerPooling over layers 1..L with weights (1, 0, ..., 0, 1), which
-    averages exactly the first and last layers, followed by mean pooling.
+    averages exactly the first and last layers, followed by mean pooling. `normalize` (a model loaded with
+    a Normalize module, such as all-MiniLM-L6-v2) keeps it last, so the saved folder still gives unit vectors.
     """
     modules = []
     if mode == "first-last":
@@ -87,6 +88,9 @@ def sentence_transformers_modules(mode: str, dim: int, num_layers: int) -> list[
             "pooling_mode_mean_sqrt_len_tokens": False,
         },
     })
+    if normalize:
+        modules.append({"type": "sentence_transformers.models.Normalize", "folder": f"{len(modules) + 1}_Normalize",
+                        "config": {}})
     return modules
 
 

@@ -1,7 +1,7 @@
 """The write policy: every path any mirrorbert command writes goes through this module.
 
 Everything is checked before a model or any data is loaded, so that a mistake costs a second, not a
-finished run. The rules (also in the README, "What mirrorbert will and will not write"):
+finished run. The rules (also in docs/guide/training.md, "What mirrorbert will and will not write"):
 
 * An output (model folder, checkpoint folder, .npy/JSON/Markdown file, report, plot folder, log
   folder, cache) may not be, contain or lie inside any input (`--model`, `--data`, `--data-dir`,

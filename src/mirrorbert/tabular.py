@@ -9,7 +9,7 @@ every command keeps (a row's place in the table, as a line's place in a text fil
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from mirrorbert.errors import UserError
 
@@ -69,13 +69,14 @@ def _read_table(path: Path, option: str):
         raise UserError(f"{option} {path}: cannot read it as {path.suffix or 'a dataset folder'} data ({reason[:200]})") from None
 
 
-def column_strings(table_columns: list[str], values: list[Any], column: str | None, where: str) -> list[str]:
+def column_strings(table_columns: list[str], values: list[Any], column: str | None, where: str,
+                   first_row: int = 0) -> list[str]:
     """The text of one column, None read as blank; anything else that is not a string is an error naming its row."""
     if not column:
         raise UserError(f"{where}: tabular data needs --column NAME to say which column holds the text "
                         f"(columns: {', '.join(table_columns)})")
     out = []
-    for row, value in enumerate(values):
+    for row, value in enumerate(values, first_row):
         if value is None:
             out.append("")
         elif isinstance(value, str):
@@ -87,17 +88,110 @@ def column_strings(table_columns: list[str], values: list[Any], column: str | No
 
 def read_table_column(path: str | Path, column: str | None, option: str = "--data") -> list[str]:
     """The strings of `column` of a Parquet/Arrow file or a saved dataset folder, in row order."""
+    return [text for chunk in iter_table_column(path, column, option) for text in chunk]
+
+
+def iter_table_column(path: str | Path, column: str | None, option: str = "--data",
+                      chunk_rows: int = 65536) -> Iterator[list[str]]:
+    """The strings of `column`, `chunk_rows` rows at a time, without holding the table in memory: Parquet is
+    read one record batch of that column at a time; Arrow files and dataset folders are memory-mapped."""
     path = Path(path)
+    if path.is_file() and path.suffix.lower() == ".parquet":
+        pa = _pyarrow()
+        try:
+            parquet = pa.parquet.ParquetFile(str(path))
+            names = list(parquet.schema_arrow.names)
+        except Exception as exc:  # noqa: BLE001  a damaged file: say which, in one line
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UserError(f"{option} {path}: cannot read it as .parquet data ({reason[:200]})") from None
+        _check_column(path, names, column)
+        row = 0
+        for batch in parquet.iter_batches(batch_size=chunk_rows, columns=[column]):
+            yield column_strings(names, batch.column(0).to_pylist(), column, str(path), first_row=row)
+            row += batch.num_rows
+        return
     table = _read_table(path, option)
     names = list(table.column_names)
-    if column and column not in names:
+    _check_column(path, names, column)
+    values = table.column(column)
+    for start in range(0, table.num_rows, chunk_rows):
+        yield column_strings(names, values.slice(start, chunk_rows).to_pylist(), column, str(path), first_row=start)
+
+
+def _check_column(path: Path, names: list[str], column: str | None) -> None:
+    if not column:
+        raise UserError(f"{path}: tabular data needs --column NAME to say which column holds the text "
+                        f"(columns: {', '.join(names)})")
+    if column not in names:
         raise UserError(f"{path}: --column {column!r} not in the data (columns: {', '.join(names)})")
-    values = table.column(column).to_pylist() if column else []
-    return column_strings(names, values, column, str(path))
 
 
 def count_rows(path: str | Path, option: str = "--corpus") -> int:
-    return int(_read_table(Path(path), option).num_rows)
+    """Rows of a Parquet file (from its footer), an Arrow file or a dataset folder (memory-mapped)."""
+    path = Path(path)
+    if path.is_file() and path.suffix.lower() == ".parquet":
+        try:
+            return int(_pyarrow().parquet.ParquetFile(str(path)).metadata.num_rows)
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise UserError(f"{option} {path}: cannot read it as .parquet data ({str(exc)[:200]})") from None
+    return int(_read_table(path, option).num_rows)
+
+
+
+
+HUB_PREFIX = "hf:"
+
+
+def is_hub_dataset(value: Any) -> bool:
+    """`hf:OWNER/NAME[/CONFIG][:SPLIT]`: a dataset on the Hugging Face Hub, read with `datasets.load_dataset`."""
+    return isinstance(value, str) and value.startswith(HUB_PREFIX)
+
+
+def parse_hub_dataset(spec: str, option: str = "--data") -> tuple[str, str | None, str]:
+    """(name, config, split) of `hf:OWNER/NAME[/CONFIG][:SPLIT]` (split default `train`)."""
+    body, _, split = spec[len(HUB_PREFIX):].partition(":")
+    parts = body.split("/")
+    if not body or not all(parts) or len(parts) > 3 or any(c.isspace() for c in body) or (":" in spec[len(HUB_PREFIX):]
+                                                                                           and not split):
+        raise UserError(f"{option} {spec}: expected hf:OWNER/NAME[/CONFIG][:SPLIT], e.g. hf:sentence-transformers/"
+                        f"stsb:train or hf:glue/qnli:validation")
+    name = "/".join(parts[:2]) if len(parts) >= 2 else parts[0]
+    return name, (parts[2] if len(parts) == 3 else None), split or "train"
+
+
+def iter_hub_column(spec: str, column: str | None, option: str = "--data",
+                    chunk_rows: int = 65536) -> Iterator[list[str]]:
+    """The strings of `column` of a Hub dataset split, `chunk_rows` at a time, through `datasets` in streaming
+    mode (rows arrive as they download; nothing but the current chunk is held). Needs a network."""
+    name, config, split = parse_hub_dataset(spec, option)
+    if not column:
+        raise UserError(f"{option} {spec}: a Hub dataset needs --column NAME to say which column holds the text")
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise UserError(f'{option} {spec}: reading a Hub dataset needs datasets: pip install "mirrorbert[st]"') from None
+    try:
+        rows = iter(load_dataset(name, config, split=split, streaming=True))
+        chunk: list[Any] = []
+        row = 0
+        for record in rows:
+            if column not in record:
+                raise UserError(f"{option} {spec}: --column {column!r} not in the data "
+                                f"(columns: {', '.join(map(str, record))})")
+            chunk.append(record[column])
+            if len(chunk) == chunk_rows:
+                yield column_strings(list(record), chunk, column, spec, first_row=row)
+                row, chunk = row + len(chunk), []
+        if chunk:
+            yield column_strings(list(record), chunk, column, spec, first_row=row)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001  offline, no such dataset/config/split, a gated repo: one line
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise UserError(f"{option} {spec}: cannot read the dataset from the Hugging Face Hub "
+                        f"({type(exc).__name__}: {reason[:200]})") from None
 
 
 def dataset_strings(dataset, column: str | None = None) -> list[str]:
@@ -113,4 +207,5 @@ def dataset_strings(dataset, column: str | None = None) -> list[str]:
     return column_strings(names, values, column, "dataset")
 
 
-__all__ = ["TABLE_SUFFIXES", "count_rows", "dataset_strings", "is_dataset_folder", "is_table", "read_table_column"]
+__all__ = ["TABLE_SUFFIXES", "count_rows", "dataset_strings", "is_dataset_folder", "is_hub_dataset", "is_table",
+           "iter_hub_column", "iter_table_column", "read_table_column"]

@@ -227,7 +227,11 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
             lines.append("")
         for cid, e in rows:
             for label, rel in e["artifacts"].items():
-                lines += [f"![{cid}: {label}]({Path(rel).as_posix()})", ""]
+                if (out / rel).is_file():
+                    lines += [f"![{cid}: {label}]({Path(rel).as_posix()})", ""]
+                else:  # a cell cached by another run keeps its plot there: say so rather than embed a broken image
+                    lines += [f"- {cid}: {label}: `{Path(rel).as_posix()}` is not in this folder (the cell came "
+                              f"from a cache written by another run)", ""]
         if exp in plots:
             lines += [f"![{title}]({os.path.relpath(plots[exp], out)})", ""]
     absent = dict(kv for e in cells.values() for kv in e["skipped"].items())

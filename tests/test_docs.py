@@ -1,0 +1,52 @@
+"""The documentation: the MkDocs site builds with every warning an error, and the README stays a short entry point.
+
+The site needs the `docs` packages (mkdocs, mkdocs-material, mkdocstrings[python]), which are in the `test`
+extra, so CI runs these tests. The build reads only local files (`theme.font: false`: no Google Fonts).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+MAX_README_LINES = 320
+
+
+def test_site_builds_strict_and_renders_the_api_docstrings(tmp_path):
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "NO_COLOR": "1"}
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
+    api = (site / "api" / "index.html").read_text(encoding="utf-8")
+    # Encoder.encode's docstring, rendered by mkdocstrings (its first line, then the anchor of the method).
+    assert "Vectors in input order" in api
+    assert 'id="mirrorbert.encoder.Encoder.encode"' in api
+    for page in ("guide/training", "guide/saved-model", "guide/search", "guide/evaluation", "guide/pretraining",
+                 "guide/reproduce", "guide/export", "guide/mteb", "guide/hub", "benchmarks", "development",
+                 "results"):
+        assert (site / page / "index.html").is_file(), page
+
+
+def test_readme_is_short():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines; the details belong in docs/"
+
+
+def _relative_links(markdown: str) -> list[str]:
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)  # code blocks hold no links
+    targets = re.findall(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", text)
+    targets += re.findall(r"^\s*\[[^\]]+\]:\s*(\S+)", text, flags=re.M)  # reference-style definitions
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t, flags=re.I) and not t.startswith("#")]
+
+
+def test_readme_relative_links_point_to_existing_files():
+    links = _relative_links(README.read_text(encoding="utf-8"))
+    assert links, "the README links into the docs"
+    missing = [link for link in links if not (ROOT / link.split("#", 1)[0]).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
