@@ -12,7 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from tiny_models import CORPUS, make_tiny_bert, make_tiny_roberta  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("MIRRORBERT_DATA", REPO.parent / "shared" / "data"))
+SHARED_DATA = Path(os.environ.get("MIRRORBERT_DATA", REPO.parent / "shared" / "data")).resolve()
+if os.environ.get("MIRRORBERT_DATA"):  # absolute: tests that run commands in a scratch cwd read it too
+    os.environ["MIRRORBERT_DATA"] = str(SHARED_DATA)
 
 
 @pytest.fixture(scope="session")

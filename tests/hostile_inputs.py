@@ -427,6 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", help="only cases whose id contains this text")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # every case runs in a scratch cwd (run_case): a relative data directory must not change meaning there
+    args.data_dir = str(Path(args.data_dir).resolve())
+    if os.environ.get("MIRRORBERT_DATA"):
+        os.environ["MIRRORBERT_DATA"] = str(Path(os.environ["MIRRORBERT_DATA"]).resolve())
     with tempfile.TemporaryDirectory() as tmp:
         env = make_environment(Path(tmp), Path(args.data_dir))
         cases = [c for c in build_cases(env) if not args.k or args.k in c.id]
