@@ -220,7 +220,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-length", type=int, default=50)
     parser.add_argument("--precision", default="fp32", help="fp32 | bf16 | fp16 (GPU), for both sides")
     parser.add_argument("--device", default="cpu", help="cpu | cuda, for both sides")
-    parser.add_argument("--strings", type=int, help=argparse.SUPPRESS)  # first N sentences (smoke tests)
+    parser.add_argument("--strings", type=int, help="use the first N sentences (default 10000; --quick 2000)")
     parser.add_argument("--help-repeats", type=int, default=5, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 

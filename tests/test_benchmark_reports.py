@@ -39,3 +39,27 @@ def test_the_phase_line_is_what_train_logs():
     from mirrorbert import trainer
 
     assert PHASE_LINE.split(":")[0] in inspect.getsource(trainer)
+
+
+def side(median: float, first_two: tuple[float, float], outside: float) -> dict:
+    return {"median_step_s": median, "first_two_steps_s": list(first_two), "outside_steps_s": outside}
+
+
+def test_compile_warm_up_and_break_even():
+    from compile_speed import EPOCH_STEPS, report
+
+    class Args:
+        layers, hidden, batch_size, steps, precision, threads = 4, 512, 200, 12, "fp32", None
+
+    eager = side(8.0, (8.5, 8.0), 10.0)
+    # cold: 100 s more outside the steps, first two steps 30 s above two steady ones; 2 s saved per step
+    cold = side(6.0, (24.0, 18.0), 110.0)
+    warm = side(6.0, (7.0, 6.0), 15.0)  # 5 s outside + 1 s in the first steps
+    result = report(eager, cold, warm, Args())
+    assert result["warm_up_s_cold"] == pytest.approx(130.0)
+    assert result["break_even_steps_cold"] == pytest.approx(65.0) and not result["pays_within_epoch_cold"]
+    assert result["warm_up_s_warm"] == pytest.approx(6.0)
+    assert result["break_even_steps_warm"] == pytest.approx(3.0) and result["pays_within_epoch_warm"]
+    assert result["speedup_per_step_warm"] == pytest.approx(8.0 / 6.0, abs=1e-3) and EPOCH_STEPS == 50
+    slower = report(eager, side(9.0, (9.0, 9.0), 10.0), warm, Args())
+    assert slower["break_even_steps_cold"] is None and not slower["pays_within_epoch_cold"]
