@@ -1,7 +1,8 @@
-"""CUDA paths (marker `gpu`; every test skips without a CUDA device): packed == padded on the GPU, the bf16
-and fp16 + loss-scaling training paths, and one DDP step on NCCL with one process.
+"""CUDA paths (marker `gpu`; every test skips without a CUDA device): packed == padded on the GPU, the fused
+attention kernel a packed step runs (no silent math fallback), the bf16 and fp16 + loss-scaling training
+paths, and one DDP step on NCCL with one process.
 
-    pytest -m gpu tests/test_gpu.py
+    pytest -m gpu tests/test_gpu.py -s
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from mirrorbert.training.device import autocast, make_grad_scaler
 from mirrorbert.training.optim import backward_and_step, build_optimizer
 from mirrorbert.trainer import embed_views, mirror_step_loss, train
 from mirrorbert.views import dropout_overrides
+from tiny_models import make_tiny_bert
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -82,6 +84,38 @@ def test_packed_training_step_equals_padded_on_cuda(tiny_bert, corpus):
 def _loss_at(encoder: Encoder, first, second, precision: str) -> torch.Tensor:
     with torch.no_grad():
         return mirror_step_loss(encoder, first, second, 0, 0.05, False, CUDA, precision).float()
+
+
+def fused_attention_kernels(encoder: Encoder, first, second, device: torch.device, precision: str) -> list[str]:
+    """The SDPA kernels one packed training step (forward and backward) runs with the math fallback disabled.
+
+    Packed rows carry a block-diagonal mask; a backend that cannot take it would make SDPA fall back to the
+    slow math path silently. With only the fused backends allowed, SDPA raises instead, and the profiler
+    names the kernel it chose.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.profiler import ProfilerActivity, profile
+
+    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+    encoder.packing = True
+    with profile(activities=[ProfilerActivity.CPU]) as prof, sdpa_kernel(fused):
+        mirror_step_loss(encoder, first, second, 0, 0.05, False, device, precision).backward()
+    return sorted({e.name for e in prof.events()
+                   if "scaled_dot_product" in e.name and e.name != "aten::scaled_dot_product_attention"})
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_packed_attention_runs_on_a_fused_kernel(tmp_path, corpus, precision):
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    folder = make_tiny_bert(tmp_path / "head-dim-64", hidden=128, heads=2)  # BERT's head width
+    encoder = load(folder)
+    assert encoder.model.config._attn_implementation == "sdpa"
+    encoder.train()
+    first, second = views(encoder, corpus)
+    kernels = fused_attention_kernels(encoder, first, second, CUDA, precision)
+    print(f"{precision}: {kernels}")  # shown with -s: which fused kernel this GPU chose
+    assert kernels and not any("math" in name for name in kernels)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
