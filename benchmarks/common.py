@@ -54,6 +54,17 @@ def stsb_query_texts(data_dir, n: int) -> list[str]:
     return list(dict.fromkeys(pairs.s1 + pairs.s2))[:n]
 
 
+def child_json(cmd: list[str], what: str, env: dict | None = None) -> dict:
+    """Run a benchmark side in a fresh process (`cmd`) and return the JSON it printed as its last line."""
+    import json
+    import subprocess
+
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def print_report(result: dict, output=None) -> None:
     """Print a benchmark's JSON result, and write it to `output` when given."""
     import json

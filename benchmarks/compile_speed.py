@@ -20,13 +20,12 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_report  # noqa: E402
+from common import child_json, print_report  # noqa: E402
 from train_speed import CORPUS, build_model  # noqa: E402
 
 EPOCH_STEPS = 50  # the canonical job: 10,000 STS-B sentences, batch 200, one epoch
@@ -53,10 +52,7 @@ def measure(side: str, model: Path, out: Path, cache: Path, args) -> dict:
     cmd = [sys.executable, __file__, "--child", side, "--model", str(model), "--output", str(out),
            "--data-dir", str(args.data_dir), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
            "--precision", args.precision] + (["--threads", str(args.threads)] if args.threads else [])
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"{side} run failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json(cmd, f"{side} run", env)
 
 
 def warm_up_s(compiled: dict, eager: dict) -> float:

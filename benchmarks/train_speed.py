@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_report  # noqa: E402
+from common import child_json, print_report  # noqa: E402
 
 CORPUS = "corpora/stsbenchmark_train_10k_sents_random_sampled.txt"
 TOKENIZER = "tokenizers/bert-base-uncased"
@@ -209,10 +208,7 @@ def run_side(side: str, args, model: Path, data: Path, precision: str) -> dict:
     cmd = [sys.executable, __file__, "--child", side, "--child-model", str(model), "--data-dir", args.data_dir,
            "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--max-length", str(args.max_length),
            "--precisions", precision, "--device", args.device]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{side} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json(cmd, side)
 
 
 def child(args) -> int:
