@@ -1,0 +1,1 @@
+"""The hostile-files table: crafted model folders, checkpoints, indexes, caches, data files and planted paths."""
