@@ -239,8 +239,8 @@ def test_sigterm_while_the_model_loads_ends_train_with_one_line(tiny_bert, strin
     err = capsys.readouterr().err
     assert status == 130
     lines = [line for line in err.splitlines() if line.startswith("mirrorbert:")]
-    assert lines == ["mirrorbert: stopped by SIGTERM before training started (loading the model or data): "
-                     "no step was lost; run the same command again"], err
+    assert lines == ["mirrorbert: stopped by SIGTERM before the first training step (loading the model or data): "
+                     "nothing to checkpoint; run the same command again"], err
     assert "Traceback" not in err
     assert _handlers() == before
     assert not (tmp_path / "out").exists()

@@ -1,8 +1,8 @@
 """`mirrorbert` command line: a thin layer that parses options, calls the library and reports errors.
 
 User mistakes (`UserError`) print one line and exit with status 2; Ctrl-C or SIGTERM (preemption)
-during training writes a checkpoint and exits with 130; SIGTERM before the first step or after the
-last one ends a training command at once with one line, also 130.
+during training writes a checkpoint and exits with 130; SIGTERM before the first training step ends a
+training command at once with one line, also 130 (training/signals.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from mirrorbert.hub_command import PUSH_TO_HUB_HELP, add_push_parser, check_push
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 # Commands that train: SIGTERM outside their training loop ends them with one line (training/signals.py).
-TRAINING_COMMANDS = frozenset({"train", "pretrain-mlm", "gloss-pretrain", "reproduce"})
+TRAINING_COMMANDS = frozenset({"train", "pretrain-mlm", "gloss-pretrain"})
 PACKING_HELP = ("auto | on | grouped | off: how a batch avoids padding. on: several strings per row with "
                 "block-diagonal attention (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT); grouped: strings sorted by "
                 "length and run in small padded groups (any model, least memory); off: padded to the batch's longest. "
@@ -437,10 +437,11 @@ def main(argv: list[str] | None = None) -> int:
         print("mirrorbert: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BaseException as exc:
-        if type(exc).__name__ != "SignalStop":  # training/signals.py, imported only by training commands
+        signals = sys.modules.get("mirrorbert.training.signals")  # imported by training commands only
+        if signals is None or not isinstance(exc, signals.SignalStop):
             raise
-        print(f"mirrorbert: stopped by {exc} before training started (loading the model or data): no step "
-              "was lost; run the same command again", file=sys.stderr)
+        print(f"mirrorbert: stopped by {exc} before the first training step (loading the model or data): "
+              "nothing to checkpoint; run the same command again", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         if "mirrorbert.distributed" in sys.modules:  # a torchrun/accelerate job: leave its process group

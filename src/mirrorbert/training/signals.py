@@ -2,13 +2,15 @@
 
 Two scopes, nested:
 
-- `stop_on_signal()` covers a whole training command (the CLI enters it): a SIGTERM that arrives while no
-  step can be saved (model loading, data preparation, evaluation after training) ends the command at
-  once with `SignalStop` (one line, exit status 130, no traceback) instead of Python's silent death, so
+- `stop_on_signal()` covers a whole training command (the CLI enters it): a SIGTERM that arrives before
+  the first step (model loading, data preparation: nothing to checkpoint yet) ends the command at once
+  with `SignalStop` (one line, exit status 130, no traceback) instead of Python's silent death, so
   `finally` blocks still remove temporaries. Ctrl-C there is Python's KeyboardInterrupt, as before.
 - `InterruptFlag` covers the training loop and its checkpoint writes (the engine enters it): the first
   signal only sets a flag; every process of a torchrun job agrees on it at the next step boundary
-  (`DistContext.agree`), rank 0 writes a checkpoint, every process stops.
+  (`DistContext.agree`), rank 0 writes a checkpoint, every process stops. After the last step the
+  engine and the trainers enter it again around the final checkpoint and save, so a SIGTERM there waits
+  for the output instead of losing the trained steps.
 
 Inside the loop a repeated SIGTERM changes nothing: schedulers and launchers often deliver it twice at
 once (Slurm signals every process of the step at its time limit and torchrun forwards its own copy), and
