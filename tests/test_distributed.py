@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from mirrorbert.distributed import DistContext, combine_rows, encoding_rows, init_from_env
 from mirrorbert.encoder import Encoder
+from mirrorbert.training.checkpoints import verify_checkpoint
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
@@ -239,11 +240,14 @@ def _children(pid: int) -> list[int]:
             if "torch.distributed.run" not in " ".join(child.cmdline())]
 
 
-@pytest.mark.slow  # reason: three torchrun launches with 2 processes (~80 s on 2 shared cores)
-def test_sigterm_to_one_process_of_a_two_process_job_checkpoints_and_resume_equals_uninterrupted(
-        tiny_bert, tmp_path, corpus):
-    """Preemption: SIGTERM reaches rank 1 only; both ranks agree at the next step, rank 0 writes step-N,
-    each process prints one line naming it, and resuming gives the weights of a run that was never stopped."""
+def _preempted_then_resumed(tiny_bert, tmp_path: Path, corpus: list[str], target: str) -> dict:
+    """A 2-process run stopped by SIGTERM once step 2 is logged, then resumed and run whole for comparison.
+
+    target "rank1": SIGTERM to rank 1's worker only; "launcher": SIGTERM to the torchrun process itself
+    (what Kubernetes sends to PID 1 and `kill` of the job does), which forwards it to every worker and
+    sends SIGKILL after its shutdown timeout. No --save-every: any checkpoint is the preemption's.
+    Returns the checkpoint, its step, the launcher's status, the per-rank logs and both final models.
+    """
     import time
 
     (tmp_path / "strings.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
@@ -259,7 +263,7 @@ def test_sigterm_to_one_process_of_a_two_process_job_checkpoints_and_resume_equa
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.time() + PROCESS_TIMEOUT_S
-        while time.time() < deadline:  # wait until training runs (step 2 logged), then preempt rank 1
+        while time.time() < deadline:  # wait until training runs (step 2 logged), then preempt
             logged = list(logs.glob("*/attempt_0/0/stderr.log"))
             if logged and 2 in step_losses(logged[0].read_text(encoding="utf-8")):
                 break
@@ -267,25 +271,92 @@ def test_sigterm_to_one_process_of_a_two_process_job_checkpoints_and_resume_equa
             time.sleep(0.2)
         workers = _children(launcher.pid)
         assert len(workers) == 2
-        rank1 = next(pid for pid in workers if "LOCAL_RANK=1" in
-                     open(f"/proc/{pid}/environ", encoding="utf-8", errors="replace").read().replace("\0", " ") + " ")
-        os.kill(rank1, signal.SIGTERM)
-        launcher.communicate(timeout=PROCESS_TIMEOUT_S)
+        if target == "launcher":
+            os.kill(launcher.pid, signal.SIGTERM)
+        else:
+            rank1 = next(pid for pid in workers if "LOCAL_RANK=1" in open(
+                f"/proc/{pid}/environ", encoding="utf-8", errors="replace").read().replace("\0", " ") + " ")
+            os.kill(rank1, signal.SIGTERM)
+        _, launcher_err = launcher.communicate(timeout=PROCESS_TIMEOUT_S)
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.communicate()
-    assert launcher.returncode != 0  # the job stopped before its budget
-    assert not (tmp_path / "two" / "out").exists()
-    (checkpoint,) = (tmp_path / "two" / "out.checkpoints").glob("step-*")
+    root = tmp_path / "two" / "out.checkpoints"
+    checkpoints = sorted(root.glob("step-*"))
+    assert len(checkpoints) == 1, (checkpoints, launcher_err[-3000:])
+    checkpoint = checkpoints[0]
     steps = int(checkpoint.name.split("-")[1])
-    for rank in (0, 1):
-        said = "interrupted at step" if rank == 0 else "rank 1: interrupted at step"
-        lines = [line for line in rank_log(logs, rank, "stderr").splitlines() if line.startswith(said)
-                 and line.rstrip().endswith(str(Path("out.checkpoints") / checkpoint.name))]
-        assert len(lines) == 1, rank_log(logs, rank, "stderr")[-2000:]
+    run_logs = {}
     for name, extra in (("resumed", ["--resume", str(checkpoint)]), ("whole", [])):  # both on 2 processes again
-        run = torchrun(tmp_path / "two", "-m", "mirrorbert", *common, "--data", "../strings.txt",
-                       "--steps", str(steps + 2), "--output", name, *extra)
+        run_logs[name] = tmp_path / f"logs-{name}"
+        run = torchrun(tmp_path / "two", "-m", "mirrorbert", "-v", *common, "--data", "../strings.txt",
+                       "--steps", str(steps + 2), "--output", name, *extra, log_dir=run_logs[name])
         assert run.returncode == 0, run.stderr[-3000:]
-    assert max_weight_diff(tmp_path / "two" / "resumed", tmp_path / "two" / "whole") < 1e-6
+    return {"checkpoint": checkpoint, "steps": steps, "returncode": launcher.returncode, "logs": logs,
+            "launcher_err": launcher_err, "folder": tmp_path / "two", "root": root, "run_logs": run_logs}
+
+
+def _assert_preempted_and_resumed_exactly(run: dict) -> None:
+    checkpoint, steps, logs = run["checkpoint"], run["steps"], run["logs"]
+    assert run["returncode"] != 0  # the job stopped before its budget (torchrun reports 1)
+    assert steps >= 2
+    assert not (run["folder"] / "out").exists()
+    # one checkpoint, the preemption's (no --save-every), and no temporary left by an aborted write
+    assert sorted(p.name for p in run["root"].iterdir()) == [".mirrorbert-output", checkpoint.name]
+    expected = str(Path("out.checkpoints") / checkpoint.name)
+    said = {0: f"preempted at step {steps} (SIGTERM); checkpoint written to {expected}; resume with the same "
+               f"command plus --resume {expected}",
+            1: f"rank 1: preempted at step {steps}; checkpoint (written by rank 0): {expected}"}
+    for rank in (0, 1):
+        text = rank_log(logs, rank, "stderr")
+        assert [line for line in text.splitlines() if line == said[rank]] == [said[rank]], text[-2000:]
+        assert "Traceback" not in text and "mirrorbert: error" not in text, text[-2000:]
+    assert verify_checkpoint(checkpoint)["step"] == steps
+    # the resumed run equals the run that was never stopped: same losses after the checkpoint, same weights
+    resumed = step_losses(rank_log(run["run_logs"]["resumed"], 0, "stderr"))
+    whole = step_losses(rank_log(run["run_logs"]["whole"], 0, "stderr"))
+    assert sorted(resumed) == [steps + 1, steps + 2] and sorted(whole) == list(range(1, steps + 3))
+    assert all(resumed[s] == whole[s] for s in resumed), (resumed, whole)
+    diff = max_weight_diff(run["folder"] / "resumed", run["folder"] / "whole")
+    print(f"preempted at step {steps}; resumed vs uninterrupted: max abs weight difference {diff}")
+    assert diff < 1e-6
+
+
+@pytest.mark.slow  # reason: three torchrun launches with 2 processes (~80 s on 2 shared cores)
+def test_sigterm_to_one_process_of_a_two_process_job_checkpoints_and_resume_equals_uninterrupted(
+        tiny_bert, tmp_path, corpus):
+    """Preemption: SIGTERM reaches rank 1 only; both ranks agree at the next step, rank 0 writes step-N,
+    each process prints one line naming it, and resuming gives the weights of a run that was never stopped."""
+    _assert_preempted_and_resumed_exactly(_preempted_then_resumed(tiny_bert, tmp_path, corpus, "rank1"))
+
+
+@pytest.mark.slow  # reason: three torchrun launches with 2 processes (~80 s on 2 shared cores)
+def test_sigterm_to_the_launcher_checkpoints_and_resume_equals_uninterrupted(tiny_bert, tmp_path, corpus):
+    """Preemption through the launcher (issue 26): SIGTERM to torchrun itself reaches every worker at once;
+    they agree at the next step boundary, rank 0 writes one checkpoint within torchrun's grace period,
+    each names it, and the resumed run equals an uninterrupted one."""
+    run = _preempted_then_resumed(tiny_bert, tmp_path, corpus, "launcher")
+    _assert_preempted_and_resumed_exactly(run)
+    assert "Received 15 death signal, shutting down workers" in run["launcher_err"]  # torchrun forwarded it
+    assert "forcefully exiting via" not in run["launcher_err"]  # no worker needed torchrun's SIGKILL
+
+
+@pytest.mark.slow  # reason: one torchrun launch with 2 processes (~25 s on 2 shared cores)
+def test_a_rank_crashing_mid_training_is_a_failure_not_a_preemption(tiny_bert, tmp_path, corpus):
+    """Rank 1 dies after step 3; torchrun SIGTERMs rank 0, which cannot agree with a dead peer: it ends
+    with one error line naming the last good checkpoint (step-2), and writes no preemption checkpoint."""
+    (tmp_path / "strings.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    logs = tmp_path / "logs"
+    result = torchrun(tmp_path, str(TESTS / "dist_crash_train.py"), "train", "--model", str(tiny_bert),
+                      "--data", "strings.txt", "--batch-size", "5", "--steps", "50", "--save-every", "2",
+                      "--max-length", "16", "--no-progress", "--device", "cpu", "--precision", "fp32",
+                      "--output", "out", log_dir=logs)
+    assert result.returncode != 0
+    text = rank_log(logs, 0, "stderr")
+    errors = [line for line in text.splitlines() if line.startswith("mirrorbert: error: rank 0: ")]
+    assert len(errors) == 1, text[-3000:]
+    assert "another process of the job failed or timed out" in errors[0]
+    assert errors[0].endswith("last good checkpoint: " + str(Path("out.checkpoints") / "step-2")), errors[0]
+    assert "preempted" not in text
+    assert sorted(p.name for p in (tmp_path / "out.checkpoints").glob("step-*")) == ["step-2"]

@@ -1,7 +1,8 @@
 """`mirrorbert` command line: a thin layer that parses options, calls the library and reports errors.
 
-User mistakes (`UserError`) print one line and exit with status 2; Ctrl-C during training writes a
-checkpoint and exits with 130.
+User mistakes (`UserError`) print one line and exit with status 2; Ctrl-C or SIGTERM (preemption)
+during training writes a checkpoint and exits with 130; SIGTERM before the first training step ends a
+training command at once with one line, also 130 (training/signals.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from mirrorbert.hub_command import PUSH_TO_HUB_HELP, add_push_parser, check_push
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+# Commands that train: SIGTERM outside their training loop ends them with one line (training/signals.py).
+TRAINING_COMMANDS = frozenset({"train", "pretrain-mlm", "gloss-pretrain"})
 PACKING_HELP = ("auto | on | grouped | off: how a batch avoids padding. on: several strings per row with "
                 "block-diagonal attention (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT); grouped: strings sorted by "
                 "length and run in small padded groups (any model, least memory); off: padded to the batch's longest. "
@@ -187,15 +190,13 @@ def run_train(args) -> int:
         logging.getLogger("mirrorbert").debug("resolved configuration:\n%s", jsonio.dumps(cfg.to_dict(), indent=2))
         print(train_headline(cfg, len(strings.strings)), file=sys.stderr)
     result = train(cfg, strings)
-    if not main_rank:  # every process of an interrupted job names the checkpoint that rank 0 wrote
-        if result.interrupted:
-            print(f"rank {launched_rank()}: interrupted at step {result.steps}; checkpoint (written by rank 0): "
-                  f"{result.checkpoint}", file=sys.stderr)
-        return EXIT_INTERRUPTED if result.interrupted else 0
-    if result.interrupted:
-        print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"
-              f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
+    if result.interrupted:  # every process of an interrupted job names the checkpoint that rank 0 wrote
+        from mirrorbert.training.engine import stop_message
+
+        print(stop_message(result.stop_signal, result.steps, result.checkpoint, launched_rank()), file=sys.stderr)
         return EXIT_INTERRUPTED
+    if not main_rank:
+        return 0
     print(train_summary(result), file=sys.stderr)
     pushed = push_trained(result.output, push_repo) if push_repo else None
     print(jsonio.dumps({"output": str(result.output), "steps": result.steps, "final_loss": result.final_loss,
@@ -395,6 +396,17 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
     return None
 
 
+def _stop_on_signal(command: str | None):
+    """Training commands: SIGTERM outside the training loop ends them with one line (not a silent death)."""
+    import contextlib
+
+    if command not in TRAINING_COMMANDS:
+        return contextlib.nullcontext()
+    from mirrorbert.training.signals import stop_on_signal
+
+    return stop_on_signal()
+
+
 def main(argv: list[str] | None = None) -> int:
     mark_main()  # start-up time (process start to here), for the phase timings of `train`
     parser = build_parser()
@@ -411,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_third_party()
     finished = False
     try:
-        status = int(args.func(args) or 0)
+        with _stop_on_signal(getattr(args, "command", None)):
+            status = int(args.func(args) or 0)
         finished = True
         return status
     except UserError as exc:
@@ -422,6 +435,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("mirrorbert: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BaseException as exc:
+        signals = sys.modules.get("mirrorbert.training.signals")  # imported by training commands only
+        if signals is None or not isinstance(exc, signals.SignalStop):
+            raise
+        print(f"mirrorbert: stopped by {exc} before the first training step (loading the model or data): "
+              "nothing to checkpoint; run the same command again", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
         if "mirrorbert.distributed" in sys.modules:  # a torchrun/accelerate job: leave its process group

@@ -127,6 +127,19 @@ class DistContext:
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
 
+    def agree(self, code: int) -> int:
+        """The largest of every process's `code` (one all-reduce), on every process.
+
+        The engine's stop agreement at each step boundary: 0 nothing, 1 Ctrl-C, 2 SIGTERM (see
+        training/signals.py), so one signalled process stops them all at the same step and a SIGTERM
+        anywhere makes it a preemption. A failed process makes this collective fail instead.
+        """
+        if not self.enabled:
+            return int(code)
+        value = torch.tensor([int(code)], device=self._collective_device())
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value.item())
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
@@ -195,12 +208,16 @@ class DistContext:
 
     # ------------------------------------------------------------------ failures
     @contextlib.contextmanager
-    def failure_guard(self, last_checkpoint: Callable[[], Any]) -> Iterator[None]:
+    def failure_guard(self, last_checkpoint: Callable[[], Any], interrupt: Any = None) -> Iterator[None]:
         """End this process with one clear line naming the last good checkpoint when the job breaks.
 
-        Two ways another process's failure reaches this one: a collective fails (gloo sees the closed
-        connection, or the MIRRORBERT_DIST_TIMEOUT expires), or the launcher (torchrun) stops the
-        survivors with SIGTERM. Both become a UserError; single-process runs are left untouched.
+        A failure is a collective that fails: gloo sees a peer's closed connection, or the
+        MIRRORBERT_DIST_TIMEOUT expires (a process crashed or was killed). A SIGTERM is not one by
+        itself: under the engine (`interrupt`, its InterruptFlag) SIGTERM is a preemption flag that every
+        process agrees on at the next step boundary; only if that agreement or a step's collective fails
+        (torchrun SIGTERMs the survivors after one process crashed) is the stop a failure, and the line
+        says that a signal had arrived. Without `interrupt` (a caller outside the training loop) a
+        SIGTERM raises here at once. Both become a UserError; single-process runs are left untouched.
         """
         if not self.enabled:
             yield
@@ -209,10 +226,12 @@ class DistContext:
         def on_terminate(signum, frame):
             raise _LauncherStop()
 
-        try:
-            previous = signal.signal(signal.SIGTERM, on_terminate)
-        except ValueError:  # not the main thread
-            previous = None
+        previous = None
+        if interrupt is None:
+            try:
+                previous = signal.signal(signal.SIGTERM, on_terminate)
+            except ValueError:  # not the main thread
+                previous = None
         try:
             yield
         except (_LauncherStop, RuntimeError) as exc:
@@ -225,6 +244,9 @@ class DistContext:
             else:
                 first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
                 why = f"another process of the job failed or timed out ({first})"
+                if interrupt is not None and interrupt.raised:
+                    name = signal.Signals(interrupt.signal).name if interrupt.signal else "a signal"
+                    why = f"{name} received, but the processes could not agree to stop: {why}"
             raise UserError(f"rank {self.rank}: {why}; {where}") from None
         finally:
             if previous is not None:
@@ -266,7 +288,7 @@ def _pad_rows(rows: torch.Tensor, width: int) -> torch.Tensor:
 
 
 class _LauncherStop(Exception):
-    """SIGTERM from the launcher, raised inside the training loop so the checkpoint can be named."""
+    """SIGTERM under `failure_guard` without the engine's flag (a caller outside the training loop)."""
 
 
 # Words in the errors of failed collectives (gloo, NCCL, the store, DDP's backward all-reduce).

@@ -36,6 +36,7 @@ from mirrorbert.training.eval_after import check_eval_after, evaluate_after_trai
 from mirrorbert.training.metrics import MetricLogger, library_versions
 from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
 from mirrorbert.training.randomness import derived_generator, replay_rng, seed_everything
+from mirrorbert.training.signals import InterruptFlag
 from mirrorbert.views import DropHead, SecondViews, dropout_overrides, tokenize_once
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class TrainResult:
     interrupted: bool = False
     checkpoint: Path | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    stop_signal: str | None = None  # "SIGTERM" (preempted) or "SIGINT" when interrupted
     # (seconds, strings, non-padding tokens) per optimiser step, for benchmarks and diagnostics
     step_log: list[tuple[float, int, int]] = field(default_factory=list)
 
@@ -292,7 +294,15 @@ def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     wall = time.time() - started
     if outcome.interrupted:
         return TrainResult(None, outcome.steps, method.loss_value, wall, interrupted=True,
-                           checkpoint=outcome.checkpoint, step_log=method.step_log)
+                           checkpoint=outcome.checkpoint, step_log=method.step_log, stop_signal=outcome.signal)
+    with InterruptFlag("finishing and saving the trained model first"):  # a SIGTERM now would lose the steps
+        return _finish(cfg, method, strings, pooling, batch_size, outcome, wall, compiled, encoder, eval_tasks,
+                       dist_ctx, timer, engine)
+
+
+def _finish(cfg, method, strings, pooling, batch_size, outcome, wall, compiled, encoder, eval_tasks, dist_ctx, timer,
+            engine) -> TrainResult:
+    """After the last step: the run's record, the collapse check, --eval-after, the output."""
     info = _run_info(cfg, method, strings, pooling, batch_size, outcome.steps, wall, compiled)
     encoder.eval()
     info["collapse"] = check_collapse(encoder, strings.strings, method.first_loss, method.mean_loss_last_epoch,

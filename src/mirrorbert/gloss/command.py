@@ -83,8 +83,9 @@ def run_gloss_pretrain(args: argparse.Namespace) -> int:
     cfg = GlossPretrainConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
     result = pretrain(cfg)
     if result.interrupted:
-        print(f"interrupted at step {result.steps}; checkpoint: {result.checkpoint}\n"
-              f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
+        from mirrorbert.training.engine import stop_message
+
+        print(stop_message(result.stop_signal, result.steps, result.checkpoint), file=sys.stderr)
         return 130
     print(jsonio.dumps(result.summary(), indent=2))
     return 0

@@ -125,6 +125,7 @@ class GlossPretrainResult:
     wall_time_s: float
     interrupted: bool = False
     checkpoint: Path | None = None
+    stop_signal: str | None = None  # "SIGTERM" (preempted) or "SIGINT" when interrupted
 
     def summary(self) -> dict[str, Any]:
         return {"output": str(self.output) if self.output else None, "steps": self.steps, "triplets": self.stats,
@@ -476,7 +477,8 @@ def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     wall = time.time() - started
     step, history, best, last_checkpoint = outcome.steps, method.history, method.best, outcome.checkpoint
     if outcome.interrupted:
-        return GlossPretrainResult(None, step, history, best, stats, wall, interrupted=True, checkpoint=last_checkpoint)
+        return GlossPretrainResult(None, step, history, best, stats, wall, interrupted=True, checkpoint=last_checkpoint,
+                                   stop_signal=outcome.signal)
 
     final = model.inference_model
     if method.best_state is not None:

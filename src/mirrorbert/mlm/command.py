@@ -70,11 +70,15 @@ def run_pretrain(args) -> int:
     values = {k: v for k, v in vars(args).items() if k in fields}
     cfg = PretrainConfig(**values)
     result = pretrain(cfg)
+    if result.output is None and result.interrupted:
+        from mirrorbert.training.engine import stop_message
+
+        print(stop_message(result.stop_signal, result.steps, result.checkpoint), file=sys.stderr)
+        return EXIT_INTERRUPTED
     if result.output is None:
-        reason = "interrupted" if result.interrupted else "stopped (--stop-after-steps)"
-        print(f"{reason} at step {result.steps}; checkpoint: {result.checkpoint}\n"
+        print(f"stopped (--stop-after-steps) at step {result.steps}; checkpoint: {result.checkpoint}\n"
               f"continue with the same command plus --resume {result.checkpoint}", file=sys.stderr)
-        return EXIT_INTERRUPTED if result.interrupted else 0
+        return 0
     summary = {
         "output": str(result.output), "steps": result.steps, "tokens": result.tokens,
         "train_loss": result.train_loss, "train_accuracy": result.train_accuracy,

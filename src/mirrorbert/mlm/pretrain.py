@@ -169,6 +169,7 @@ class PretrainResult:
     checkpoint: Path | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    stop_signal: str | None = None  # "SIGTERM" (preempted) or "SIGINT" when interrupted
 
 
 # --------------------------------------------------------------------------- model / tokenizer
@@ -617,7 +618,7 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
     result = _result(method, step, wall)
     rate = result.tokens_per_s
     if outcome.stopped:  # interrupted or --stop-after-steps: the engine left a checkpoint to resume from
-        result.interrupted, result.checkpoint = outcome.interrupted, last_checkpoint
+        result.interrupted, result.checkpoint, result.stop_signal = outcome.interrupted, last_checkpoint, outcome.signal
         logger.warning("stopped at step %d of %d; resume with --resume %s", step, plan.total_steps, last_checkpoint)
         return result
     result.checkpoint = last_checkpoint

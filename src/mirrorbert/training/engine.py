@@ -5,6 +5,15 @@ its bookkeeping after a step, and what a checkpoint holds. The engine owns every
 counter, the progress bar, periodic and final checkpoints, resume position, Ctrl-C and SIGTERM
 (every process of a torchrun/accelerate job agrees at the next step boundary, rank 0 writes a
 checkpoint, every process stops), non-finite losses, and a final save that never loses the trained state.
+
+Preemption under a launcher: SIGTERM to torchrun reaches every worker at once (torchrun forwards it, then
+sends SIGKILL after its shutdown timeout, 30 s by default). Each process only sets its flag; at the next
+step boundary one all-reduce (`agree`) tells every process that some process saw a signal and which
+(SIGTERM wins over Ctrl-C: a preemption), so all stop at the same step and rank 0 writes one checkpoint
+while the others wait for it. Agreement is the test that the job is whole: if a process has died (a
+crash, after which torchrun SIGTERMs the survivors), the all-reduce or a step's collective fails, and
+`failure_guard` reports a failure naming the last good checkpoint instead. Repeated SIGTERMs (Slurm and
+torchrun may both deliver one) are ignored until the checkpoint is written.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import torch
 from mirrorbert.errors import UserError, first_line
 from mirrorbert.safety import atomic_output_dir
 from mirrorbert.training.checkpoints import CheckpointManager
-from mirrorbert.training.signals import InterruptFlag
+from mirrorbert.training.signals import NO_SIGNAL, SIGTERM_SEEN, InterruptFlag, signal_name
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +73,13 @@ class _SingleProcess:
     def any(self, flag: bool) -> bool:
         return bool(flag)
 
+    def agree(self, code: int) -> int:
+        return int(code)
+
     def on_main(self, work: Callable[[], Any], others: Any) -> Any:
         return work()
 
-    def failure_guard(self, last_checkpoint):
-        import contextlib
-
+    def failure_guard(self, last_checkpoint, interrupt=None):
         return contextlib.nullcontext()
 
 
@@ -79,6 +89,24 @@ class Outcome:
     interrupted: bool  # a signal stopped the run
     stopped: bool  # the run ended before its budget (interrupt, or a limit such as --stop-after-steps)
     checkpoint: Path | None
+    signal: str | None = None  # the signal the processes agreed on: "SIGTERM" (preempted) or "SIGINT"
+
+    @property
+    def preempted(self) -> bool:
+        return self.signal == "SIGTERM"
+
+
+def stop_message(signal: str | None, steps: int, checkpoint: Path | None, rank: int = 0) -> str:
+    """The line(s) a stopped run prints: what stopped it, at which step, where the checkpoint is, how to resume.
+
+    "preempted" for SIGTERM (a scheduler or launcher), "interrupted" for Ctrl-C; ranks other than 0 say
+    their rank and name the checkpoint rank 0 wrote.
+    """
+    what = "preempted" if signal == "SIGTERM" else "interrupted"
+    if rank:
+        return f"rank {rank}: {what} at step {steps}; checkpoint (written by rank 0): {checkpoint}"
+    return (f"{what} at step {steps} ({signal or 'signal'}); checkpoint written to {checkpoint}; "
+            f"resume with the same command plus --resume {checkpoint}")
 
 
 class _NoTimer:
@@ -107,39 +135,54 @@ class Engine:
 
         progress = progress_bar(total=self.total_steps, initial=self.step, show=self.show_progress and self.dist.is_main,
                                 desc=self.desc, unit="step")
-        interrupted = False
-        try:
-            with self.dist.failure_guard(lambda: self.last_checkpoint), InterruptFlag() as interrupt, \
-                    self.timer.phase("steps"):
-                batches = self.method.batches()
-                while self.step < self.stop_at:
-                    batch = next(batches, None)
-                    if batch is None:
-                        break
-                    postfix = self.method.train_step(batch, self)
-                    self.step += 1
-                    progress.update(1)
-                    progress.set_postfix(postfix, refresh=False)  # shown by the next update, at its refresh rate
-                    due = self.method.after_step(self.step)
-                    if (self.checkpointing and due) or (self.save_every and self.step % self.save_every == 0):
-                        self.save_checkpoint()
-                    if self.dist.any(interrupt.raised):  # every process stops at the same step
-                        interrupted = True
-                        break
-                close = getattr(batches, "close", None)
-                if close is not None:
-                    close()
-        finally:
-            progress.close()
+        agreed = NO_SIGNAL
+        # The flag is outermost: inside it a SIGTERM only sets the flag, also while the checkpoint of an
+        # interrupted run is written (a second SIGTERM there once killed rank 0 mid-write). The guard
+        # turns a failed collective into one line naming the last good checkpoint.
+        with InterruptFlag() as interrupt, self.dist.failure_guard(lambda: self.last_checkpoint, interrupt):
+            try:
+                with self.timer.phase("steps"):
+                    batches = self.method.batches()
+                    while self.step < self.stop_at:
+                        batch = next(batches, None)
+                        if batch is None:
+                            break
+                        postfix = self.method.train_step(batch, self)
+                        self.step += 1
+                        progress.update(1)
+                        progress.set_postfix(postfix, refresh=False)  # shown by the next update, at its refresh rate
+                        due = self.method.after_step(self.step)
+                        if (self.checkpointing and due) or (self.save_every and self.step % self.save_every == 0):
+                            self.save_checkpoint()
+                        agreed = self.dist.agree(interrupt.code)  # every process stops at the same step
+                        if agreed != NO_SIGNAL:
+                            break
+                    close = getattr(batches, "close", None)
+                    if close is not None:
+                        close()
+            finally:
+                progress.close()
+            interrupted = agreed != NO_SIGNAL
+            if interrupted:
+                self._save_final_checkpoint()
         stopped = interrupted or self.step < self.total_steps
-        if not stopped:
-            self.method.finish()
-        if stopped or self.checkpointing:
-            if self.last_checkpoint is None or self.last_checkpoint.name != f"step-{self.step}":
-                self.save_checkpoint()
+        # After the last step a SIGTERM waits: the steps are done, only bookkeeping and saves remain.
+        with InterruptFlag("finishing the run first") as late, self.dist.failure_guard(lambda: self.last_checkpoint,
+                                                                                        late):
+            if not stopped:
+                self.method.finish()
+            if stopped or self.checkpointing:
+                self._save_final_checkpoint()
+        name = signal_name(agreed)
         if interrupted:
-            logger.warning("interrupted at step %d; checkpoint written to %s", self.step, self.last_checkpoint)
-        return Outcome(self.step, interrupted, stopped, self.last_checkpoint)
+            logger.warning("%s at step %d (%s); checkpoint written to %s",
+                           "preempted" if agreed == SIGTERM_SEEN else "interrupted", self.step, name,
+                           self.last_checkpoint)
+        return Outcome(self.step, interrupted, stopped, self.last_checkpoint, name)
+
+    def _save_final_checkpoint(self) -> None:
+        if self.last_checkpoint is None or self.last_checkpoint.name != f"step-{self.step}":
+            self.save_checkpoint()
 
     # ------------------------------------------------------------------ helpers for methods
     def check_finite(self, loss: torch.Tensor | float) -> None:
@@ -180,7 +223,10 @@ class Engine:
                                 f"{self._keep_state(write_into, resumable)}") from None
             return Path(output)
 
-        return self.dist.on_main(work, Path(output))
+        # A SIGTERM now waits for the save on every process (the weights are trained: stopping now would
+        # lose them); a second Ctrl-C still aborts.
+        with InterruptFlag("finishing the save first"):
+            return self.dist.on_main(work, Path(output))
 
     def _keep_state(self, write_into: Callable[[Path], None], resumable: bool) -> str:
         hint = "write it elsewhere with the same command plus --resume {} --output OTHER"
@@ -202,4 +248,4 @@ class Engine:
         return f"the trained model is kept in {folder}"
 
 
-__all__ = ["Engine", "Method", "Outcome"]
+__all__ = ["Engine", "Method", "Outcome", "stop_message"]
