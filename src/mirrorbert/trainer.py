@@ -28,8 +28,8 @@ from mirrorbert.training.checkpoints import (
     CheckpointManager, check_resume_config, guard_training_run, load_checkpoint, restore_training_state,
 )
 from mirrorbert.training.device import (
-    autocast, compile_model, enable_gradient_checkpointing, enable_tf32, make_grad_scaler, peak_memory_bytes,
-    resolve_precision, set_threads,
+    autocast, compile_model, enable_gradient_checkpointing, make_grad_scaler, peak_memory_bytes,
+    resolve_precision, set_threads, tf32_matmuls,
 )
 from mirrorbert.training.engine import Engine
 from mirrorbert.training.eval_after import check_eval_after, evaluate_after_training
@@ -241,9 +241,13 @@ class MirrorMethod:
 def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     eval_tasks = check_eval_after(cfg.eval_after, cfg.data_dir)
     dist_ctx = init_from_env(cfg.device)  # one process, or this process's rank under torchrun/accelerate
+    with tf32_matmuls(dist_ctx.device):  # TF32 for this run only (Ampere+), the caller's settings back after
+        return _train_on(cfg, strings, eval_tasks, dist_ctx)
+
+
+def _train_on(cfg: TrainConfig, strings: TrainingStrings | None, eval_tasks, dist_ctx) -> TrainResult:
     device, started = dist_ctx.device, time.time()
     precision = resolve_precision(cfg.precision, device)
-    enable_tf32(device)
     if cfg.grad_cache_chunk and dist_ctx.world_size > 1:
         raise UserError("--grad-cache-chunk: not supported with several processes yet (DDP's gradient hooks "
                         "would fire inside the cached replay); use --gradient-checkpointing there")
