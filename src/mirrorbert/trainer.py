@@ -300,7 +300,7 @@ def _train_on(cfg: TrainConfig, strings: TrainingStrings | None, eval_tasks, dis
     info = _run_info(cfg, method, strings, pooling, batch_size, outcome.steps, wall, compiled)
     encoder.eval()
     info["collapse"] = check_collapse(encoder, strings.strings, method.first_loss, method.mean_loss_last_epoch,
-                                      outcome.steps, cfg.seed)
+                                      outcome.steps, cfg.seed, lr=cfg.lr, pooling=pooling)
     if eval_tasks:
         with sharded_encoding(dist_ctx), timer.phase("eval"):  # every rank evaluates, sharing the encoding work
             info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
