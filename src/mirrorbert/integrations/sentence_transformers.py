@@ -101,8 +101,11 @@ def MirrorBertDataCollator(model, mask_span: int = 5, mask_min_chars: int = 30, 
     """
     st = _import_sentence_transformers()
     base = getattr(st, "SentenceTransformerDataCollator", None)
-    if base is None:  # older layouts
-        from sentence_transformers.data_collator import SentenceTransformerDataCollator as base
+    if base is None:
+        try:  # sentence-transformers >= 6 (the old module path still works there, with a DeprecationWarning)
+            from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator as base
+        except ImportError:  # older layouts
+            from sentence_transformers.data_collator import SentenceTransformerDataCollator as base
     if not isinstance(mask_span, int) or isinstance(mask_span, bool) or mask_span < 0:
         raise UserError(f"mask_span: must be an integer >= 0, not {mask_span!r}")
     if mask_unit not in MASK_UNITS:
