@@ -309,6 +309,10 @@ def _train_on(cfg: TrainConfig, strings: TrainingStrings | None, eval_tasks, dis
     info["timings"] = timer.report()  # now with the save, for the caller and the -v line
     logger.debug("phase timings (s): %s", jsonio.dumps(info["timings"]))
     logger.info("model written to %s (%d steps, final loss %s)", output, outcome.steps, method.loss_value)
+    if cfg.max_length < encoder.max_length:  # say it: the saved limit is not the one the strings were cut at
+        logger.info("trained on strings cut at %d tokens; the saved model encodes up to %d (its own limit; "
+                    "max_length=%d when loading encodes as in training)", cfg.max_length, encoder.max_length,
+                    cfg.max_length)
     return TrainResult(output, outcome.steps, method.loss_value, wall, checkpoint=outcome.checkpoint, info=info,
                        step_log=method.step_log)
 
