@@ -87,8 +87,8 @@ record = Path(sys.argv[3]) / "quickstart_reference.json"
 if record.is_file():  # the offline reference MLM pre-trained here: its score follows the tokens it got
     ref = json.loads(record.read_text())
     arch = ref.get("plan", {}).get("architecture", "reference")
-    print(f"Your offline reference MLM ({arch}) was pre-trained here on {ref['max_tokens']:,} tokens, corpus")
-    print(f"included in {ref['wall_time_s']:.0f} s (held-out masked accuracy {100 * (ref.get('eval_accuracy') or 0):.1f}%); how far it gets")
+    print(f"Your offline reference MLM ({arch}) was pre-trained here on {ref['max_tokens']:,} tokens (corpus and")
+    print(f"pre-training {ref['wall_time_s']:.0f} s; held-out masked accuracy {100 * (ref.get('eval_accuracy') or 0):.1f}%); how far it gets")
     print("depends on how many tokens this machine fits in the budget. For comparison, docs/results/README.md:")
     print("a quickstart run with the same 600-s budget on a shared 2-core CPU (917,504 tokens) gave dev 17.90 -> 61.03;")
     print("its 50.2 -> 62.6 come from a different model, pre-trained for 89 minutes on 6.0M tokens")
