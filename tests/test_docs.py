@@ -54,7 +54,8 @@ def test_readme_relative_links_point_to_existing_files():
 
 def test_readme_python_snippet_runs_offline_and_does_not_collapse(tiny_bert, tmp_path, monkeypatch, shared_data):
     """The README's Python block, run as written but for two paths: the quickstart's reference MLM (built by
-    ./scripts/quickstart.sh, 10 minutes) becomes a tiny local BERT, the 10k STS-B sentences their first 400."""
+    ./scripts/quickstart.sh within a 10-minute budget) becomes a tiny local BERT, the 10k STS-B sentences
+    their first 400."""
     import json
 
     from mirrorbert.mlm.reference import ReferencePlan, model_dir

@@ -17,7 +17,8 @@ the views of every process first when the trainer runs on several (differentiabl
 column and no collator the two views differ by dropout alone; `MirrorBertDataCollator` adds the masked second
 view as the authors ran it (one span of `mask_span` characters replaced by the tokenizer's mask token, strings
 of at most `mask_min_chars` characters left whole), drawn from `seed` and the batch number (and, in DataLoader
-workers, the worker's seed, so workers and epochs draw apart) so a rerun masks the same way and every epoch draws anew; `mask_unit="token"` masks tokens instead, as `--mask-unit token` does.
+workers, the worker's seed, so workers and epochs draw apart) so a rerun masks the same way and every epoch
+draws anew; `mask_unit="token"` masks tokens instead, as `--mask-unit token` does.
 """
 
 from __future__ import annotations
