@@ -58,7 +58,9 @@ def test_collapse_advice_points_the_way_the_quickstart_fixed_it(caplog):
     assert "a higher --lr" in line and "--lr 0.0005" in line and "11M parameters" in line and "lower" not in line
     assert "higher --lr" in collapse_advice(1e-4, 11_000_000)
     assert "lower --lr" in collapse_advice(1e-3, 110_000_000)  # far above the paper's lr on a BERT-base size
-    assert "higher" not in collapse_advice(5e-4, 11_000_000) and "lower" not in collapse_advice(2e-5, 110_000_000)
+    small_at_5e4 = collapse_advice(5e-4, 11_000_000)  # the quickstart's setting: the MLM is the limit, not the lr
+    assert "higher" not in small_at_5e4 and "lower" not in small_at_5e4 and "longer pre-trained" in small_at_5e4
+    assert "higher" not in collapse_advice(2e-5, 110_000_000) and "lower" not in collapse_advice(2e-5, 110_000_000)
     assert "--pooling mean" in collapse_advice(2e-5, 110_000_000, "cls")
 
 

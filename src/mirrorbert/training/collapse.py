@@ -42,10 +42,14 @@ PAPER_LR = 2e-5
 def collapse_advice(lr: float | None, parameters: int | None, pooling: str | None = None) -> str:
     """The fix to suggest for a collapsed space, in the direction the evidence points for this model and lr."""
     tips = []
-    if parameters is not None and parameters < SMALL_MODEL_PARAMETERS and (lr is None or lr < SMALL_MODEL_LR):
+    small = parameters is not None and parameters < SMALL_MODEL_PARAMETERS
+    if small and (lr is None or lr < SMALL_MODEL_LR):
         tips.append(f"a higher --lr: this is a small model ({parameters / 1e6:.0f}M parameters), which the paper's "
                     f"2e-5 (set for a 110M-parameter BERT) barely moves; --lr {SMALL_MODEL_LR:g} is what the "
                     f"quickstart uses on its 11M-parameter reference MLM")
+    elif small:  # already at the small-model lr: the MLM itself is the limit
+        tips.append(f"a longer pre-trained or larger base model (this one has {parameters / 1e6:.0f}M parameters; "
+                    f"the quickstart's QUICKSTART_BUDGET_S gives its reference MLM more tokens)")
     elif lr is not None and parameters is not None and lr > PAPER_LR:
         tips.append(f"a lower --lr (the paper's {PAPER_LR:g} for a BERT-base-size model)")
     elif lr is None or parameters is None:  # nothing known of the run: both directions, by model size
