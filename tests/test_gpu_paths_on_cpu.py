@@ -229,3 +229,28 @@ def test_st_collator_masks_differ_between_dataloader_workers(tiny_bert, monkeypa
     monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: None)
     main = MirrorBertDataCollator(model, mask_span=5, mask_min_chars=10, seed=3)
     assert main.masked_copies(strings) != main.masked_copies(strings)  # no workers: the batch number moves on
+
+
+def test_st_collator_in_a_real_two_worker_dataloader(tiny_bert):
+    """The same strings in every batch: batch 0 (worker 0) and batch 1 (worker 1) differ only by their draws."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Pooling, Transformer
+
+    from mirrorbert.integrations.sentence_transformers import MirrorBertDataCollator
+
+    module = Transformer(str(tiny_bert))
+    model = SentenceTransformer(modules=[module, Pooling(module.get_word_embedding_dimension(), "mean")],
+                                device="cpu")
+    rows = [{"text": "the same long string, masked somewhere along it"} for _ in range(4)] * 2
+    collator = MirrorBertDataCollator(model, mask_span=5, mask_min_chars=10, seed=3)
+
+    def masked(seed: int) -> list[torch.Tensor]:
+        loader = torch.utils.data.DataLoader(rows, batch_size=4, num_workers=2, collate_fn=collator,
+                                             generator=torch.Generator().manual_seed(seed),
+                                             multiprocessing_context="fork")
+        return [batch["text_mirror_input_ids"] for batch in loader]
+
+    first, second = masked(0)
+    assert not torch.equal(first, second)  # each worker held a fresh counter: both drew batch 0's masks
+    assert all(torch.equal(a, b) for a, b in zip(masked(0), (first, second)))  # the same seed: the same masks
