@@ -4,7 +4,13 @@
 
 MODEL: a masked LM or sentence-transformers folder (or hub id); DATA: one string per line; OUTPUT: the folder
 the trained model is saved to (loads in sentence-transformers, transformers and mirrorbert). The settings are the
-paper's sentence preset: temperature 0.04, a 5-character span masked in the second view, lr 2e-5, mean pooling.
+paper's sentence preset, as `mirrorbert train --preset sentence` runs it: temperature 0.04, a 5-character span
+masked in the second view, a constant lr of 2e-5 without warmup (use --lr 5e-4 for a small MLM such as the
+quickstart's 11M-parameter reference model), mean pooling, strings truncated at 50 tokens.
+
+A masked LM is turned into a sentence-transformers model by mirrorbert's own loader (`Encoder.load(...).write`):
+the MLM head is left out and no pooler is added, so nothing is reported missing or unexpected, and any
+architecture mirrorbert loads works.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args(argv)
 
+    import torch
     from datasets import Dataset
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.models import Pooling, Transformer
 
+    from mirrorbert import Encoder
     from mirrorbert.integrations.sentence_transformers import MirrorBertDataCollator, MirrorBertLoss
     from mirrorbert.safety import WritePlan, atomic_output_dir
 
@@ -40,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
                                      if s.strip()))
         if (Path(args.model) / "modules.json").exists():  # already a sentence-transformers model
             model = SentenceTransformer(args.model)
-        else:  # a masked LM: the encoder plus mean pooling
-            encoder = Transformer(args.model, max_seq_length=50)
-            model = SentenceTransformer(modules=[encoder, Pooling(encoder.get_word_embedding_dimension(), "mean")])
+        else:  # a masked LM: the encoder (no MLM head, no pooler) plus mean pooling, max length 50
+            folder = Path(trainer_dir) / "base"
+            Encoder.load(args.model, pooling="mean", max_length=50).write(folder)
+            model = SentenceTransformer(str(folder))
         trainer = SentenceTransformerTrainer(
             model=model,
             train_dataset=Dataset.from_dict({"text": strings}),
@@ -50,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
             data_collator=MirrorBertDataCollator(model, mask_span=5, seed=args.seed),
             args=SentenceTransformerTrainingArguments(
                 output_dir=trainer_dir, num_train_epochs=args.epochs, max_steps=args.max_steps,
-                per_device_train_batch_size=args.batch_size, learning_rate=args.lr, warmup_ratio=0.0,
+                per_device_train_batch_size=args.batch_size, learning_rate=args.lr,
+                lr_scheduler_type="constant", warmup_steps=0,  # as mirrorbert train (the paper): no decay
+                dataloader_pin_memory=torch.cuda.is_available(),  # pinning means nothing without a GPU
                 seed=args.seed, report_to=[], save_strategy="no", logging_steps=1,
             ),
         )

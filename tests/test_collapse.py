@@ -7,7 +7,7 @@ import logging
 
 import numpy as np
 
-from mirrorbert.training.collapse import check_collapse, mean_pairwise_cosine
+from mirrorbert.training.collapse import check_collapse, collapse_advice, mean_pairwise_cosine
 
 
 class ConstantEncoder:
@@ -35,6 +35,33 @@ def test_collapsed_space_warns_once_with_cause_and_fix(caplog):
     assert report["collapsed"] and report["mean_pairwise_cosine"] > 0.99 and report["sample"] == 64
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(lines) == 1 and "collapsed" in lines[0] and "--lr" in lines[0]
+
+
+class SmallModelEncoder(ConstantEncoder):
+    """Collapsed, with an 11M-parameter model behind it (the size of the quickstart's reference MLM)."""
+
+    def __init__(self, spread: float, parameters: int = 11_000_000):
+        import torch
+
+        super().__init__(spread)
+        self.model = torch.nn.Module()
+        self.model.weight = torch.nn.Parameter(torch.empty(parameters, device="meta"))
+
+
+def test_collapse_advice_points_the_way_the_quickstart_fixed_it(caplog):
+    """A small MLM at the paper's 2e-5 collapses and is fixed by a higher lr (the quickstart's 5e-4), not a lower."""
+    strings = [f"string {i}" for i in range(10)]
+    with caplog.at_level(logging.WARNING):
+        check_collapse(SmallModelEncoder(1e-3), strings, first_loss=5.0, last_loss=1.0, steps=50, lr=2e-5,
+                       pooling="mean")
+    line = caplog.records[-1].getMessage()
+    assert "a higher --lr" in line and "--lr 0.0005" in line and "11M parameters" in line and "lower" not in line
+    assert "higher --lr" in collapse_advice(1e-4, 11_000_000)
+    assert "lower --lr" in collapse_advice(1e-3, 110_000_000)  # far above the paper's lr on a BERT-base size
+    small_at_5e4 = collapse_advice(5e-4, 11_000_000)  # the quickstart's setting: the MLM is the limit, not the lr
+    assert "higher" not in small_at_5e4 and "lower" not in small_at_5e4 and "longer pre-trained" in small_at_5e4
+    assert "higher" not in collapse_advice(2e-5, 110_000_000) and "lower" not in collapse_advice(2e-5, 110_000_000)
+    assert "--pooling mean" in collapse_advice(2e-5, 110_000_000, "cls")
 
 
 def test_healthy_space_is_quiet_and_a_stuck_loss_is_named(caplog):

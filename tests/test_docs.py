@@ -50,3 +50,29 @@ def test_readme_relative_links_point_to_existing_files():
     assert links, "the README links into the docs"
     missing = [link for link in links if not (ROOT / link.split("#", 1)[0]).exists()]
     assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_readme_python_snippet_runs_offline_and_does_not_collapse(tiny_bert, tmp_path, monkeypatch, shared_data):
+    """The README's Python block, run as written but for two paths: the quickstart's reference MLM (built by
+    ./scripts/quickstart.sh within a 10-minute budget) becomes a tiny local BERT, the 10k STS-B sentences
+    their first 400."""
+    import json
+
+    from mirrorbert.mlm.reference import ReferencePlan, model_dir
+    from mirrorbert.training.collapse import SMALL_MODEL_LR
+
+    block = re.search(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S).group(1)
+    reference = model_dir(Path("runs/quickstart-reference-mlm"), ReferencePlan()).as_posix()
+    data = "../shared/data/corpora/stsbenchmark_train_10k_sents_random_sampled.txt"
+    assert f'model="{reference}"' in block and f'data="{data}"' in block
+    assert float(re.search(r"\blr=([0-9.e+-]+)", block).group(1)) == SMALL_MODEL_LR  # the collapse advice's lr
+    sentences = (shared_data / data.removeprefix("../shared/data/")).read_text(encoding="utf-8").splitlines()[:400]
+    (tmp_path / "s.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    code = block.replace(reference, str(tiny_bert)).replace(data, str(tmp_path / "s.txt"))
+    code = code.replace("mirrorbert.TrainConfig(", "mirrorbert.TrainConfig(show_progress=False, ", 1)
+    monkeypatch.chdir(tmp_path)  # out/ is written here
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    collapse = json.loads((tmp_path / "out" / "mirrorbert.json").read_text())["training"]["collapse"]
+    assert collapse["collapsed"] is False and collapse["mean_pairwise_cosine"] < collapse["threshold"]
+    assert namespace["vecs"].shape[0] == 2 and len(namespace["hits"]) == 2

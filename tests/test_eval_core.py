@@ -168,6 +168,30 @@ def test_resolve_data_dir_env_and_errors(tmp_path, monkeypatch):
     assert "| stsb |" in datasets.registry_markdown()
 
 
+def test_list_data_says_which_sets_are_present(tmp_path, monkeypatch, capsys, caplog):
+    from mirrorbert.cli import main
+
+    sick = tmp_path / datasets.REGISTRY["sickr"].folder
+    sick.mkdir(parents=True)
+    (sick / "SICK_test_annotated.txt").write_text("x\n", encoding="utf-8")
+    stsb = tmp_path / datasets.REGISTRY["stsb"].folder
+    stsb.mkdir(parents=True)
+    (stsb / "sts-dev.csv").write_text("x\n", encoding="utf-8")  # 1 of its 3 files
+    assert main(["eval", "--list-data", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in out.splitlines() if line.startswith("| ")}
+    assert rows["sickr"] == "yes"
+    assert rows["stsb"] == "no (missing 2 of 3 files: `sts-train.csv`, `sts-test.csv`)"
+    assert rows["qnli"].startswith("no (missing 1 of 1 files")
+    assert f"data directory {tmp_path}: 1 of {len(datasets.REGISTRY)} sets present" in out
+    monkeypatch.delenv(datasets.ENV_VAR, raising=False)  # no data directory: the registry alone, and a line why
+    assert main(["eval", "--list-data"]) == 0
+    assert "| set | folder |" in capsys.readouterr().out
+    assert "which sets are present is not shown" in caplog.text
+    assert main(["eval", "--list-data", "--data-dir", str(tmp_path / "absent")]) == 2  # a named one must exist
+    assert "data directory not found" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------------------------- STS
 def test_encode_unique_encodes_each_text_once_in_order():
     enc = FakeEncoder()

@@ -9,7 +9,7 @@ from mirrorbert.training import device as runtime
 from mirrorbert.cli import build_parser
 from mirrorbert.config import TrainConfig, resolve_config
 from mirrorbert.errors import UserError
-from mirrorbert.training.device import compile_model, cpu_has_native_bf16, enable_tf32, matmul_slowdown, peak_memory_bytes, resolve_precision, set_threads
+from mirrorbert.training.device import compile_model, cpu_has_native_bf16, matmul_slowdown, peak_memory_bytes, resolve_precision, set_threads, tf32_matmuls
 
 CPU, CUDA, MPS = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
 AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw\n"
@@ -98,7 +98,10 @@ def test_set_threads_restores_the_previous_count():
 
 
 def test_tf32_only_on_cuda():
-    assert enable_tf32(CPU) is False
+    before = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+    with tf32_matmuls(CPU) as on:
+        assert on is False
+        assert (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32) == before
 
 
 def test_peak_memory_is_at_least_a_live_tensor():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -196,11 +197,18 @@ def test_example_script_trains_and_saves(tiny_no_dropout, tmp_path):
     data = tmp_path / "strings.txt"
     data.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
     out = tmp_path / "model"
-    done = subprocess.run([sys.executable, str(ROOT / "examples" / "sentence_transformers_trainer.py"),
+    done = subprocess.run([sys.executable, "-W", "default", str(ROOT / "examples" / "sentence_transformers_trainer.py"),
                            str(tiny_no_dropout), str(data), str(out), "--max-steps", "2", "--batch-size", "4"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "modules.json").exists() and (out / "model.safetensors").exists()
+    printed = done.stdout + done.stderr  # no deprecation or load warnings (an MLM head, a missing pooler)
+    assert not re.search(r"Warning|deprecated|LOAD REPORT|UNEXPECTED|MISSING", printed), printed[-3000:]
+    rates = re.findall(r"'learning_rate': '([^']+)'", printed)  # logged every step: constant, as mirrorbert train
+    assert len(rates) == 2 and set(rates) == {"2e-05"}, rates
+    from sentence_transformers import SentenceTransformer
+
+    assert SentenceTransformer(str(out), device="cpu").max_seq_length == 50  # the length it was trained at
     mine = tmp_path / "mine"  # the user's folder: refused in one line, untouched
     mine.mkdir()
     (mine / "notes.md").write_text("keep me\n", encoding="utf-8")

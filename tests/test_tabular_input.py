@@ -44,7 +44,6 @@ def test_each_form_reads_the_column_as_a_text_file_would(tables, name):
 @pytest.mark.parametrize("argv, fragment", [
     (["--column", "nope"], "--column 'nope' not in the data (columns: text, n)"),
     (["--column", "n"], "row 0: column 'n' holds int, not text"),
-    ([], "needs --column NAME"),
     (["--column", "text", "--field", "text"], "--column is for CSV/TSV/Parquet/Arrow, --field for JSONL"),
 ])
 def test_bad_columns_are_one_line(tables, capsys, argv, fragment):
@@ -52,6 +51,27 @@ def test_bad_columns_are_one_line(tables, capsys, argv, fragment):
                  str(tables / "x.npy"), *argv]) == 2
     assert fragment in capsys.readouterr().err
     assert not (tables / "x.npy").exists()
+
+
+def test_without_column_a_text_column_or_the_only_string_column_is_read(tables, tmp_path, caplog):
+    import logging
+
+    plain = read_rows(tables / "c.txt").texts
+    with caplog.at_level(logging.INFO, logger="mirrorbert.tabular"):
+        for name in ("c.parquet", "c.arrow", "saved"):  # columns text (string) and n (int): text
+            assert read_rows(tables / name).texts == plain
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3 and all("no --column given; reading 'text' (the column named text)" in x for x in lines)
+    one = datasets.Dataset.from_dict({"id": [1, 2], "body": ["a cat", "a dog"]})
+    one.to_parquet(str(tmp_path / "one.parquet"))
+    assert read_rows(tmp_path / "one.parquet").texts == ["a cat", "a dog"]  # the only string column
+    assert strings_from_dataset(one).strings == ["a cat", "a dog"]
+    two = datasets.Dataset.from_dict({"title": ["x"], "body": ["y"]})
+    two.to_parquet(str(tmp_path / "two.parquet"))
+    with pytest.raises(UserError, match=r"needs --column NAME .*\(columns: title, body\)"):
+        read_rows(tmp_path / "two.parquet")  # two string columns, none named text: still asked
+    with pytest.raises(UserError, match="needs --column"):
+        strings_from_dataset(two)
 
 
 def test_damaged_tables_and_dataset_dicts_are_refused(tables):
@@ -64,7 +84,7 @@ def test_damaged_tables_and_dataset_dicts_are_refused(tables):
 
 
 def test_encode_and_train_from_parquet_equal_the_text_file(tables, tiny_bert, capsys):
-    for source, extra in (("c.txt", []), ("c.parquet", ["--column", "text"])):
+    for source, extra in (("c.txt", []), ("c.parquet", [])):  # the column named text: no --column needed
         assert main(["encode", "--model", str(tiny_bert), "--input", str(tables / source), *extra,
                      "--output", str(tables / f"{source}.npy")]) == 0
         assert main(["train", "--model", str(tiny_bert), "--data", str(tables / source), *extra, "--steps", "1",

@@ -105,7 +105,11 @@ def export_onnx(encoder, path: Path, opset: int = DEFAULT_ONNX_OPSET) -> Path:
     graph = _serving_graph(encoder)
     example = encoder.tokenizer(["a short example", "a second, slightly longer example string"], padding=True,
                                 return_tensors="pt")
-    args = (example["input_ids"].to(torch.long), example["attention_mask"].to(torch.long))
+    # the example inputs go where the weights are: an encoder on CUDA (the Python API allows it; the command
+    # loads on the CPU) would otherwise be traced with CPU inputs against CUDA weights and fail
+    device = next(encoder.model.parameters()).device
+    args = (example["input_ids"].to(device=device, dtype=torch.long),
+            example["attention_mask"].to(device=device, dtype=torch.long))
     batch, length = torch.export.Dim("batch"), torch.export.Dim("sequence")
     dynamic = {name: {0: batch, 1: length} for name in INPUT_NAMES}
     size = sum(p.numel() * p.element_size() for p in encoder.model.parameters())

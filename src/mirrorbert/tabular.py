@@ -8,12 +8,16 @@ every command keeps (a row's place in the table, as a line's place in a text fil
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Iterator
 
 from mirrorbert.errors import UserError
 
+logger = logging.getLogger(__name__)
+
 TABLE_SUFFIXES = (".parquet", ".arrow")
+DEFAULT_COLUMN = "text"
 DATASET_FOLDER_MARKERS = ("state.json", "dataset_info.json")
 
 
@@ -104,6 +108,7 @@ def iter_table_column(path: str | Path, column: str | None, option: str = "--dat
         except Exception as exc:  # noqa: BLE001  a damaged file: say which, in one line
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise UserError(f"{option} {path}: cannot read it as .parquet data ({reason[:200]})") from None
+        column = default_column(names, _string_fields(parquet.schema_arrow), column, str(path))
         _check_column(path, names, column)
         row = 0
         for batch in parquet.iter_batches(batch_size=chunk_rows, columns=[column]):
@@ -112,10 +117,33 @@ def iter_table_column(path: str | Path, column: str | None, option: str = "--dat
         return
     table = _read_table(path, option)
     names = list(table.column_names)
+    column = default_column(names, _string_fields(table.schema), column, str(path))
     _check_column(path, names, column)
     values = table.column(column)
     for start in range(0, table.num_rows, chunk_rows):
         yield column_strings(names, values.slice(start, chunk_rows).to_pylist(), column, str(path), first_row=start)
+
+
+def default_column(names: list[str], string_names: list[str], column: str | None, where: str) -> str | None:
+    """The column to read when --column is not given: one named `text`, else the only string column; None
+    (and the caller's "needs --column" error) when neither settles it. One info line says which was taken."""
+    if column:
+        return column
+    if DEFAULT_COLUMN in names:
+        chosen, why = DEFAULT_COLUMN, "the column named text"
+    elif len(string_names) == 1:
+        chosen, why = string_names[0], "its only text column"
+    else:
+        return None
+    logger.info("%s: no --column given; reading %r (%s)", where, chosen, why)
+    return chosen
+
+
+def _string_fields(schema) -> list[str]:
+    import pyarrow as pa
+
+    text_types = (pa.types.is_string, pa.types.is_large_string, getattr(pa.types, "is_string_view", None))
+    return [field.name for field in schema if any(check and check(field.type) for check in text_types)]
 
 
 def _check_column(path: Path, names: list[str], column: str | None) -> None:
@@ -195,12 +223,15 @@ def iter_hub_column(spec: str, column: str | None, option: str = "--data",
 
 
 def dataset_strings(dataset, column: str | None = None) -> list[str]:
-    """The strings of a `datasets.Dataset` column (Python API); the only column when it has one."""
+    """The strings of a `datasets.Dataset` column (Python API); without `column`: the only column, else one
+    named `text`, else the only string column."""
     names = list(getattr(dataset, "column_names", None) or [])
     if not names:
         raise UserError(f"dataset: expected a datasets.Dataset with a text column, got {type(dataset).__name__}")
-    if column is None and len(names) == 1:
-        column = names[0]
+    if column is None:
+        features = getattr(dataset, "features", None) or {}
+        strings = [name for name in names if getattr(features.get(name), "dtype", None) in ("string", "large_string")]
+        column = names[0] if len(names) == 1 else default_column(names, strings, None, "dataset")
     if column is not None and column not in names:
         raise UserError(f"column: {column!r} not in the dataset (columns: {', '.join(names)})")
     values = list(dataset[column]) if column else []

@@ -28,8 +28,8 @@ from mirrorbert.training.checkpoints import (
     CheckpointManager, check_resume_config, guard_training_run, load_checkpoint, restore_training_state,
 )
 from mirrorbert.training.device import (
-    autocast, compile_model, enable_gradient_checkpointing, enable_tf32, make_grad_scaler, peak_memory_bytes,
-    resolve_precision, set_threads,
+    autocast, compile_model, enable_gradient_checkpointing, make_grad_scaler, peak_memory_bytes,
+    resolve_precision, set_threads, tf32_matmuls,
 )
 from mirrorbert.training.engine import Engine
 from mirrorbert.training.eval_after import check_eval_after, evaluate_after_training
@@ -243,9 +243,13 @@ class MirrorMethod:
 def _train(cfg: TrainConfig, strings: TrainingStrings | None) -> TrainResult:
     eval_tasks = check_eval_after(cfg.eval_after, cfg.data_dir)
     dist_ctx = init_from_env(cfg.device)  # one process, or this process's rank under torchrun/accelerate
+    with tf32_matmuls(dist_ctx.device):  # TF32 for this run only (Ampere+), the caller's settings back after
+        return _train_on(cfg, strings, eval_tasks, dist_ctx)
+
+
+def _train_on(cfg: TrainConfig, strings: TrainingStrings | None, eval_tasks, dist_ctx) -> TrainResult:
     device, started = dist_ctx.device, time.time()
     precision = resolve_precision(cfg.precision, device)
-    enable_tf32(device)
     if cfg.grad_cache_chunk and dist_ctx.world_size > 1:
         raise UserError("--grad-cache-chunk: not supported with several processes yet (DDP's gradient hooks "
                         "would fire inside the cached replay); use --gradient-checkpointing there")
@@ -306,7 +310,7 @@ def _finish(cfg, method, strings, pooling, batch_size, outcome, wall, compiled, 
     info = _run_info(cfg, method, strings, pooling, batch_size, outcome.steps, wall, compiled)
     encoder.eval()
     info["collapse"] = check_collapse(encoder, strings.strings, method.first_loss, method.mean_loss_last_epoch,
-                                      outcome.steps, cfg.seed)
+                                      outcome.steps, cfg.seed, lr=cfg.lr, pooling=pooling)
     if eval_tasks:
         with sharded_encoding(dist_ctx), timer.phase("eval"):  # every rank evaluates, sharing the encoding work
             info["eval_after"] = evaluate_after_training(encoder, eval_tasks, cfg.data_dir)
@@ -315,6 +319,10 @@ def _finish(cfg, method, strings, pooling, batch_size, outcome, wall, compiled, 
     info["timings"] = timer.report()  # now with the save, for the caller and the -v line
     logger.debug("phase timings (s): %s", jsonio.dumps(info["timings"]))
     logger.info("model written to %s (%d steps, final loss %s)", output, outcome.steps, method.loss_value)
+    if cfg.max_length < encoder.max_length:  # say it: the saved limit is not the one the strings were cut at
+        logger.info("trained on strings cut at %d tokens; the saved model encodes up to %d (its own limit; "
+                    "max_length=%d when loading encodes as in training)", cfg.max_length, encoder.max_length,
+                    cfg.max_length)
     return TrainResult(output, outcome.steps, method.loss_value, wall, checkpoint=outcome.checkpoint, info=info,
                        step_log=method.step_log)
 

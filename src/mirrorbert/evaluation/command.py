@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(see `mirrorbert train --help`); default auto: packed rows where supported and they cost fewer FLOPs than padding, length groups for models that cannot be packed; encode's length-sorted batches stay padded")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="no progress bar")
     p.add_argument("--progress", dest="progress", action="store_true", help=argparse.SUPPRESS)  # the old spelling
-    p.add_argument("--list-data", action="store_true", help="print the data registry (files, sources) and exit")
+    p.add_argument("--list-data", action="store_true", help="print the data registry (files, sources, and which sets the data directory holds) and exit")
     p.set_defaults(func=run_eval)
     return p
 
@@ -90,8 +91,14 @@ def run_eval(args: argparse.Namespace) -> int:
     from mirrorbert.evaluation import datasets
     from mirrorbert.evaluation.runner import check_task_options, parse_tasks
 
-    if getattr(args, "list_data", False):
-        print(datasets.registry_markdown())
+    if getattr(args, "list_data", False):  # with a data directory (--data-dir or MIRRORBERT_DATA): what is there
+        root = None
+        if getattr(args, "data_dir", None) or os.environ.get(datasets.ENV_VAR):
+            root = datasets.resolve_data_dir(getattr(args, "data_dir", None))  # one named but absent: an error
+        else:
+            logger.warning("no data directory (--data-dir or %s): which sets are present is not shown",
+                           datasets.ENV_VAR)
+        print(datasets.registry_markdown(root))
         return 0
     if not args.model:
         raise UserError("eval: --model is required (a model folder, a hub id, or 'glove')")

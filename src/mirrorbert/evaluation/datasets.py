@@ -294,13 +294,30 @@ def is_available(data_dir: str | os.PathLike[str] | None, name: str) -> bool:
     return True
 
 
-def registry_markdown() -> str:
-    """Markdown table of the registry (for the README and ``mirrorbert eval --list-data``)."""
-    lines = ["| set | folder | files | official source | licence |", "|---|---|---|---|---|"]
+def registry_markdown(data_dir: str | os.PathLike[str] | None = None) -> str:
+    """Markdown table of the registry (for the README and ``mirrorbert eval --list-data``); with ``data_dir``
+    (an existing folder) a first line and a column say which sets are present there and what each one lacks."""
+    root = Path(data_dir) if data_dir is not None else None
+    lines = []
+    if root is not None:
+        present = [e.name for e in REGISTRY.values() if not _absent(root, e)]
+        lines += [f"data directory {root}: {len(present)} of {len(REGISTRY)} sets present", ""]
+    lines += ["| set |" + (" present |" if root is not None else "") + " folder | files | official source | licence |",
+              "|---|" + ("---|" if root is not None else "") + "---|---|---|---|"]
     for e in REGISTRY.values():
         files = ", ".join(f"`{f}`" for f in e.files[:4]) + (", ..." if len(e.files) > 4 else "")
-        lines.append(f"| {e.name} | `{e.folder}` | {files} | {e.official_source} | {e.licence} |")
+        cell = ""
+        if root is not None:
+            absent = _absent(root, e)
+            cell = " yes |" if not absent else (
+                f" no (missing {len(absent)} of {len(e.files)} files: " + ", ".join(f"`{f}`" for f in absent[:2])
+                + (", ..." if len(absent) > 2 else "") + ") |")
+        lines.append(f"| {e.name} |{cell} `{e.folder}` | {files} | {e.official_source} | {e.licence} |")
     return "\n".join(lines)
+
+
+def _absent(root: Path, entry: DatasetInfo) -> list[str]:
+    return [f for f in entry.files if not (root / entry.folder / f).is_file()]
 
 
 def check_eval_files(root: str | os.PathLike, tasks) -> int:

@@ -214,7 +214,7 @@ def add_finetune_sts_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=d.max_length,
                    help="truncate sentences to N tokens (at most the model's positions)")
     p.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:1 | mps")
-    p.add_argument("--precision", default=d.precision, help="fp32 | bf16 | fp16 (GPU only)")
+    p.add_argument("--precision", default=d.precision, help="fp32 (default) | auto (as train) | bf16 | fp16 (GPU only, with loss scaling)")
     p.add_argument("--output", help="write the results as JSON to this file")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     p.add_argument("--no-progress", dest="show_progress", action="store_false", default=True, help="no progress bar")

@@ -116,14 +116,14 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
 
     from mirrorbert.encoder import Encoder
     from mirrorbert.evaluation.sts import score_pairs
-    from mirrorbert.training.device import autocast, check_precision, resolve_device
+    from mirrorbert.training.device import autocast, make_grad_scaler, resolve_device, resolve_precision
     from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
     from mirrorbert.training.randomness import seed_everything
     from mirrorbert.batching import pad_batch
 
     started = time.time()
     device = resolve_device(cfg.device)
-    check_precision(cfg.precision, device)
+    precision = resolve_precision(cfg.precision, device)
     seed_everything(seed)
     idx = subset_indices(len(train), fraction, seed)
     encoder = Encoder.load(cfg.model, pooling=cfg.pooling, device=str(device))
@@ -137,6 +137,7 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
     total = per_epoch * cfg.epochs
     optimizer = build_optimizer(encoder, cfg.lr, cfg.weight_decay)
     scheduler = build_scheduler(optimizer, "linear", int(round(cfg.warmup * total)), total)
+    scaler = make_grad_scaler(device, precision)  # fp16: loss scaling, unscaled before any clipping; else None
     gen = torch.Generator().manual_seed(seed)
     step = 0
     with progress_bar(total=total, show=cfg.show_progress, desc=f"sts-b {fraction:g} seed {seed}", unit="step") as bar:
@@ -146,10 +147,10 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
                 rows = order[b:b + cfg.batch_size]
                 a = {k: v.to(device) for k, v in pad_batch([ids1[i] for i in rows], pad_id).items()}
                 c = {k: v.to(device) for k, v in pad_batch([ids2[i] for i in rows], pad_id).items()}
-                with autocast(device, cfg.precision):
+                with autocast(device, precision):
                     u, v = encoder(**a), encoder(**c)
                 loss = cosine_regression_loss(u, v, gold[rows].to(device))
-                backward_and_step(loss, optimizer, scheduler)
+                backward_and_step(loss, optimizer, scheduler, scaler)
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.4f}", refresh=False)

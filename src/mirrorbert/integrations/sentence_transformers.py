@@ -16,8 +16,9 @@ InfoNCE over the 2B views, the anchor excluded from its denominator, or the mult
 the views of every process first when the trainer runs on several (differentiable all-gather). With one text
 column and no collator the two views differ by dropout alone; `MirrorBertDataCollator` adds the masked second
 view as the authors ran it (one span of `mask_span` characters replaced by the tokenizer's mask token, strings
-of at most `mask_min_chars` characters left whole), drawn from `seed` and the batch number so a rerun masks the
-same way and every epoch draws anew; `mask_unit="token"` masks tokens instead, as `--mask-unit token` does.
+of at most `mask_min_chars` characters left whole), drawn from `seed` and the batch number (and, in DataLoader
+workers, the worker's seed, so workers and epochs draw apart) so a rerun masks the same way and every epoch
+draws anew; `mask_unit="token"` masks tokens instead, as `--mask-unit token` does.
 """
 
 from __future__ import annotations
@@ -94,14 +95,18 @@ def MirrorBertDataCollator(model, mask_span: int = 5, mask_min_chars: int = 30, 
     """A `SentenceTransformerDataCollator` that adds each string's masked copy as a second column.
 
     `model` is the SentenceTransformer (its tokenizer's mask token is used); other keywords go to the
-    sentence-transformers collator. The masks are drawn from `seed` and the batch number. `mask_unit="char"`
+    sentence-transformers collator. The masks are drawn from `seed` and the batch number (in DataLoader workers
+    also from the worker's seed, which differs per worker and per epoch). `mask_unit="char"`
     masks `mask_span` characters (strings of at most `mask_min_chars` left whole), as the authors ran the paper;
     `"token"` masks `mask_span` consecutive non-special tokens of strings with more than that many.
     """
     st = _import_sentence_transformers()
     base = getattr(st, "SentenceTransformerDataCollator", None)
-    if base is None:  # older layouts
-        from sentence_transformers.data_collator import SentenceTransformerDataCollator as base
+    if base is None:
+        try:  # sentence-transformers >= 6 (the old module path still works there, with a DeprecationWarning)
+            from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator as base
+        except ImportError:  # older layouts
+            from sentence_transformers.data_collator import SentenceTransformerDataCollator as base
     if not isinstance(mask_span, int) or isinstance(mask_span, bool) or mask_span < 0:
         raise UserError(f"mask_span: must be an integer >= 0, not {mask_span!r}")
     if mask_unit not in MASK_UNITS:
@@ -135,9 +140,17 @@ def MirrorBertDataCollator(model, mask_span: int = 5, mask_min_chars: int = 30, 
             return torch.tensor(rows, dtype=ids.dtype)
 
         def _next_generator(self) -> torch.Generator:
-            generator = derived_generator(seed, STREAM_ST_MASK, self._batches)
+            """The generator of the next batch: from `seed` and the batch number, and inside a DataLoader
+            worker also from the worker's own seed. Each worker holds a copy of this collator, so a batch
+            counter alone would repeat the same draws in every worker (and, as workers are re-made each
+            epoch, in every epoch); the worker seed differs per worker and per epoch and follows the main
+            process's seed, so a rerun still masks the same way."""
+            stream = [STREAM_ST_MASK, self._batches]
+            worker = torch.utils.data.get_worker_info()
+            if worker is not None:
+                stream += [int(worker.seed) % (2**63), worker.id]
             self._batches += 1
-            return generator
+            return derived_generator(seed, *stream)
 
         def masked_copies(self, strings: list[str]) -> list[str]:
             """Char unit: the second views of one batch; each call is the next batch's draw."""

@@ -1,8 +1,10 @@
 """After training: did the embeddings collapse? One line with the likely cause and the fix, if so.
 
 A collapsed encoder maps every string to nearly the same vector (mean pairwise cosine near 1): the
-contrastive loss could not separate the views, typically because the MLM is too small or too briefly
-pre-trained for the preset, the learning rate too high, or the temperature too low for word-level data.
+contrastive loss could not separate the views. On a small or briefly pre-trained MLM the usual cause is a
+learning rate too low to move it (the paper's 2e-5 is set for a 110M-parameter BERT; the 11M-parameter
+reference MLM stays collapsed there and needs 5e-4, docs/results/README.md); on a BERT-base-size model a
+learning rate far above the paper's. The advice follows the model's size and the lr it was trained at.
 The numbers are recorded in mirrorbert.json (`training.collapse`) either way.
 """
 
@@ -30,8 +32,38 @@ def mean_pairwise_cosine(vectors: np.ndarray) -> float:
     return float((sims.sum() - np.trace(sims)) / (n * (n - 1)))
 
 
+#: below this many parameters an MLM counts as small: the paper's lr 2e-5 (for a 110M-parameter BERT) barely moves
+#: it, and lr 5e-4 is what lifted the 11M-parameter reference MLM (docs/results/README.md, the quickstart's setting)
+SMALL_MODEL_PARAMETERS = 50_000_000
+SMALL_MODEL_LR = 5e-4
+PAPER_LR = 2e-5
+
+
+def collapse_advice(lr: float | None, parameters: int | None, pooling: str | None = None) -> str:
+    """The fix to suggest for a collapsed space, in the direction the evidence points for this model and lr."""
+    tips = []
+    small = parameters is not None and parameters < SMALL_MODEL_PARAMETERS
+    if small and (lr is None or lr < SMALL_MODEL_LR):
+        tips.append(f"a higher --lr: this is a small model ({parameters / 1e6:.0f}M parameters), which the paper's "
+                    f"2e-5 (set for a 110M-parameter BERT) barely moves; --lr {SMALL_MODEL_LR:g} is what the "
+                    f"quickstart uses on its 11M-parameter reference MLM")
+    elif small:  # already at the small-model lr: the MLM itself is the limit
+        tips.append(f"a longer pre-trained or larger base model (this one has {parameters / 1e6:.0f}M parameters; "
+                    f"the quickstart's QUICKSTART_BUDGET_S gives its reference MLM more tokens)")
+    elif lr is not None and parameters is not None and lr > PAPER_LR:
+        tips.append(f"a lower --lr (the paper's {PAPER_LR:g} for a BERT-base-size model)")
+    elif lr is None or parameters is None:  # nothing known of the run: both directions, by model size
+        tips.append(f"--lr {SMALL_MODEL_LR:g} on a small MLM (under {SMALL_MODEL_PARAMETERS // 1_000_000}M "
+                    f"parameters, as the quickstart does), the paper's {PAPER_LR:g} on a BERT-base-size one")
+    else:
+        tips.append("a larger or longer pre-trained base model")
+    if pooling == "cls":
+        tips.append("mean pooling (--pooling mean)")
+    return "; try " + ", or ".join(tips)
+
+
 def check_collapse(encoder, strings: Sequence[str], first_loss: float | None, last_loss: float | None,
-                   steps: int, seed: int = 0) -> dict[str, Any]:
+                   steps: int, seed: int = 0, lr: float | None = None, pooling: str | None = None) -> dict[str, Any]:
     """Measure, warn in one line when collapsed or stuck, and return what to record."""
     sample = list(strings) if len(strings) <= SAMPLE else random.Random(seed).sample(list(strings), SAMPLE)
     report: dict[str, Any] = {"sample": len(sample), "threshold": COLLAPSE_COSINE}
@@ -42,15 +74,15 @@ def check_collapse(encoder, strings: Sequence[str], first_loss: float | None, la
              and last_loss >= STUCK_LOSS_SHARE * first_loss)
     report.update(collapsed=collapsed, loss_stuck=bool(stuck), first_loss=first_loss, last_loss=last_loss)
     if collapsed:
+        model = getattr(encoder, "model", None)
+        parameters = sum(p.numel() for p in model.parameters()) if model is not None else None
         logger.warning("the embeddings collapsed: %d training strings have a mean pairwise cosine of %.4f "
-                       "(> %.2f), so the model barely tells them apart; likely cause: a small or briefly "
-                       "pre-trained MLM, or too high a learning rate; try a lower --lr, mean pooling "
-                       "(--pooling mean) or a larger base model", len(sample), report["mean_pairwise_cosine"],
-                       COLLAPSE_COSINE)
+                       "(> %.2f), so the model barely tells them apart%s", len(sample),
+                       report["mean_pairwise_cosine"], COLLAPSE_COSINE, collapse_advice(lr, parameters, pooling))
     elif stuck:
         logger.warning("the loss did not fall: %.4f at the first step, %.4f over the last epoch; likely cause: "
                        "the learning rate (try --lr 10x lower or higher) or too few steps", first_loss, last_loss)
     return report
 
 
-__all__ = ["check_collapse", "mean_pairwise_cosine"]
+__all__ = ["check_collapse", "collapse_advice", "mean_pairwise_cosine"]

@@ -59,7 +59,7 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 
 
 def make_grad_scaler(device: torch.device, precision: str):
-    """fp16 needs loss scaling to avoid underflow; bf16 and fp32 do not."""
+    """fp16 needs loss scaling to avoid underflow; bf16 and fp32 do not (None: no scaler)."""
     if precision == "fp16":
         return torch.amp.GradScaler(device.type)
     return None
@@ -171,14 +171,26 @@ def set_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def enable_tf32(device: torch.device) -> bool:
-    """TF32 fp32 matmuls on Ampere and newer (about 8x the fp32 rate, ~1e-3 relative error, as HF/Lightning do)."""
+@contextlib.contextmanager
+def tf32_matmuls(device: torch.device) -> Iterator[bool]:
+    """TF32 fp32 matmuls inside the block on Ampere and newer (about 8x the fp32 rate, ~1e-3 relative error,
+    as HF/Lightning do); the previous settings come back on exit, so a caller's later fp32 work (its own
+    evaluation, a test's tolerances) is not silently run in TF32. Yields whether TF32 was switched on.
+    """
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 8:
-        return False
+        yield False
+        return
+    previous = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+                torch.backends.cudnn.allow_tf32)
     torch.set_float32_matmul_precision("high")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    return True
+    try:
+        yield True
+    finally:
+        torch.set_float32_matmul_precision(previous[0])
+        torch.backends.cuda.matmul.allow_tf32 = previous[1]
+        torch.backends.cudnn.allow_tf32 = previous[2]
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 from typing import Any, Iterator
 
 import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def seed_everything(seed: int) -> None:
@@ -46,8 +49,26 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state.get("cuda") is not None:
+        set_cuda_rng_states(state["cuda"])
+
+
+def set_cuda_rng_states(states) -> None:
+    """Restore the saved CUDA generators onto the GPUs that exist now, device i from saved state i.
+
+    A checkpoint written on 8 GPUs and resumed on 2 (or on a CPU-only machine) holds states for devices
+    that are not there: `torch.cuda.set_rng_state_all` would index past the last device. Only the first
+    min(saved, present) are restored; when the counts differ one log line says so (on more GPUs than
+    saved, the extra devices keep the seed's state).
+    """
+    states = list(states)
+    present = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    restored = min(len(states), present)
+    if len(states) != present:
+        logger.info("resume: the checkpoint holds the CUDA random state of %d GPU(s), this machine has %d; "
+                    "restoring %d", len(states), present, restored)
+    for index in range(restored):
+        torch.cuda.set_rng_state(states[index], index)
 
 
 @contextlib.contextmanager
@@ -72,4 +93,4 @@ def set_torch_rng_state(state: tuple[torch.Tensor, list[torch.Tensor] | None]) -
     cpu, cuda = state
     torch.set_rng_state(cpu)
     if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
+        set_cuda_rng_states(cuda)
