@@ -74,7 +74,7 @@ def test_an_index_of_another_model_or_a_changed_corpus_is_refused_in_one_line(ca
     assert code == 2 and "not a mirrorbert index" in err
     (index / "manifest.json").write_text("{oops", encoding="utf-8")
     code, _, err = run(capsys, ["search", "--index", index, "--model", tiny_bert, "--query", "x"])
-    assert code == 2 and "manifest.json is damaged" in err
+    assert code == 2 and "manifest.json: damaged" in err
 
 
 def test_index_output_follows_the_write_policy(capsys, tiny_bert, corpus, tmp_path):
