@@ -12,6 +12,7 @@ import contextlib
 import datetime as _dt
 import importlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -305,6 +306,12 @@ def _run_tasks(encoder: Any, names: list[str], root: Path, options: dict[str, di
                 skipped_parts=dict(getattr(result, "skipped", {}) or {}),
                 artifacts=dict(getattr(result, "artifacts", {}) or {}),
             )
+            not_finite = [k for k, v in outcome.metrics.items() if not math.isfinite(v)]
+            if not_finite:  # a NaN score is never reported as a result: the task failed (exit 1)
+                outcome.status = "error"
+                outcome.message = (f"score(s) not finite: {', '.join(not_finite[:5])} (constant similarities or "
+                                   "constant gold scores, or too few covered pairs)")
+                logger.error("%s failed: %s", name, outcome.message)
         except NonFiniteEmbeddings:
             raise  # every task would score NaN: stop with one error line, never print NaN as a result
         except DatasetMissing as exc:
