@@ -326,7 +326,7 @@ class SearchIndex:
 def build_index(encoder, corpus: Sequence[str], *, batch_size: int = 64, use_faiss: bool | None = None,
                 show_progress: bool = False) -> SearchIndex:
     """Encode and L2-normalise ``corpus`` with ``encoder`` (anything with ``encode``) into a SearchIndex."""
-    corpus = [corpus] if isinstance(corpus, str) else list(corpus)
+    corpus = check_texts(corpus, "corpus")
     if not corpus:
         raise UserError("the search corpus is empty")
     vectors = encoder.encode(corpus, batch_size=batch_size, normalize=True, show_progress=show_progress)
@@ -359,6 +359,19 @@ def as_vectors(value: Any, name: str, dim: int | None = None) -> np.ndarray:
     return array
 
 
+def check_texts(value: Any, name: str) -> list[str]:
+    """A string or a sequence of strings as a list; anything else is a UserError naming the argument."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (bytes, dict, set)) or not isinstance(value, Sequence):
+        raise UserError(f"{name}: expected a string or a list of strings, not {type(value).__name__}")
+    texts = list(value)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise UserError(f"{name}: item {i} is {type(text).__name__}, not a string")
+    return texts
+
+
 def check_top_k(top_k: Any) -> None:
     """A whole number >= 1 (2.5 or "3" would fail deep in the ranking, or be silently truncated)."""
     if not isinstance(top_k, (int, np.integer)) or isinstance(top_k, bool) or top_k < 1:
@@ -378,7 +391,7 @@ def search(encoder, queries: str | Sequence[str], corpus_or_index: SearchIndex |
     if not isinstance(index, SearchIndex):
         index = build_index(encoder, index, batch_size=batch_size, use_faiss=use_faiss, show_progress=show_progress)
     single = isinstance(queries, str)
-    queries = [queries] if single else list(queries)
+    queries = check_texts(queries, "queries")
     if not queries:
         return []
     vectors = encoder.encode(queries, batch_size=batch_size, normalize=True)
