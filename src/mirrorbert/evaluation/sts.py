@@ -130,9 +130,10 @@ def _read_lines(path: Path) -> list[str]:
     return read_text_lines(path)
 
 
-#: SemEval STS and STS-B gold scores run from 0 to 5, SICK relatedness from 1 to 5.
+#: SemEval STS and STS-B gold scores run from 0 to 5; SICK relatedness from 1 to 5, checked on the same 0-5
+#: scale (a rescaled copy is not refused; NaN, infinity, -7 or 50 are).
 STS_RANGE = (0.0, 5.0)
-SICK_RANGE = (1.0, 5.0)
+SICK_RANGE = STS_RANGE
 
 
 def _to_float(value: str, path: Path, lineno: int, score_range: tuple[float, float] | None = STS_RANGE) -> float:
