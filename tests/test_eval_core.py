@@ -564,7 +564,7 @@ def test_gold_scores_must_be_finite_and_in_range_before_any_model_loads(tmp_path
     lines[6] = "\t".join(fields)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(UserError, match=rf"sts-test\.csv:7: .*{re.escape(fragment)}"):
-        datasets.check_eval_files(tmp_path, ["sts"])
+        runner.check_eval_data(tmp_path, ["sts"])
 
     class Untouchable(FakeEncoder):
         def encode(self, *a, **k):

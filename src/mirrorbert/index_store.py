@@ -27,13 +27,13 @@ import json
 import re
 import logging
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mirrorbert import jsonio
 from mirrorbert.errors import UserError
+from mirrorbert.readback import open_regular, parse_json, read_regular_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -44,70 +44,7 @@ MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")
 IGNORED_MODEL_FILES = {"README.md", "mirrorbert.json", "manifest.json", ".mirrorbert-output"}
 INDEX_FILES = ("vectors.npy", "texts.jsonl", "ids.json", "faiss.index")
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few hundred bytes; a bigger one is not ours
-MAX_JSON_DEPTH = 64  # JSON nested deeper than this is refused before the parser recurses
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def open_regular(path: Path, what: str) -> int:
-    """A read-only descriptor of `path`, which must be a regular file: opened non-blocking (a FIFO cannot
-    stall the open) and checked with fstat on the descriptor itself (no race between a check and the open),
-    so a device (/dev/zero), a FIFO or a folder is one error naming it, never an endless read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise UserError(f"{what} {path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{what} {path}: is a folder, expected a file") from None
-    except PermissionError:
-        raise UserError(f"{what} {path}: permission denied (the file is not readable)") from None
-    except OSError as exc:
-        raise UserError(f"{what} {path}: cannot open it ({exc.strerror or type(exc).__name__})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
-            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
-        raise UserError(f"{what} {path}: is {kind}, expected a regular file")
-    os.set_blocking(fd, True)
-    return fd
-
-
-def read_regular_bytes(path: Path, what: str, limit: int) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes (a bigger one is refused before reading it)."""
-    fd = open_regular(path, what)
-    with os.fdopen(fd, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size > limit:
-            raise UserError(f"{what} {path}: {size} bytes, more than the {limit} this file can hold; "
-                            "damaged or not written by mirrorbert")
-        return fh.read(limit + 1)
-
-
-def json_depth_ok(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
-    """False when brackets nest deeper than `limit` (checked by a count, before `json` recurses into them);
-    brackets inside strings count too, which can only make this stricter."""
-    if isinstance(text, str):
-        text = text.encode("utf-8", "surrogatepass")
-    depth = 0
-    for byte in text:
-        if byte in (0x5B, 0x7B):
-            depth += 1
-            if depth > limit:
-                return False
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-    return True
-
-
-def parse_json(raw: bytes, what: str, path: Path) -> Any:
-    """JSON of an untrusted file: UTF-8, nesting bounded, one error naming the file otherwise."""
-    if not json_depth_ok(raw):
-        raise UserError(f"{what} {path}: damaged (JSON nested deeper than {MAX_JSON_DEPTH} levels)")
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise UserError(f"{what} {path}: damaged (not valid JSON: {reason})") from None
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22, what: str = "--corpus") -> str:
@@ -362,6 +299,10 @@ def _read_texts(folder: Path, manifest: Manifest) -> list[str]:
             raise _damaged(folder, f"{name}:{lineno}", f"not a JSON string: {str(exc)[:80]}") from None
         if not isinstance(text, str):
             raise _damaged(folder, f"{name}:{lineno}", "expected a JSON string")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate escape: not text, and unprintable as a hit
+            raise _damaged(folder, f"{name}:{lineno}", "a lone surrogate escape, not text") from None
         texts.append(text)
     return texts
 

@@ -293,7 +293,7 @@ class SearchIndex:
         folder = Path(folder)
         if not (folder / INDEX_META).is_file() or not (folder / "vectors.npy").is_file():
             raise UserError(f"{folder}: not a saved search index (no {INDEX_META} / vectors.npy)")
-        from mirrorbert.index_store import open_regular, parse_json, read_regular_bytes
+        from mirrorbert.readback import open_regular, parse_json, read_regular_bytes
 
         meta = parse_json(read_regular_bytes(folder / INDEX_META, "index", 1 << 20), "index", folder / INDEX_META)
         if not isinstance(meta, dict):

@@ -215,6 +215,8 @@ def _index_cases(env) -> list[FileCase]:
 
     refused("texts-not-strings", lambda ctx: _tamper(ctx, "texts.jsonl", "[1]\n" * rows()), ("texts.jsonl",))
     refused("texts-one-short", lambda ctx: _tamper(ctx, "texts.jsonl", '"a"\n' * (rows() - 1)), ("texts.jsonl",))
+    refused("texts-lone-surrogate", lambda ctx: _tamper(ctx, "texts.jsonl", '"\\ud800"\n' * rows()),
+            ("texts.jsonl",))
     refused("texts-invalid-utf8", lambda ctx: _tamper(ctx, "texts.jsonl", b'"\xff\xfe"\n' * rows()),
             ("texts.jsonl",))
 

@@ -342,15 +342,5 @@ def check_eval_files(root: str | os.PathLike, tasks) -> int:
             if path.is_file():
                 check_utf8_file(path, "--data-dir", hint="fix or replace this evaluation file")
                 checked += 1
-    # the gold scores too (small files, no model needed): a NaN, infinite or out-of-range score is refused
-    # now, in one line naming the file and line, not after the model loaded and other tasks ran
-    if "sts" in wanted:
-        from mirrorbert.evaluation.sts import check_gold_files as check_sts
-
-        check_sts(root)
-    if "wordsim" in wanted:
-        from mirrorbert.evaluation.wordsim import check_gold_files as check_wordsim
-
-        check_wordsim(root)
     return checked
 

@@ -205,6 +205,23 @@ def _ordered_metrics(metrics: Mapping[str, float]) -> list[tuple[str, float]]:
     return [("primary", metrics["primary"])] + items if "primary" in metrics else items
 
 
+def check_eval_data(root: str | Path, tasks: Iterable[str]) -> None:
+    """The selected tasks' files checked before any model loads: UTF-8 (datasets.check_eval_files), and the
+    gold scores of the STS and word-similarity sets, read as the tasks read them (small files): a NaN,
+    infinite or out-of-range score is refused now, in one line naming the file and line, not after the model
+    loaded and other tasks ran."""
+    wanted = set(tasks)
+    datasets.check_eval_files(root, wanted)
+    if "sts" in wanted:
+        from mirrorbert.evaluation.sts import check_gold_files as check_sts
+
+        check_sts(root)
+    if "wordsim" in wanted:
+        from mirrorbert.evaluation.wordsim import check_gold_files as check_wordsim
+
+        check_wordsim(root)
+
+
 def _as_float_dict(task: str, result: Mapping[str, Any]) -> dict[str, float]:
     if not isinstance(result, Mapping) or "primary" not in result:
         raise TypeError(f"task {task} returned {type(result).__name__} without a 'primary' key")
@@ -253,7 +270,7 @@ def evaluate(
         encoder = load_model(str(encoder))
     options = {k: dict(v) for k, v in (task_options or {}).items()}
     check_task_options(options)
-    datasets.check_eval_files(root, names)
+    check_eval_data(root, names)
     if plot_dir is None and report is not None:
         plot_dir = Path(report).with_name(Path(report).stem + "_files")
     from mirrorbert.safety import WritePlan, atomic_output_dir, write_text_atomic

@@ -276,7 +276,7 @@ def cache_problem(root: Path, key: str, vocab_size: int) -> str | None:
     """Why the cache folder `root` cannot be used, or None when it is complete and intact: meta.json a
     well-formed object of this key, every token file of the recorded size and SHA-256, ids in the vocabulary,
     document starts inside their stream and increasing."""
-    from mirrorbert.index_store import parse_json, read_regular_bytes
+    from mirrorbert.readback import parse_json, read_regular_bytes
 
     if root.is_symlink() or not root.is_dir():
         return "not a folder"
