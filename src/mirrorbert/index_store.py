@@ -328,8 +328,8 @@ def _read_ids(folder: Path, manifest: Manifest) -> list[int]:
     return ids
 
 
-def _read_faiss(folder: Path, manifest: Manifest):
-    """The stored faiss index, read after its checksum matched, holding `rows` vectors of `dim`."""
+def _read_faiss(folder: Path, manifest: Manifest, vectors):
+    """The stored faiss index, read after its checksum matched, holding exactly the rows of vectors.npy."""
     import faiss
 
     name = "faiss.index"
@@ -346,6 +346,8 @@ def _read_faiss(folder: Path, manifest: Manifest):
                                      f"{manifest.rows} of {manifest.dim}")
     if not isinstance(index, faiss.IndexFlatIP):
         raise _damaged(folder, name, f"a {type(index).__name__}, expected an exact IndexFlatIP")
+    if not np.array_equal(index.reconstruct_n(0, index.ntotal), vectors):  # proposes candidates: must be ours
+        raise _damaged(folder, name, "its vectors are not those of vectors.npy")
     return index
 
 
@@ -366,8 +368,10 @@ def load_index(folder: Path, manifest: Manifest, use_faiss: bool | None):
     ids = _read_ids(folder, manifest)
     index = SearchIndex(vectors, texts, meta={"model": manifest.model, "pooling": manifest.pooling})
     faiss_file = folder / "faiss.index"
-    if wants_faiss(use_faiss) and os.path.lexists(faiss_file):
-        index.faiss_index = _read_faiss(folder, manifest)
+    if manifest.faiss and wants_faiss(use_faiss) and os.path.lexists(faiss_file):
+        if manifest.files is not None and "faiss.index" not in manifest.files:
+            raise UserError(f"--index {folder / MANIFEST}: damaged (no checksum for faiss.index)")
+        index.faiss_index = _read_faiss(folder, manifest, vectors)
     return index, ids
 
 

@@ -227,6 +227,16 @@ def _index_cases(env) -> list[FileCase]:
             ("faiss.index",))
     refused("faiss-l2-not-inner-product", lambda ctx: _tamper(ctx, "faiss.index", _faiss_bytes(vec(ctx), "l2")),
             ("faiss.index",))
+    refused("faiss-other-vectors-same-shape", lambda ctx: _tamper(ctx, "faiss.index", _faiss_bytes(
+        vec(ctx)[::-1].copy())), ("faiss.index",))
+
+    def faiss_checksum_dropped(ctx):
+        folder = _tamper(ctx, "faiss.index", _faiss_bytes(vec(ctx)[::-1].copy()), rehash=False)
+        data = _manifest(folder)
+        data.get("files", {}).pop("faiss.index", None)
+        _write_manifest(folder, data)
+
+    refused("faiss-checksum-dropped-from-manifest", faiss_checksum_dropped, ("faiss.index",))
     refused("faiss-stale-checksum", lambda ctx: _tamper(ctx, "faiss.index", _faiss_bytes(vec(ctx)[::-1].copy()),
                                                         rehash=False), ("faiss.index",))
 
