@@ -220,7 +220,11 @@ def check_config_sizes(folder: str | os.PathLike, config, option: str = "--model
                             "damaged or not a model mirrorbert can build")
     shapes: dict[str, list[int]] = {}
     for path in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
-        shapes.update({k: [int(d) for d in v["shape"]] for k, v in read_safetensors_header(path, option).items()})
+        try:
+            tensors = read_safetensors_header(path, option)
+        except UserError:  # a damaged weight file is check_weight_files' (and the loader's) error to report
+            return
+        shapes.update({k: [int(d) for d in v["shape"]] for k, v in tensors.items()})
     if not shapes:
         return
     counts: dict[str, tuple[int, str]] = {}  # layers per stack (an encoder-decoder has two): (count, its prefix)
