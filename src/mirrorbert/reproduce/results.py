@@ -48,7 +48,7 @@ class ReproduceConfig:
             raise UserError(f"--experiments: unknown experiment(s) {', '.join(unknown)}; known: {', '.join(known)}")
         if not self.seeds:
             raise UserError("--seeds: give at least one seed")
-        from mirrorbert.config import seed_ok, SEED_RULE
+        from mirrorbert.config import SEED_RULE, seed_ok
 
         if any(not seed_ok(s) for s in self.seeds):
             raise UserError(f"--seeds {self.seeds!r}: every seed {SEED_RULE}")
