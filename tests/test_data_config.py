@@ -146,3 +146,22 @@ def test_invalid_values_name_the_option(overrides, message):
 
 def test_checkpoint_dir_defaults_beside_output():
     assert str(TrainConfig(output="runs/m/").resolved_checkpoint_dir()) == "runs/m.checkpoints"
+
+
+def test_strings_that_give_no_tokens_are_skipped_with_a_count(tiny_bert, caplog):
+    from transformers import AutoTokenizer
+
+    from mirrorbert.data import training_strings
+    from mirrorbert.errors import UserError
+    from mirrorbert.views import drop_tokenless, tokenize_once
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_bert))
+    strings = training_strings(["a real sentence", "\u200b\u200b", "\x01\x02", "another one"], "t.txt", 0, None, 0)
+    assert len(strings.strings) == 4  # strip() keeps zero-width and control characters
+    ids = drop_tokenless(tok, strings, tokenize_once(tok, strings.strings, 16))
+    assert strings.strings == ["a real sentence", "another one"] and len(ids) == 2
+    assert ids == tokenize_once(tok, strings.strings, 16)
+    assert "2 string(s) give no tokens" in caplog.text
+    lonely = training_strings(["one sentence", "\u200b"], "u.txt", 0, None, 0)
+    with pytest.raises(UserError, match="u.txt: needs at least 2 distinct strings that give tokens"):
+        drop_tokenless(tok, lonely, tokenize_once(tok, lonely.strings, 16))

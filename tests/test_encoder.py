@@ -190,3 +190,23 @@ def test_a_normalising_model_is_saved_with_its_normalize_module(tiny_bert, tmp_p
     plain.save(tmp_path / "c")
     assert not any(m["type"].endswith("Normalize")
                    for m in json.loads((tmp_path / "c" / "modules.json").read_text(encoding="utf-8")))
+
+
+def test_similarity_and_search_inputs_are_checked_by_name(tiny_bert):
+    from mirrorbert.errors import UserError
+
+    enc = Encoder.load(str(tiny_bert))
+    assert enc.similarity(["a", "b"], "c").shape == (2, 1)
+    vectors = enc.encode(["a", "b"], normalize=True)
+    np.testing.assert_allclose(enc.similarity(vectors, ["a", "b"]), enc.similarity(["a", "b"], ["a", "b"]),
+                               atol=1e-5)
+    for a, b, fragment in (([], ["x"], "a: an empty list"), (["x", 3], ["y"], "a: a list mixing"),
+                           (["x"], [1, 2], "b: vectors of dimension 2"),
+                           (["x"], np.full((1, enc.dim), np.nan), "b: vector 0 is not finite"),
+                           ({"x": 1}, ["y"], "a:")):
+        with pytest.raises(UserError, match=fragment):
+            enc.similarity(a, b)
+    with pytest.raises(UserError, match="corpus: item 0 is int"):
+        enc.search(["x"], [1, 2])
+    with pytest.raises(UserError, match="queries: item 0 is bytes"):
+        enc.search([b"x"], ["a", "b"])

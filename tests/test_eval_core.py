@@ -570,3 +570,53 @@ def test_isotropy_without_matplotlib_keeps_its_scores(tmp_path, monkeypatch, cap
     assert out["is"] > 0 and out["primary"] == out["is"] and not out.artifacts
     assert 'pip install "mirrorbert[eval]"' in out.skipped["cosine plot"]
     assert sum("mirrorbert[eval]" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("gold, fragment", [("nan", "not a finite number"), ("inf", "not a finite number"),
+                                            ("-7", "outside this set's range [0, 5]"), ("5.01", "outside"),
+                                            ("high", "expected a numeric score")])
+def test_gold_scores_must_be_finite_and_in_range_before_any_model_loads(tmp_path, gold, fragment):
+    import re
+
+    from mirrorbert.evaluation import runner
+
+    write_stsb(tmp_path, np.random.default_rng(0), n=10)
+    path = tmp_path / "sts/STSBenchmark/sts-test.csv"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    fields = lines[6].split("\t")
+    fields[4] = gold
+    lines[6] = "\t".join(fields)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=rf"sts-test\.csv:7: .*{re.escape(fragment)}"):
+        runner.check_eval_data(tmp_path, ["sts"])
+
+    class Untouchable(FakeEncoder):
+        def encode(self, *a, **k):
+            raise AssertionError("encoded before the gold scores were checked")
+
+    with pytest.raises(UserError, match=r"sts-test\.csv:7"):
+        runner.evaluate(Untouchable(), tasks="sts", data_dir=tmp_path)
+
+
+def test_word_similarity_gold_ranges(tmp_path):
+    from mirrorbert.evaluation.wordsim import check_gold_files, load_word_pairs
+
+    folder = tmp_path / "wordsim"
+    folder.mkdir()
+    (folder / "EN-MEN-TR-3k.txt").write_text("sun sunlight 50\ncar auto 40\n", encoding="utf-8")  # MEN: 0-50
+    check_gold_files(tmp_path)
+    (folder / "EN-WS-353-ALL.txt").write_text("tiger\tcat\t7.35\nbook\tpaper\t11\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"EN-WS-353-ALL\.txt:2: .*outside this set's range \[0, 10\]"):
+        check_gold_files(tmp_path)
+    assert list(load_word_pairs(folder / "EN-WS-353-ALL.txt").scores) == [7.35, 11.0]  # own files: any finite
+
+
+def test_a_nan_score_fails_its_task_instead_of_being_reported(tmp_path):
+    write_stsb(tmp_path, np.random.default_rng(0), n=10)
+
+    class Constant(FakeEncoder):  # every pair gets the same similarity: Spearman is NaN
+        def vector(self, text):
+            return np.ones(self.dim, dtype=np.float32)
+
+    result = evaluate(Constant(), tasks="sts", data_dir=tmp_path)
+    assert result["sts"].status == "error" and "not finite" in result["sts"].message

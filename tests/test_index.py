@@ -74,7 +74,7 @@ def test_an_index_of_another_model_or_a_changed_corpus_is_refused_in_one_line(ca
     assert code == 2 and "not a mirrorbert index" in err
     (index / "manifest.json").write_text("{oops", encoding="utf-8")
     code, _, err = run(capsys, ["search", "--index", index, "--model", tiny_bert, "--query", "x"])
-    assert code == 2 and "manifest.json is damaged" in err
+    assert code == 2 and "manifest.json: damaged" in err
 
 
 def test_index_output_follows_the_write_policy(capsys, tiny_bert, corpus, tmp_path):
@@ -89,3 +89,91 @@ def test_index_output_follows_the_write_policy(capsys, tiny_bert, corpus, tmp_pa
     code, _, err = run(capsys, argv + ["--output", ours])
     assert code == 2 and "--overwrite" in err
     assert run(capsys, argv + ["--output", ours, "--overwrite"])[0] == 0
+
+
+def _rehash(index, name):
+    import hashlib
+
+    manifest = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
+    manifest["files"][name] = hashlib.sha256((index / name).read_bytes()).hexdigest()
+    (index / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return manifest
+
+
+def test_every_index_file_is_checked_against_the_manifest_before_use(capsys, tiny_bert, corpus, tmp_path):
+    import io
+    import os
+
+    import numpy as np
+
+    built = tmp_path / "built"
+    assert run(capsys, ["index", "--model", tiny_bert, "--corpus", corpus, "--output", built, "--skip-bad-lines",
+                        "--no-progress"])[0] == 0
+    manifest = json.loads((built / "manifest.json").read_text(encoding="utf-8"))
+    assert set(manifest["files"]) >= {"vectors.npy", "texts.jsonl", "ids.json"}
+    assert manifest["corpus_bytes"] == corpus.stat().st_size
+    rows, dim = manifest["rows"], manifest["dim"]
+    vectors = np.load(built / "vectors.npy", allow_pickle=False)
+
+    def npy(array):
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=True)
+        return buffer.getvalue()
+
+    tampered = [  # (file, new bytes, re-hash in the manifest, what the one error line says)
+        ("ids.json", json.dumps(["../../etc/passwd"] * rows).encode(), True, "not a line number"),
+        ("ids.json", json.dumps([[1]] * rows).encode(), True, "not a line number"),
+        ("ids.json", json.dumps(list(range(rows - 1))).encode(), True, f"{rows - 1} ids"),
+        ("ids.json", b"[" * 100000 + b"]" * 100000, True, "ids.json"),
+        ("ids.json", json.dumps(list(range(rows))).encode() + b" ", False, "SHA-256"),
+        ("vectors.npy", npy(vectors[:, :-1]), True, "shape"),
+        ("vectors.npy", npy(vectors.astype(np.float64)), True, "dtype float64"),
+        ("vectors.npy", npy(np.array([object()] * rows, dtype=object)), True, "dtype object"),
+        ("vectors.npy", npy(np.full_like(vectors, np.nan)), True, "not finite"),
+        ("vectors.npy", npy(vectors)[:-8], True, "bytes of data"),
+        ("texts.jsonl", b"[1]\n" * rows, True, "expected a JSON string"),
+    ]
+    for name, content, rehash, message in tampered:
+        index = tmp_path / "index"
+        shutil.rmtree(index, ignore_errors=True)
+        shutil.copytree(built, index)
+        (index / name).write_bytes(content)
+        if rehash:
+            _rehash(index, name)
+        code, out, err = run(capsys, ["search", "--index", index, "--model", tiny_bert, "--query", "x",
+                                      "--no-progress"])
+        assert code == 2 and out == "" and err.count("mirrorbert: error:") == 1, (name, message, err)
+        assert name in err and message in err, (name, message, err)
+    assert dim == vectors.shape[1]
+
+    for corpus_path in ("/dev/zero", str(tmp_path / "fifo")):  # would be read forever: refused at once
+        index = tmp_path / "index"
+        shutil.rmtree(index, ignore_errors=True)
+        shutil.copytree(built, index)
+        if corpus_path.endswith("fifo"):
+            os.mkfifo(corpus_path)
+        data = json.loads((index / "manifest.json").read_text(encoding="utf-8"))
+        data["corpus"] = corpus_path
+        (index / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
+        code, _, err = run(capsys, ["search", "--index", index, "--model", tiny_bert, "--query", "x"])
+        assert code == 2 and corpus_path in err and "expected a regular file" in err
+
+    data = json.loads((built / "manifest.json").read_text(encoding="utf-8"))
+    data["rows"] = str(rows)
+    (index / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
+    code, _, err = run(capsys, ["search", "--index", index, "--model", tiny_bert, "--query", "x"])
+    assert code == 2 and "field 'rows'" in err
+
+
+def test_query_vectors_must_be_finite_and_of_the_index_dimension():
+    import numpy as np
+
+    from mirrorbert.errors import UserError
+    from mirrorbert.search import SearchIndex
+
+    index = SearchIndex.from_vectors(np.eye(3, 4, dtype=np.float32), ["a", "b", "c"], use_faiss=False)
+    assert [h.corpus_id for h in index.search_vectors(np.eye(1, 4), 1)[0]] == [0]
+    for bad, fragment in ((np.full((1, 4), np.nan), "not finite"), ([[1.0, 2.0]], "dimension 2"),
+                          ("text", "a string"), ([["a", "b", "c", "d"]], "numbers")):
+        with pytest.raises(UserError, match=fragment):
+            index.search_vectors(bad, 1)

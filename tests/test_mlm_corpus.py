@@ -184,3 +184,47 @@ def test_prefetch_keeps_order_and_raises():
     gen = prefetch(iter(range(10_000)), depth=2)
     assert next(gen) == 0
     gen.close()
+
+
+def test_the_cache_follows_the_text_not_size_and_mtime(tmp_path, tiny_bert):
+    import os
+
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    path = tmp_path / "c.txt"
+    path.write_text("the first sentence here\nand a second one\n", encoding="utf-8")
+    first = prepare_corpus(path, tok, tmp_path / "cache", eval_fraction=0.0, show_progress=False)
+    st = path.stat()
+    path.write_text("the final sentence here\nand a second one\n", encoding="utf-8")  # same size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same mtime
+    assert path.stat().st_size == st.st_size
+    again = prepare_corpus(path, tok, tmp_path / "cache", eval_fraction=0.0, show_progress=False)
+    expected = []
+    for line in ("the final sentence here", "and a second one"):
+        expected += tok(line, add_special_tokens=False)["input_ids"] + [tok.sep_token_id]
+    assert [int(t) for t in again.stream("train")] == expected
+    assert again.root != first.root
+
+
+@pytest.mark.parametrize("damage", ["truncated", "edited", "meta-not-json", "meta-dtype"])
+def test_a_damaged_cache_is_set_aside_and_rebuilt(tmp_path, tiny_bert, caplog, damage):
+    import json
+
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    path = _write_docs(tmp_path / "c.txt", DOCS[:3])
+    first = prepare_corpus(path, tok, tmp_path / "cache", eval_fraction=0.0, show_progress=False)
+    expected = np.asarray(first.stream("train")).copy()
+    tokens, meta = first.root / "train.tokens", first.root / "meta.json"
+    if damage == "truncated":
+        tokens.write_bytes(tokens.read_bytes()[:-4])
+    elif damage == "edited":
+        data = bytearray(tokens.read_bytes())
+        data[0] ^= 1
+        tokens.write_bytes(bytes(data))
+    elif damage == "meta-not-json":
+        meta.write_text("{", encoding="utf-8")
+    else:
+        meta.write_text(json.dumps({**first.meta, "dtype": "float64"}), encoding="utf-8")
+    again = prepare_corpus(path, tok, tmp_path / "cache", eval_fraction=0.0, show_progress=False)
+    assert again.root == first.root and np.array_equal(np.asarray(again.stream("train")), expected)
+    assert [p for p in (tmp_path / "cache").iterdir() if ".damaged-" in p.name]  # set aside, not deleted
+    assert "is damaged" in caplog.text

@@ -338,3 +338,40 @@ def test_python_configs_take_any_value_or_raise_a_value_error(data):
         build(**values)
     except UserError:
         pass
+
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("num_hidden_layers", 300_000, "num_hidden_layers = 300000, outside"),
+    ("hidden_size", 10**9, "hidden_size = 1000000000, outside"),
+    ("vocab_size", 10**12, "vocab_size = 1000000000000, outside"),
+    ("max_position_embeddings", 10**10, "max_position_embeddings = 10000000000, outside"),
+    ("num_hidden_layers", 3, "3 layers, the weights hold 2"),
+])
+def test_absurd_config_sizes_are_refused_before_anything_is_built(capsys, weights_trap, tiny_bert, tmp_path,
+                                                                  strings_file, monkeypatch, key, value, fragment):
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was built from config.json before its sizes were checked")
+
+    monkeypatch.setattr(transformers.AutoModel, "from_config", refuse)
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_bert, folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config[key] = value
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    code, _, err = run(capsys, ["encode", "--model", folder, "--input", strings_file, "--output",
+                                tmp_path / "v.npy", "--no-progress"])
+    assert code == 2 and fragment in error_line(err) and str(folder) in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--model", "m", "--data", "d.txt", "--output", "o"],
+    ["pretrain-mlm", "--model", "m", "--corpus", "d.txt", "--output", "o"],
+    ["gloss-pretrain", "--model", "m", "--output", "o"],
+])
+@pytest.mark.parametrize("seed", ["99999999999999999999", str(2**32)])
+def test_seeds_beyond_what_the_generators_take_are_one_line(capsys, tmp_path, monkeypatch, argv, seed):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, [*argv, "--seed", seed])
+    assert code == 2 and "--seed" in error_line(err) and "4294967295" in err

@@ -133,3 +133,51 @@ def test_a_parquet_query_file_takes_the_corpus_column(tables, tiny_bert, capsys)
                  "--queries", str(tables / "c.parquet"), "--top-k", "1"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert [line["query"] for line in lines] == read_rows(tables / "c.txt").texts
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_two_columns_of_the_same_name_are_refused(tmp_path, suffix):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table([pa.array(["a", "b"]), pa.array(["c", "d"])], names=["text", "text"])
+    path = tmp_path / f"dup{suffix}"
+    if suffix == ".parquet":
+        pq.write_table(table, path)
+    else:
+        with pa.ipc.new_file(str(path), table.schema) as writer:
+            writer.write_table(table)
+    with pytest.raises(UserError, match=r"dup\.\w+: the data has 2 columns named 'text'"):
+        read_rows(path, column="text")
+
+
+def test_csv_quotes_long_fields_and_duplicate_headers(tmp_path):
+    import csv
+
+    limit = csv.field_size_limit()
+    bad = tmp_path / "bad.csv"
+    bad.write_text('text,n\n"ok",1\n"never closed,2\nthird,3\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"bad\.csv:3: a quoted field opens here and is never closed"):
+        read_rows(bad, column="text")
+    closed = tmp_path / "closed.csv"  # a quoted field over several lines, closed: one row, read as before
+    closed.write_text('text,n\n"ok",1\n"two\nlines",2\n', encoding="utf-8")
+    assert read_rows(closed, column="text").texts == ["ok", "two\nlines"]
+    long = tmp_path / "long.csv"
+    field = "x" * 200_000  # over csv's default limit of 131,072 characters
+    long.write_text(f'text,n\n"{field}",1\nshort,2\n', encoding="utf-8")
+    assert read_rows(long, column="text").texts == [field, "short"]
+    assert csv.field_size_limit() == limit  # the module-wide limit is put back
+    dup = tmp_path / "dup.tsv"
+    dup.write_text("text\ttext\na\tb\n", encoding="utf-8")
+    with pytest.raises(UserError, match="names column 'text' 2 times"):
+        read_rows(dup, column="text")
+
+
+def test_jsonl_lone_surrogates_and_deep_nesting_name_the_line(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"t": "fine"}\n{"t": "\\ud800"}\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"s\.jsonl:2: field 't' holds a lone surrogate"):
+        read_rows(path, field="t")
+    path.write_text('{"t": "fine"}\n' + "[" * 100000 + "]" * 100000 + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"s\.jsonl:2: invalid JSON"):
+        read_rows(path, field="t")

@@ -249,8 +249,9 @@ def validate(cfg: TrainConfig) -> None:
     for key in ("steps", "limit", "words_top", "random_strings"):
         value = getattr(cfg, key)
         _check(value is None or (_is_int(value) and value >= 1), key, "must be an integer >= 1")
-    for key in ("warmup_steps", "save_every", "seed"):
+    for key in ("warmup_steps", "save_every"):
         _check(_is_int(getattr(cfg, key)) and getattr(cfg, key) >= 0, key, "must be an integer >= 0")
+    _check(seed_ok(cfg.seed), "seed", SEED_RULE)
     _check(cfg.threads is None or (_is_int(cfg.threads) and cfg.threads >= 1), "threads", "must be an integer >= 1")
     _check(cfg.grad_cache_chunk is None or (_is_int(cfg.grad_cache_chunk) and cfg.grad_cache_chunk >= 0),
            "grad_cache_chunk", "must be an integer >= 0 (0: off)")
@@ -260,6 +261,22 @@ def validate(cfg: TrainConfig) -> None:
     _check(sum(sources) <= 1, "data", "give only one of --data, --words-top, --random-strings")
     _check(not (cfg.column and cfg.field), "column", "--column is for CSV/TSV/Parquet/Arrow, --field for JSONL; not both")
     check_finite_numbers(cfg)  # last: the checks above give their own messages for nan/inf where they apply
+
+
+#: Seeds every generator accepts (numpy's legacy seed, torch.manual_seed, random): 0 .. 2**32 - 1. A bigger
+#: one (a 20-digit --seed) would end in an overflow traceback inside torch after the data was read.
+MAX_SEED = 2**32 - 1
+SEED_RULE = f"must be a whole number from 0 to {MAX_SEED} (2**32 - 1)"
+
+
+def seed_ok(value: Any) -> bool:
+    return _is_int(value) and 0 <= value <= MAX_SEED
+
+
+def check_seed(value: Any, option: str = "--seed") -> None:
+    """One rule for every --seed/--seeds value; UserError naming the option otherwise."""
+    if not seed_ok(value):
+        raise UserError(f"{option} {value!r}: {SEED_RULE}")
 
 
 def _is_int(value: Any) -> bool:

@@ -150,19 +150,69 @@ def _read_csv(path: Path, lines: list[tuple[int, str]], delimiter: str, column: 
               skipped: list[int]) -> tuple[list[str], list[int]]:
     if not column:
         raise UserError(f"{path}: a {path.suffix} file needs --column NAME to say which column holds the text")
-    reader = csv.DictReader(io.StringIO("\n".join(text for _, text in lines)), delimiter=delimiter)
-    if reader.fieldnames is None or column not in reader.fieldnames:
-        found = ", ".join(reader.fieldnames or [])
+    text = "\n".join(text for _, text in lines)
+    # the whole file is in memory already, so a field may be as long as the file (csv's default limit of
+    # 131,072 characters would stop a long document with a traceback); the limit is put back afterwards
+    previous_limit = csv.field_size_limit()
+    csv.field_size_limit(max(previous_limit, min(len(text) + 1, 2**31 - 1)))
+    try:
+        return _parse_csv(path, lines, text, delimiter, column, skipped)
+    finally:
+        csv.field_size_limit(previous_limit)
+
+
+def _file_line(lines: list[tuple[int, str]], index: int) -> int:
+    """The file's line number of the `index`-th kept line (0-based), or of the last one past the end."""
+    if not lines:
+        return 1
+    return lines[min(max(index, 0), len(lines) - 1)][0]
+
+
+def _parse_csv(path: Path, lines: list[tuple[int, str]], text: str, delimiter: str, column: str,
+               skipped: list[int]) -> tuple[list[str], list[int]]:
+    reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
+    try:
+        fieldnames = reader.fieldnames
+    except csv.Error as exc:
+        raise UserError(f"{path}:{_file_line(lines, reader.line_num - 1)}: not valid CSV ({exc})") from None
+    if fieldnames is None or column not in fieldnames:
+        found = ", ".join(fieldnames or [])
         raise UserError(f"{path}: --column {column!r} not in the header (columns: {found})")
+    if fieldnames.count(column) > 1:
+        raise UserError(f"{path}: the header names column {column!r} {fieldnames.count(column)} times; "
+                        "which one holds the text is ambiguous: rename the others")
     header_line = lines[reader.line_num - 1][0] if reader.line_num else 1
     texts, ids, start = [], [], reader.line_num
-    for index, row in enumerate(reader):
-        first_line = lines[start][0] if start < len(lines) else lines[-1][0]  # the file line this row starts on
-        texts.append(row.get(column) or "")
-        # a skipped line counts as the data row it was, so ids stay the rows' places in the file
-        ids.append(index + bisect.bisect_left(skipped, first_line) - bisect.bisect_left(skipped, header_line))
-        start = reader.line_num
+    try:
+        for index, row in enumerate(reader):
+            first_line = lines[start][0] if start < len(lines) else lines[-1][0]  # the file line this row starts on
+            texts.append(row.get(column) or "")
+            # a skipped line counts as the data row it was, so ids stay the rows' places in the file
+            ids.append(index + bisect.bisect_left(skipped, first_line) - bisect.bisect_left(skipped, header_line))
+            last_start, start = start, reader.line_num
+    except csv.Error as exc:
+        raise UserError(f"{path}:{_file_line(lines, reader.line_num - 1)}: not valid CSV ({exc})") from None
+    if texts and start - last_start > 1:
+        # the last row spans several lines: csv (non-strict) ends a quoted field left open at the end of the
+        # file without a word, swallowing every line after the quote into one row; read it again strictly
+        tail = "\n".join(t for _, t in lines[last_start:])
+        try:
+            for _ in csv.reader(io.StringIO(tail), delimiter=delimiter, strict=True):
+                pass
+        except csv.Error as exc:
+            if "unexpected end of data" in str(exc):
+                raise UserError(f"{path}:{_file_line(lines, last_start)}: a quoted field opens here and is never "
+                                "closed (it would swallow the rest of the file); fix the quotes") from None
     return texts, ids
+
+
+def _encodable(text: str) -> bool:
+    """False for a string holding a lone surrogate (JSON's "\\ud800" decodes to one; no UTF-8 can hold it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _read_jsonl(path: Path, lines: list[tuple[int, str]], field: str | None) -> list[str]:
@@ -177,11 +227,16 @@ def _read_jsonl(path: Path, lines: list[tuple[int, str]], field: str | None) -> 
             record = json.loads(text)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise UserError(f"{path}:{lineno}: invalid JSON (nested too deeply)") from None
         if not isinstance(record, dict) or field not in record:
             raise UserError(f"{path}:{lineno}: no field {field!r}")
         value = record[field]
         if not isinstance(value, str):
             raise UserError(f"{path}:{lineno}: field {field!r} is not a string")
+        if not _encodable(value):
+            raise UserError(f"{path}:{lineno}: field {field!r} holds a lone surrogate escape (e.g. \\ud800), "
+                            "which is not text; fix the file")
         out.append(value)
     return out
 

@@ -313,9 +313,27 @@ class Encoder(torch.nn.Module):
 
     def similarity(self, a, b, batch_size: int = 64) -> np.ndarray:
         """Cosine similarity matrix between two lists of strings (or of already computed vectors)."""
-        va = self.encode(a, batch_size=batch_size, normalize=True) if _is_texts(a) else _unit(np.asarray(a))
-        vb = self.encode(b, batch_size=batch_size, normalize=True) if _is_texts(b) else _unit(np.asarray(b))
-        return np.atleast_2d(va) @ np.atleast_2d(vb).T
+        va = self._similarity_side(a, "a", batch_size)
+        vb = self._similarity_side(b, "b", batch_size)
+        return va @ vb.T
+
+    def _similarity_side(self, x, name: str, batch_size: int) -> np.ndarray:
+        """Unit rows [n, dim] of one argument of `similarity`: strings are encoded, vectors checked (numbers,
+        this encoder's dimension, finite); anything else is a UserError naming the argument."""
+        if isinstance(x, str):
+            return np.atleast_2d(self.encode(x, batch_size=batch_size, normalize=True))
+        if isinstance(x, (list, tuple)):
+            if not x:
+                raise UserError(f"{name}: an empty list; give at least one string or vector")
+            kinds = {isinstance(item, str) for item in x}
+            if kinds == {True}:
+                return self.encode(list(x), batch_size=batch_size, normalize=True)
+            if True in kinds:
+                bad = next(i for i, item in enumerate(x) if not isinstance(item, str))
+                raise UserError(f"{name}: a list mixing strings and other values (item {bad} is "
+                                f"{type(x[bad]).__name__}); give strings or vectors")
+        return _unit(_search.as_vectors(x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x, name,
+                                        self.dim))
 
     # ------------------------------------------------------------------ search (mirrorbert.search)
     def build_index(self, corpus: Sequence[str], batch_size: int = 64, use_faiss: bool | None = None,
@@ -408,10 +426,6 @@ def detach_pooler(model) -> dict[str, torch.Tensor]:
     state = {f"pooler.{k}": v.detach().cpu().clone() for k, v in pooler.state_dict().items()}
     model.pooler = None
     return state
-
-
-def _is_texts(x) -> bool:
-    return isinstance(x, str) or (isinstance(x, (list, tuple)) and (not x or isinstance(x[0], str)))
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

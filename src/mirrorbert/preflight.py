@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,71 @@ def check_safetensors(path: Path, option: str = "--model") -> None:
     read_safetensors_header(path, option)
 
 
+# Bounds no real model comes near (the largest published encoders and LLMs stay well inside them): a config.json
+# beyond them (300,000 layers, a hidden size of 10**9) would take minutes or all memory to build, even on the
+# meta device, before any other check could refuse it.
+CONFIG_SIZE_LIMITS = {
+    "num_hidden_layers": 1024, "n_layer": 1024, "num_layers": 1024,
+    "hidden_size": 1 << 17, "n_embd": 1 << 17, "d_model": 1 << 17,
+    "intermediate_size": 1 << 20, "n_inner": 1 << 20,
+    "num_attention_heads": 1 << 12, "n_head": 1 << 12,
+    "vocab_size": 1 << 24,
+    "max_position_embeddings": 1 << 24, "n_positions": 1 << 24,
+    "type_vocab_size": 1 << 16,
+}
+_LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
+_EMBEDDING_NAMES = ("word_embeddings.weight", "embed_tokens.weight", "wte.weight")
+
+
+def check_config_sizes(folder: str | os.PathLike, config, option: str = "--model") -> None:
+    """Sizes in config.json checked before any model is built from it: every size a positive whole number
+    under CONFIG_SIZE_LIMITS, and, when the folder has safetensors weights, the layer count, vocabulary and
+    hidden size their header implies (tensor names and shapes only, no data read) equal to config.json's."""
+    folder = Path(folder)
+    for key, limit in CONFIG_SIZE_LIMITS.items():
+        value = getattr(config, key, None)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value > limit:
+            raise UserError(f"{option} {folder}: config.json has {key} = {str(value)[:30]}, outside 0..{limit}; "
+                            "damaged or not a model mirrorbert can build")
+    shapes: dict[str, list[int]] = {}
+    for path in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
+        try:
+            tensors = read_safetensors_header(path, option)
+        except UserError:  # a damaged weight file is check_weight_files' (and the loader's) error to report
+            return
+        shapes.update({k: [int(d) for d in v["shape"]] for k, v in tensors.items()})
+    if not shapes:
+        return
+    counts: dict[str, tuple[int, str]] = {}  # layers per stack (an encoder-decoder has two): (count, its prefix)
+    for name in shapes:
+        match = _LAYER_INDEX.search(name)
+        if match:
+            stack = name[:match.start()]
+            prefix = name[:match.start(1)]
+            counts[stack] = max(counts.get(stack, (0, prefix)), (int(match.group(1)) + 1, prefix))
+    layers = next((getattr(config, k) for k in ("num_hidden_layers", "n_layer", "num_layers")
+                   if isinstance(getattr(config, k, None), int)), None)
+    if counts and layers is not None and layers not in [n for n, _ in counts.values()]:
+        held, prefix = max(counts.values())
+        if layers > held:
+            raise UserError(f"{option} {folder}: config.json asks for parameters the weights do not hold ({layers} "
+                            f"layers, the weights hold {held}: {prefix}{held} and after are missing); does "
+                            "num_hidden_layers in config.json match the weights?")
+        raise UserError(f"{option} {folder}: the weights hold parameters config.json has no place for ({held} "
+                        f"layers, config.json asks for {layers}: {prefix}{layers} and after); does "
+                        "num_hidden_layers in config.json match the weights?")
+    embedding = next(((name, shape) for name, shape in shapes.items() if name.endswith(_EMBEDDING_NAMES)), None)
+    if embedding is not None and len(embedding[1]) == 2:
+        width = "embedding_size" if isinstance(getattr(config, "embedding_size", None), int) else "hidden_size"
+        wanted = [getattr(config, "vocab_size", None), getattr(config, width, None)]
+        if all(isinstance(w, int) for w in wanted) and wanted != embedding[1]:
+            raise UserError(f"{option} {folder}: config.json and the weights disagree: {embedding[0]} is "
+                            f"{'x'.join(map(str, embedding[1]))} in the weights, config.json makes it "
+                            f"{'x'.join(map(str, wanted))} (was config.json edited or copied from another model?)")
+
+
 def check_weights_match_config(folder: str | os.PathLike, config, option: str = "--model") -> None:
     """Weights that disagree with config.json (a hidden size or vocabulary edited, a config copied from another
     model) fail inside the loader after seconds of work: compare the shapes the config builds (on the meta
@@ -333,6 +399,7 @@ def inspect_model(name: str, option: str = "--model", max_length: int | None = N
     check_model_reachable(name)
     config = load_config(name, option, config_overrides)
     tokenizer = load_tokenizer(tokenizer_source or name, option)
+    check_config_sizes(folder, config, option)  # before anything is built from config.json
     if folder.is_dir():
         check_weights_match_config(folder, config, option)
     check_tokenizer(tokenizer, tokenizer_source or name, option)

@@ -255,9 +255,7 @@ class SearchIndex:
         scores are then the float query against the dequantised vectors, not exact cosines.
         """
         check_top_k(top_k)
-        queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
-        if queries.shape[1] != self.dim:
-            raise UserError(f"query vectors have dimension {queries.shape[1]}, the index {self.dim}")
+        queries = as_vectors(queries, "queries", self.dim)
         if quantize != "float32":
             from mirrorbert.quantized import quantized_topk
 
@@ -295,23 +293,83 @@ class SearchIndex:
         folder = Path(folder)
         if not (folder / INDEX_META).is_file() or not (folder / "vectors.npy").is_file():
             raise UserError(f"{folder}: not a saved search index (no {INDEX_META} / vectors.npy)")
-        meta = json.loads((folder / INDEX_META).read_text(encoding="utf-8"))
+        from mirrorbert.readback import open_regular, parse_json, read_regular_bytes
+
+        meta = parse_json(read_regular_bytes(folder / INDEX_META, "index", 1 << 20), "index", folder / INDEX_META)
+        if not isinstance(meta, dict):
+            raise UserError(f"{folder / INDEX_META}: damaged (expected a JSON object)")
         texts = None
         if (folder / "texts.jsonl").is_file():
-            with open(folder / "texts.jsonl", encoding="utf-8") as fh:
-                texts = [json.loads(line) for line in fh]
-        return cls.from_vectors(np.load(folder / "vectors.npy"), texts, use_faiss=use_faiss, meta=meta, normalize=False)
+            texts = []
+            lines = read_regular_bytes(folder / "texts.jsonl", "index", 1 << 34).split(b"\n")
+            if lines[-1] == b"":
+                lines.pop()
+            for lineno, line in enumerate(lines, 1):
+                try:
+                    text = json.loads(line.decode("utf-8")) if line.startswith(b'"') else None
+                except ValueError:  # UnicodeDecodeError and JSONDecodeError
+                    text = None
+                if not isinstance(text, str):
+                    raise UserError(f"{folder / 'texts.jsonl'}:{lineno}: damaged (expected a JSON string)")
+                texts.append(text)
+        try:
+            with open(open_regular(folder / "vectors.npy", "index"), "rb") as fh:
+                vectors = np.load(fh, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise UserError(f"{folder / 'vectors.npy'}: damaged ({str(exc).splitlines()[0][:120]})") from None
+        vectors = as_vectors(vectors, str(folder / "vectors.npy"))
+        if texts is not None and len(texts) != len(vectors):
+            raise UserError(f"{folder / 'texts.jsonl'}: {len(texts)} texts for {len(vectors)} vectors")
+        return cls.from_vectors(vectors, texts, use_faiss=use_faiss, meta=meta, normalize=False)
 
 
 def build_index(encoder, corpus: Sequence[str], *, batch_size: int = 64, use_faiss: bool | None = None,
                 show_progress: bool = False) -> SearchIndex:
     """Encode and L2-normalise ``corpus`` with ``encoder`` (anything with ``encode``) into a SearchIndex."""
-    corpus = [corpus] if isinstance(corpus, str) else list(corpus)
+    corpus = check_texts(corpus, "corpus")
     if not corpus:
         raise UserError("the search corpus is empty")
     vectors = encoder.encode(corpus, batch_size=batch_size, normalize=True, show_progress=show_progress)
     meta = {"model": getattr(encoder, "source", None), "pooling": getattr(encoder, "pooling", None)}
     return SearchIndex.from_vectors(vectors, corpus, use_faiss=use_faiss, meta=meta)
+
+
+def as_vectors(value: Any, name: str, dim: int | None = None) -> np.ndarray:
+    """`value` as a finite float32 matrix [n, dim] (a single vector is one row); anything else -- strings, ragged
+    or nested lists, another dimension, NaN or infinity -- is a UserError naming the argument (a NaN query
+    would otherwise match nothing and answer an empty list as if that were a result)."""
+    if isinstance(value, (str, bytes)):
+        raise UserError(f"{name}: expected vectors (an array of numbers), got a string")
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"{name}: expected vectors of one dimension each ({str(exc).splitlines()[0][:100]})") from None
+    if array.dtype.kind not in "fiu" or array.dtype == np.bool_:
+        raise UserError(f"{name}: expected vectors of numbers, got an array of {array.dtype}")
+    if array.ndim == 1:
+        array = array[None, :]
+    if array.ndim != 2 or array.shape[1] == 0:
+        raise UserError(f"{name}: expected a matrix of vectors, got shape {array.shape}")
+    if dim is not None and array.shape[1] != dim:
+        raise UserError(f"{name}: vectors of dimension {array.shape[1]}, the index has {dim}")
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    finite = np.isfinite(array).all(axis=1)
+    if not finite.all():
+        raise UserError(f"{name}: vector {int(np.flatnonzero(~finite)[0])} is not finite (NaN or infinity)")
+    return array
+
+
+def check_texts(value: Any, name: str) -> list[str]:
+    """A string or a sequence of strings as a list; anything else is a UserError naming the argument."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (bytes, dict, set)) or not isinstance(value, Sequence):
+        raise UserError(f"{name}: expected a string or a list of strings, not {type(value).__name__}")
+    texts = list(value)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise UserError(f"{name}: item {i} is {type(text).__name__}, not a string")
+    return texts
 
 
 def check_top_k(top_k: Any) -> None:
@@ -333,7 +391,7 @@ def search(encoder, queries: str | Sequence[str], corpus_or_index: SearchIndex |
     if not isinstance(index, SearchIndex):
         index = build_index(encoder, index, batch_size=batch_size, use_faiss=use_faiss, show_progress=show_progress)
     single = isinstance(queries, str)
-    queries = [queries] if single else list(queries)
+    queries = check_texts(queries, "queries")
     if not queries:
         return []
     vectors = encoder.encode(queries, batch_size=batch_size, normalize=True)

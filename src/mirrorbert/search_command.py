@@ -137,7 +137,7 @@ def add_index_parser(sub) -> None:
 def run_index(args) -> int:
     from mirrorbert.command_options import IndexOptions
     from mirrorbert.encoder import Encoder
-    from mirrorbert.index_store import Manifest, count_lines, file_sha256, model_fingerprint, write_index
+    from mirrorbert.index_store import Manifest, corpus_size, count_lines, file_sha256, model_fingerprint, write_index
     from mirrorbert.safety import WritePlan, atomic_output_dir
     from mirrorbert.training.device import check_device_and_precision
 
@@ -155,7 +155,7 @@ def run_index(args) -> int:
             model=opts.model, model_sha256=fingerprint, pooling=encoder.pooling, max_length=encoder.max_length,
             corpus=str(Path(opts.corpus).resolve()), corpus_sha256=file_sha256(Path(opts.corpus)),
             corpus_lines=count_lines(Path(opts.corpus)), rows=len(texts), dim=int(vectors.shape[1]),
-            column=opts.column, field=opts.field)
+            column=opts.column, field=opts.field, corpus_bytes=corpus_size(Path(opts.corpus)))
         with atomic_output_dir(opts.output, overwrite=opts.overwrite, kind="index") as tmp:
             write_index(tmp, vectors, texts, ids, manifest)
     print(jsonio.dumps({"output": str(opts.output), "rows": manifest.rows, "dim": manifest.dim,

@@ -152,6 +152,9 @@ def _check_column(path: Path, names: list[str], column: str | None) -> None:
                         f"(columns: {', '.join(names)})")
     if column not in names:
         raise UserError(f"{path}: --column {column!r} not in the data (columns: {', '.join(names)})")
+    if names.count(column) > 1:
+        raise UserError(f"{path}: the data has {names.count(column)} columns named {column!r}; which one holds "
+                        "the text is ambiguous: rename the others")
 
 
 def count_rows(path: str | Path, option: str = "--corpus") -> int:

@@ -37,7 +37,7 @@ from mirrorbert.training.metrics import MetricLogger, library_versions
 from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
 from mirrorbert.training.randomness import derived_generator, replay_rng, seed_everything
 from mirrorbert.training.signals import InterruptFlag
-from mirrorbert.views import DropHead, SecondViews, dropout_overrides, tokenize_once
+from mirrorbert.views import DropHead, SecondViews, drop_tokenless, dropout_overrides, tokenize_once
 
 logger = logging.getLogger(__name__)
 
@@ -339,6 +339,7 @@ def _build_encoder(cfg: TrainConfig, strings: TrainingStrings, resume, device: t
     drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
     with timer.phase("tokenise"):
         token_ids = tokenize_once(encoder.tokenizer, strings.strings, cfg.max_length)
+        token_ids = drop_tokenless(encoder.tokenizer, strings, token_ids)
         views = SecondViews(encoder.tokenizer, strings.strings, token_ids, cfg.mask_unit, cfg.mask_span,
                             cfg.mask_min_chars, cfg.max_length)
     views.warn_if_never_applies()

@@ -56,6 +56,25 @@ def tokenize_once(tokenizer, strings: Sequence[str], max_length: int) -> list[li
     return [list(ids) for ids in encoded["input_ids"]]
 
 
+def drop_tokenless(tokenizer, strings, token_ids: list[list[int]]) -> list[list[int]]:
+    """Strings that tokenise to nothing but special tokens (only control characters, zero-width spaces, ...)
+    are dropped like blank lines, with a count in a warning: trained on, they would be one and the same
+    `[CLS] [SEP]` input under many labels. `strings.strings` is filtered in place; fewer than 2 left is an error."""
+    special = special_token_ids(tokenizer)
+    empty = [i for i, ids in enumerate(token_ids) if all(t in special for t in ids)]
+    if not empty:
+        return token_ids
+    logger.warning("%s: %d string(s) give no tokens (only control or zero-width characters, e.g. %r) and are "
+                   "skipped", strings.source, len(empty), strings.strings[empty[0]][:40])
+    dropped = set(empty)
+    strings.strings = [s for i, s in enumerate(strings.strings) if i not in dropped]
+    strings.n_blank += len(empty)
+    if len(strings.strings) < 2:
+        raise UserError(f"{strings.source}: needs at least 2 distinct strings that give tokens, found "
+                        f"{len(strings.strings)}")
+    return [ids for i, ids in enumerate(token_ids) if i not in dropped]
+
+
 def special_token_ids(tokenizer) -> set[int]:
     return {int(i) for i in tokenizer.all_special_ids}
 

@@ -47,7 +47,14 @@ class GloveEncoder:
         except ImportError:
             raise UserError("GloVe baseline needs pyarrow to read its word index: pip install \"mirrorbert[eval]\"") from None
         words = pq.read_table(index_path).column(0).to_pylist()
-        self.vectors = np.load(emb_path, mmap_mode="r")
+        try:  # never a pickle: an object array in a shared .npy would run code when loaded
+            self.vectors = np.load(emb_path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise UserError(f"GloVe vectors {emb_path}: damaged or not a numeric .npy "
+                            f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})") from None
+        if self.vectors.ndim != 2 or self.vectors.dtype.kind != "f":
+            raise UserError(f"GloVe vectors {emb_path}: expected a 2-D float array, found {self.vectors.dtype} "
+                            f"of shape {self.vectors.shape}")
         if len(words) != self.vectors.shape[0]:
             raise UserError(f"{index_path}: {len(words)} words but {self.vectors.shape[0]} vectors in {emb_path}")
         self.vocab: dict[str, int] = {}

@@ -89,7 +89,7 @@ def _parse_option(text: str) -> tuple[str, str, Any]:
 def run_eval(args: argparse.Namespace) -> int:
     """Run the evaluation described by parsed ``eval`` arguments; 0 if no task failed, 1 otherwise."""
     from mirrorbert.evaluation import datasets
-    from mirrorbert.evaluation.runner import check_task_options, parse_tasks
+    from mirrorbert.evaluation.runner import check_eval_data, check_task_options, parse_tasks
 
     if getattr(args, "list_data", False):  # with a data directory (--data-dir or MIRRORBERT_DATA): what is there
         root = None
@@ -124,7 +124,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.xling_pairs:
         options.setdefault("wordsim", {})["cross_lingual"] = args.xling_pairs
     check_task_options(options)  # before any model is loaded
-    datasets.check_eval_files(data_dir, tasks)
+    check_eval_data(data_dir, tasks)
     with _write_plan(args, data_dir, options).locked():
         return _run_eval(args, tasks, data_dir, options)
 

@@ -320,6 +320,27 @@ def _absent(root: Path, entry: DatasetInfo) -> list[str]:
     return [f for f in entry.files if not (root / entry.folder / f).is_file()]
 
 
+def gold_score(value: str, path: str | os.PathLike, lineno: int,
+               score_range: tuple[float, float] | None = None) -> float:
+    """A gold score read from an evaluation file: a finite number inside the set's published range. NaN,
+    infinity, text or an out-of-range value (`-7` on a 0-5 scale) is one error naming the file and line:
+    a NaN gold score makes the whole Spearman NaN, which must never be reported as a result."""
+    import math
+
+    text = value.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        raise UserError(f"{path}:{lineno}: expected a numeric score, got {text[:40]!r}") from None
+    if not math.isfinite(number):
+        raise UserError(f"{path}:{lineno}: the gold score {text[:40]!r} is not a finite number; fix this "
+                        "evaluation file")
+    if score_range is not None and not score_range[0] <= number <= score_range[1]:
+        raise UserError(f"{path}:{lineno}: the gold score {text[:40]!r} is outside this set's range "
+                        f"[{score_range[0]:g}, {score_range[1]:g}]; fix this evaluation file")
+    return number
+
+
 def check_eval_files(root: str | os.PathLike, tasks) -> int:
     """Every present file of the selected tasks' sets checked for UTF-8 before any model is loaded, so a
     damaged set is one error naming its file and line at the start, not a failure after the model and the

@@ -12,6 +12,7 @@ import contextlib
 import datetime as _dt
 import importlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -204,6 +205,23 @@ def _ordered_metrics(metrics: Mapping[str, float]) -> list[tuple[str, float]]:
     return [("primary", metrics["primary"])] + items if "primary" in metrics else items
 
 
+def check_eval_data(root: str | Path, tasks: Iterable[str]) -> None:
+    """The selected tasks' files checked before any model loads: UTF-8 (datasets.check_eval_files), and the
+    gold scores of the STS and word-similarity sets, read as the tasks read them (small files): a NaN,
+    infinite or out-of-range score is refused now, in one line naming the file and line, not after the model
+    loaded and other tasks ran."""
+    wanted = set(tasks)
+    datasets.check_eval_files(root, wanted)
+    if "sts" in wanted:
+        from mirrorbert.evaluation.sts import check_gold_files as check_sts
+
+        check_sts(root)
+    if "wordsim" in wanted:
+        from mirrorbert.evaluation.wordsim import check_gold_files as check_wordsim
+
+        check_wordsim(root)
+
+
 def _as_float_dict(task: str, result: Mapping[str, Any]) -> dict[str, float]:
     if not isinstance(result, Mapping) or "primary" not in result:
         raise TypeError(f"task {task} returned {type(result).__name__} without a 'primary' key")
@@ -252,7 +270,7 @@ def evaluate(
         encoder = load_model(str(encoder))
     options = {k: dict(v) for k, v in (task_options or {}).items()}
     check_task_options(options)
-    datasets.check_eval_files(root, names)
+    check_eval_data(root, names)
     if plot_dir is None and report is not None:
         plot_dir = Path(report).with_name(Path(report).stem + "_files")
     from mirrorbert.safety import WritePlan, atomic_output_dir, write_text_atomic
@@ -305,6 +323,12 @@ def _run_tasks(encoder: Any, names: list[str], root: Path, options: dict[str, di
                 skipped_parts=dict(getattr(result, "skipped", {}) or {}),
                 artifacts=dict(getattr(result, "artifacts", {}) or {}),
             )
+            not_finite = [k for k, v in outcome.metrics.items() if not math.isfinite(v)]
+            if not_finite:  # a NaN score is never reported as a result: the task failed (exit 1)
+                outcome.status = "error"
+                outcome.message = (f"score(s) not finite: {', '.join(not_finite[:5])} (constant similarities or "
+                                   "constant gold scores, or too few covered pairs)")
+                logger.error("%s failed: %s", name, outcome.message)
         except NonFiniteEmbeddings:
             raise  # every task would score NaN: stop with one error line, never print NaN as a result
         except DatasetMissing as exc:

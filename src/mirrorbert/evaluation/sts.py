@@ -130,15 +130,20 @@ def _read_lines(path: Path) -> list[str]:
     return read_text_lines(path)
 
 
-def _to_float(value: str, path: Path, lineno: int) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise UserError(f"{path}:{lineno}: expected a numeric score, got {value!r}") from None
+#: SemEval STS and STS-B gold scores run from 0 to 5; SICK relatedness from 1 to 5, checked on the same 0-5
+#: scale (a rescaled copy is not refused; NaN, infinity, -7 or 50 are).
+STS_RANGE = (0.0, 5.0)
+SICK_RANGE = STS_RANGE
 
 
-def load_pair_score(input_path: str | Path, gs_path: str | Path) -> PairSet:
-    """SentEval pair/score layout: ``s1 TAB s2`` lines and a parallel gold file (empty gold = dropped)."""
+def _to_float(value: str, path: Path, lineno: int, score_range: tuple[float, float] | None = STS_RANGE) -> float:
+    return datasets.gold_score(value, path, lineno, score_range)
+
+
+def load_pair_score(input_path: str | Path, gs_path: str | Path,
+                    score_range: tuple[float, float] | None = STS_RANGE) -> PairSet:
+    """SentEval pair/score layout: ``s1 TAB s2`` lines and a parallel gold file (empty gold = dropped).
+    Gold scores must be finite and inside ``score_range`` (None: any finite number, for a user's own files)."""
     input_path, gs_path = Path(input_path), Path(gs_path)
     pairs = _read_lines(input_path)
     golds = _read_lines(gs_path)
@@ -163,7 +168,7 @@ def load_pair_score(input_path: str | Path, gs_path: str | Path) -> PairSet:
             raise UserError(f"{input_path}:{lineno}: expected 's1 TAB s2', got {len(fields)} field(s)")
         s1.append(_normalise_space(fields[0]))
         s2.append(_normalise_space(fields[1]))
-        scores.append(_to_float(gold.strip(), gs_path, lineno))
+        scores.append(_to_float(gold.strip(), gs_path, lineno, score_range))
     return PairSet(s1, s2, np.asarray(scores, dtype=np.float64))
 
 
@@ -202,7 +207,7 @@ def load_sick(path: str | Path) -> PairSet:
             raise UserError(f"{path}:{lineno}: expected pair_ID, sentence_A, sentence_B, relatedness_score")
         s1.append(_normalise_space(fields[1]))
         s2.append(_normalise_space(fields[2]))
-        scores.append(_to_float(fields[3], path, lineno))
+        scores.append(_to_float(fields[3], path, lineno, SICK_RANGE))
     return PairSet(s1, s2, np.asarray(scores, dtype=np.float64))
 
 
@@ -268,6 +273,29 @@ def load_set(data_dir: str | Path | None, name: str, split: str = "test") -> Pai
     if len(inputs) != 1 or len(gold) != 1:
         raise UserError(f"registry entry {name!r} is not a single pair/score set")
     return load_pair_score(folder / inputs[0], folder / gold[0])
+
+
+def check_gold_files(data_dir: str | Path) -> None:
+    """Every present STS file of the data directory read as the task reads it (gold scores checked), before
+    any model loads."""
+    root = Path(data_dir)
+    for name in ENGLISH_SETS + OTHER_LANGUAGE_SETS:
+        entry = datasets.info(name)
+        folder = root / entry.folder
+        if name.upper() in datasets.STS_YEAR_SUBSETS:
+            for subset in datasets.STS_YEAR_SUBSETS[name.upper()]:
+                inp, gs = folder / f"STS.input.{subset}.txt", folder / f"STS.gs.{subset}.txt"
+                if inp.is_file() and gs.is_file():
+                    load_pair_score(inp, gs)
+        elif name == "stsb":
+            for fname in ("sts-test.csv", "sts-dev.csv"):
+                if (folder / fname).is_file():
+                    load_stsb(folder / fname)
+        elif name == "sickr":
+            if (folder / "SICK_test_annotated.txt").is_file():
+                load_sick(folder / "SICK_test_annotated.txt")
+        elif all((folder / f).is_file() for f in entry.files):
+            load_set(root, name)
 
 
 def stsb_dev_score(encoder: TextEncoder, data_dir: str | Path | None, batch_size: int = 64) -> float:
@@ -336,7 +364,8 @@ def evaluate_sts(
         for p in (inp, gs):
             if not Path(p).is_file():
                 raise UserError(f"STS extra set {name!r}: file not found: {p}")
-        out[name] = score_pairs(encoder, load_pair_score(inp, gs), batch_size=batch_size, show_progress=show_progress)
+        out[name] = score_pairs(encoder, load_pair_score(inp, gs, score_range=None), batch_size=batch_size,
+                                show_progress=show_progress)
     english = [out[n] for n in ENGLISH_SETS if n in out]
     if english:
         out["avg"] = float(np.mean(english))

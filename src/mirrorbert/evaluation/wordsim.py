@@ -87,15 +87,18 @@ def _read_rows(path: Path) -> list[list[str]]:
     return [line.split("\t") for line in read_text_lines(path)]
 
 
-def _float(value: str, path: Path, lineno: int) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise UserError(f"{path}:{lineno}: expected a numeric score, got {value!r}") from None
+#: Published scales: SimLex-999, WS-353, RW and SimVerb 0-10, MEN 0-50, Multi-SimLex 0-6.
+SCORE_RANGES = {"simlex999": (0.0, 10.0), "ws353": (0.0, 10.0), "rw": (0.0, 10.0), "simverb": (0.0, 10.0),
+                "men": (0.0, 50.0), "multisimlex": (0.0, 6.0)}
 
 
-def load_word_pairs(path: str | Path) -> WordPairs:
-    """``w1 w2 score`` per line (TAB or spaces; eval-word-vectors layout), no header."""
+def _float(value: str, path: Path, lineno: int, score_range: tuple[float, float] | None = None) -> float:
+    return datasets.gold_score(value, path, lineno, score_range)
+
+
+def load_word_pairs(path: str | Path, score_range: tuple[float, float] | None = None) -> WordPairs:
+    """``w1 w2 score`` per line (TAB or spaces; eval-word-vectors layout), no header; scores finite (and in
+    ``score_range`` when given)."""
     path = Path(path)
     w1: list[str] = []
     w2: list[str] = []
@@ -109,7 +112,7 @@ def load_word_pairs(path: str | Path) -> WordPairs:
             raise UserError(f"{path}:{lineno}: expected 'w1 w2 score', got {len(fields)} field(s)")
         w1.append(fields[0])
         w2.append(fields[1])
-        scores.append(_float(fields[2], path, lineno))
+        scores.append(_float(fields[2], path, lineno, score_range))
     return WordPairs(w1, w2, np.asarray(scores, dtype=np.float64))
 
 
@@ -131,7 +134,7 @@ def load_simlex(path: str | Path) -> WordPairs:
             raise UserError(f"{path}:{lineno}: too few fields ({len(row)})")
         w1.append(row[i1].strip())
         w2.append(row[i2].strip())
-        scores.append(_float(row[iscore], path, lineno))
+        scores.append(_float(row[iscore], path, lineno, SCORE_RANGES["simlex999"]))
     return WordPairs(w1, w2, np.asarray(scores, dtype=np.float64))
 
 
@@ -170,7 +173,7 @@ def load_multisimlex(path: str | Path) -> dict[str, list[tuple[str, str, float] 
                 entries.append(None)
                 continue
             a, b = clean_word(row[i1]), clean_word(row[i2])
-            entries.append((a, b, _float(row[i3], path, lineno)) if a and b else None)
+            entries.append((a, b, _float(row[i3], path, lineno, SCORE_RANGES["multisimlex"])) if a and b else None)
         out[code] = entries
     if not out:
         raise UserError(f"{path}:1: no '<LANGUAGE>_1, <LANGUAGE>_2, <LANGUAGE>_score' columns found")
@@ -220,6 +223,25 @@ def score_word_pairs(
         return float("nan"), coverage
     sims = np.einsum("ij,ij->i", unit_rows(a[covered]), unit_rows(b[covered]))
     return spearman(sims, pairs.scores[covered]), coverage
+
+
+def _load_english(name: str, path: Path) -> WordPairs:
+    if ENGLISH_SETS[name] == "simlex":
+        return load_simlex(path)
+    return load_word_pairs(path, SCORE_RANGES.get(name))
+
+
+def check_gold_files(data_dir: str | Path) -> None:
+    """Every present word-similarity file read as the task reads it (gold scores checked), before any model
+    loads."""
+    root = Path(data_dir)
+    for name in ENGLISH_SETS:
+        path = root / datasets.REGISTRY[name].folder / datasets.REGISTRY[name].files[0]
+        if path.is_file():
+            _load_english(name, path)
+    path = root / datasets.REGISTRY["multisimlex"].folder / "multisimlex.tsv"
+    if path.is_file():
+        load_multisimlex(path)
 
 
 def _parse_pair(spec: str) -> tuple[str, str]:
@@ -296,7 +318,7 @@ def evaluate_wordsim(
             messages.append(str(exc))
             continue
         path = folder / datasets.REGISTRY[name].files[0]
-        record(name, load_simlex(path) if ENGLISH_SETS[name] == "simlex" else load_word_pairs(path))
+        record(name, _load_english(name, path))
 
     if "multisimlex" in wanted or xpairs:
         try:

@@ -52,6 +52,10 @@ class FinetuneStsConfig:
             raise UserError(f"--fractions must be in (0, 1], got {self.fractions}")
         if not self.seeds:
             raise UserError("--seeds: give at least one seed")
+        from mirrorbert.config import check_seed
+
+        for seed in self.seeds:
+            check_seed(seed, "--seeds")
         if self.epochs < 1 or self.batch_size < 2 or self.lr <= 0:
             raise UserError("--epochs must be >= 1, --batch-size >= 2 and --lr > 0")
         if not 0.0 <= self.warmup < 1.0:

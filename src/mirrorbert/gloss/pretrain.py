@@ -98,8 +98,9 @@ class GlossPretrainConfig:
             raise UserError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if self.max_grad_norm <= 0:
             raise UserError(f"--max-grad-norm must be > 0, got {self.max_grad_norm}")
-        if self.seed < 0:
-            raise UserError(f"--seed must be >= 0, got {self.seed}")
+        from mirrorbert.config import check_seed
+
+        check_seed(self.seed)
         if not 0.0 <= self.holdout < 1.0:
             raise UserError(f"--holdout must be a fraction in [0, 1), got {self.holdout}")
         from mirrorbert.training.device import check_device_and_precision  # torch: not at --help time

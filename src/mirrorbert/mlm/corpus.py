@@ -14,8 +14,12 @@ Documents are runs of non-blank lines separated by blank lines; in a file withou
 line is its own document. Evenly spaced whole documents form the held-out evaluation slice, so no
 document is split between training and evaluation.
 
-The result is cached in a folder keyed by the corpus files (path, size, mtime), the tokenizer and the
-held-out fraction, and written atomically: an interrupted preparation never leaves a half cache.
+The result is cached in a folder keyed by the corpus files' contents (SHA-256 of their bytes, streamed;
+never size and mtime, which an edit can keep), the tokenizer and the held-out fraction, and written
+atomically: an interrupted preparation never leaves a half cache. meta.json records the SHA-256 of every
+token file; a cache is reused only when its meta.json is well-formed and every file has the recorded size
+and checksum and holds ids inside the vocabulary. A damaged cache is set aside (renamed
+`<name>.damaged-<time>`, never deleted or used) with a warning, and the corpus is tokenised again.
 """
 
 from __future__ import annotations
@@ -42,8 +46,9 @@ from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: keyed by content checksums, token files checksummed
 META_FILE = "meta.json"
+MAX_META_BYTES = 1 << 20
 SPLITS = ("train", "eval")
 
 
@@ -190,20 +195,19 @@ def prepare_corpus(
     start_id, sep_id, pad_id = special_ids(tokenizer)
     vocab_size = len(tokenizer)
     fingerprint = tokenizer_fingerprint(tokenizer)
-    sources = []
-    for p in paths:
-        st = p.stat()
-        sources.append({"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    sources = [{"name": p.name, "size": p.stat().st_size, "sha256": _content_sha256(p)} for p in paths]
     key_obj = {"v": FORMAT_VERSION, "sources": sources, "tokenizer": fingerprint, "eval_fraction": eval_fraction}
     key = hashlib.sha256(json.dumps(key_obj, sort_keys=True).encode()).hexdigest()[:20]  # key, not output
     cache_dir = Path(cache_dir)
     root = cache_dir / f"{paths[0].stem[:40]}-{key}"
-    meta_path = root / META_FILE
-    if meta_path.exists():
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        if meta.get("complete") and meta.get("key") == key:
+    if os.path.lexists(root):
+        problem = cache_problem(root, key, vocab_size)
+        if problem is None:
             logger.info("using tokenised corpus cache %s", root)
-            return TokenizedCorpus(root, meta)
+            return TokenizedCorpus(root, json.loads((root / META_FILE).read_text(encoding="utf-8")))
+        aside = _set_aside(root)
+        logger.warning("tokenised corpus cache %s is damaged (%s): set aside as %s; tokenising the corpus again",
+                       root, problem, aside.name)
 
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=cache_dir))
@@ -216,6 +220,7 @@ def prepare_corpus(
             raise UserError(f"--corpus {names}: the corpus is empty (no non-blank line gives any token)")
         meta.update(
             key=key,
+            files={name: _content_sha256(tmp / name) for name in _token_files()},
             format_version=FORMAT_VERSION,
             sources=sources,
             tokenizer_fingerprint=fingerprint,
@@ -229,8 +234,8 @@ def prepare_corpus(
             complete=True,
         )
         (tmp / META_FILE).write_text(jsonio.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        if root.exists():
-            shutil.rmtree(root)
+        if os.path.lexists(root):  # appeared meanwhile (another run): keep it aside, never delete it
+            _set_aside(root)
         os.replace(tmp, root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -242,6 +247,77 @@ def prepare_corpus(
         root,
     )
     return TokenizedCorpus(root, meta)
+
+
+def _token_files() -> list[str]:
+    return [f"{split}.{kind}" for split in SPLITS for kind in ("tokens", "docs")]
+
+
+def _content_sha256(path: Path) -> str:
+    from mirrorbert.index_store import file_sha256
+
+    return file_sha256(path, what="--corpus")
+
+
+def _set_aside(root: Path) -> Path:
+    """Rename a damaged cache folder (or whatever sits at its name) out of the way; nothing is deleted."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        aside = root.with_name(f"{root.name}.damaged-{stamp}" + (f"-{n}" if n else ""))
+        if not os.path.lexists(aside):
+            os.rename(root, aside)
+            return aside
+    raise UserError(f"--cache-dir {root.parent}: too many damaged caches set aside for {root.name}; remove them")
+
+
+def cache_problem(root: Path, key: str, vocab_size: int) -> str | None:
+    """Why the cache folder `root` cannot be used, or None when it is complete and intact: meta.json a
+    well-formed object of this key, every token file of the recorded size and SHA-256, ids in the vocabulary,
+    document starts inside their stream and increasing."""
+    from mirrorbert.readback import parse_json, read_regular_bytes
+
+    if root.is_symlink() or not root.is_dir():
+        return "not a folder"
+    try:
+        meta = parse_json(read_regular_bytes(root / META_FILE, "--cache-dir", MAX_META_BYTES), "--cache-dir",
+                          root / META_FILE)
+    except UserError as exc:
+        return str(exc).split(": ", 1)[-1]
+    if not isinstance(meta, dict) or meta.get("complete") is not True or meta.get("key") != key:
+        return "meta.json is incomplete or of another corpus"
+    dtype = token_dtype(vocab_size)
+    splits, files = meta.get("splits"), meta.get("files")
+    if meta.get("dtype") != dtype.name or not isinstance(splits, dict) or not isinstance(files, dict):
+        return "meta.json has a wrong dtype or no splits/checksums"
+    for name in ("start_id", "sep_id", "pad_id"):
+        value = meta.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab_size:
+            return f"meta.json: {name} is not a token id"
+    for split in SPLITS:
+        info = splits.get(split)
+        if not isinstance(info, dict) or not all(isinstance(info.get(k), int) and not isinstance(info.get(k), bool)
+                                                 and info.get(k) >= 0 for k in ("tokens", "sentences", "documents")):
+            return f"meta.json: split {split!r} has no valid counts"
+        for kind, item, count in (("tokens", dtype.itemsize, info["tokens"]), ("docs", 8, info["documents"])):
+            path = root / f"{split}.{kind}"
+            if path.is_symlink() or not path.is_file():
+                return f"{path.name} is missing or not a regular file"
+            if path.stat().st_size != count * item:
+                return f"{path.name} has {path.stat().st_size} bytes, meta.json needs {count * item}"
+            if files.get(path.name) != _content_sha256(path):
+                return f"{path.name}: SHA-256 differs from meta.json's"
+        if info["tokens"]:
+            tokens = np.memmap(root / f"{split}.tokens", dtype=dtype, mode="r")
+            if int(tokens.max()) >= vocab_size:
+                return f"{split}.tokens holds ids outside the vocabulary"
+        if info["documents"]:
+            docs = np.array(np.memmap(root / f"{split}.docs", dtype=np.uint64, mode="r"))
+            if (docs.size > 1 and bool((np.diff(docs.astype(np.int64)) <= 0).any())) or int(docs.max()) >= max(
+                    info["tokens"], 1):
+                return f"{split}.docs holds document starts out of order or past the stream"
+    return None
 
 
 def _tokenize_into(

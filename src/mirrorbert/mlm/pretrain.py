@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from mirrorbert.errors import UserError, first_line
+from mirrorbert.config import SEED_RULE, seed_ok
 from mirrorbert.mlm.corpus import PackedSequences, check_corpus_files, epoch_order, prefetch, prepare_corpus
 from mirrorbert.mlm.masking import IGNORE_INDEX, MaskingConfig, MlmMasker
 from mirrorbert.safety import default_checkpoint_dir, write_json_atomic
@@ -132,7 +133,7 @@ def validate(cfg: PretrainConfig) -> None:
 
     check(bool(cfg.corpus), "corpus", "give at least one corpus file (UTF-8 text, one sentence per line)")
     check(bool(cfg.output), "output", "required: the folder to write the pre-trained model to")
-    check(isinstance(cfg.seed, int) and cfg.seed >= 0, "seed", f"must be an integer >= 0, not {cfg.seed!r}")
+    check(seed_ok(cfg.seed), "seed", f"{SEED_RULE}, not {cfg.seed!r}")
     check((cfg.model is None) != (cfg.architecture is None), "model",
           "give exactly one of --model (continue pre-training an MLM) or --architecture (from scratch)")
     check(cfg.architecture is None or cfg.tokenizer is not None, "tokenizer",

@@ -48,8 +48,10 @@ class ReproduceConfig:
             raise UserError(f"--experiments: unknown experiment(s) {', '.join(unknown)}; known: {', '.join(known)}")
         if not self.seeds:
             raise UserError("--seeds: give at least one seed")
-        if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
-            raise UserError(f"--seeds {self.seeds!r}: seeds are integers >= 0")
+        from mirrorbert.config import SEED_RULE, seed_ok
+
+        if any(not seed_ok(s) for s in self.seeds):
+            raise UserError(f"--seeds {self.seeds!r}: every seed {SEED_RULE}")
         from mirrorbert.training.device import check_device_and_precision
 
         check_device_and_precision(self.device)
