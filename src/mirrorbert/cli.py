@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -303,7 +304,7 @@ def _encode_streaming(opts, output: Path):
                               precision=opts.precision, packing=packing_flag(opts.packing))
 
     with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
-        rows = encode_to_npy(encode, source, encoder.dim, Path(tmp), show_progress=opts.show_progress)
+        rows = encode_to_npy(encode, source, encoder.dim, Path(tmp), show_progress=opts.show_progress, target=output)
     return rows, encoder.dim, encoder.pooling, source.rows
 
 
@@ -395,6 +396,19 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
     return None
 
 
+def _terminate_as_interrupt():
+    """SIGTERM (`kill`, a scheduler) unwinds like Ctrl-C, so every write's `finally` removes its temporaries
+    (training installs its own handler, which checkpoints first). Returns [the previous handler], or [] off the
+    main thread (an embedding application's handling is left alone)."""
+    def on_terminate(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return [signal.signal(signal.SIGTERM, on_terminate)]
+    except ValueError:
+        return []
+
+
 def main(argv: list[str] | None = None) -> int:
     mark_main()  # start-up time (process start to here), for the phase timings of `train`
     parser = build_parser()
@@ -410,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # third-party chatter only with -v
         _quiet_third_party()
     finished = False
+    previous_term = _terminate_as_interrupt()
     try:
         status = int(args.func(args) or 0)
         finished = True
@@ -420,10 +435,21 @@ def main(argv: list[str] | None = None) -> int:
     except PermissionError as exc:  # an unreadable input or unwritable output anywhere: name the file
         print(f"mirrorbert: error: {exc.filename or exc}: permission denied", file=sys.stderr)
         return EXIT_USER_ERROR
+    except OSError as exc:
+        from mirrorbert.safety import WRITE_ERRNOS
+
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        # a full disk (or quota, read-only filesystem, name too long) where no writer named its output
+        print(f"mirrorbert: error: {exc.filename or 'a file being written'}: {WRITE_ERRNOS[exc.errno]}; free some "
+              f"space or choose another location", file=sys.stderr)
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("mirrorbert: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
+        for handler in previous_term:
+            signal.signal(signal.SIGTERM, handler if handler is not None else signal.SIG_DFL)
         if "mirrorbert.distributed" in sys.modules:  # a torchrun/accelerate job: leave its process group
             sys.modules["mirrorbert.distributed"].shutdown(synchronize=finished)
 

@@ -254,6 +254,38 @@ def replace_file(path: PathLike, data: str | bytes) -> Path:
     return path
 
 
+def copy_regular_file(source: PathLike, target: PathLike, option: str, shown: Any, link: bool = False) -> None:
+    """Copy (or hard-link, where `link` and the filesystem allow) the regular file `source` to a new `target`.
+
+    The source is opened without following a link and checked to be a regular file on the open descriptor
+    (what goes out, such as a push, holds only regular files: a link to a token elsewhere is refused, naming
+    it); the target is created exclusively, never through a link.
+    """
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        kind = kind_of(source, follow=False) or "missing"
+        why = kind if exc.errno in (errno.ELOOP, errno.ENXIO) else os.strerror(exc.errno or 0)
+        raise UserError(f"{option} {shown}: {source} is {why}; only regular files inside the folder are "
+                        f"published") from None
+    with os.fdopen(fd, "rb") as src:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{option} {shown}: {source} is {_KINDS.get(stat.S_IFMT(st.st_mode), 'a special file')}; "
+                            f"only regular files inside the folder are published")
+        if link:
+            try:
+                os.link(source, target, follow_symlinks=False)
+                if os.path.samestat(os.lstat(target), st):
+                    return
+                os.unlink(target)  # replaced between the check and the link: copy from the checked descriptor
+            except OSError:
+                pass
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+
+
 def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
@@ -549,6 +581,7 @@ def atomic_output_dir(final: PathLike, overwrite: bool = False, kind: str = "out
     """
     shown, final = final, resolve(final)
     check_output_dir(final, overwrite, option)
+    _existing_ancestor(final.parent, option)  # a file where a folder should be: one line, not FileExistsError
     with write_errors(shown, option):
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=own_name(final, "tmp-", room=8), dir=final.parent))
@@ -583,6 +616,7 @@ def atomic_output_file(final: PathLike, overwrite: bool = False, option: str = "
     """
     shown, final = final, resolve(final)
     check_replaceable_file(final, overwrite, option)
+    _existing_ancestor(final.parent, option)
     with write_errors(shown, option):
         final.parent.mkdir(parents=True, exist_ok=True)
         stem = own_name(final.with_name(final.stem), "tmp-", room=8 + len(_bytes(final.suffix)))
@@ -691,8 +725,9 @@ def _open_lock(path: Path, option: str, shown: Any) -> tuple[int, bool]:
         except FileNotFoundError:
             continue  # removed by the run that held it: create it again
         if not stat.S_ISREG(st.st_mode):
-            raise UserError(f"{option} {shown}: its lock path {path} is {_KINDS.get(stat.S_IFMT(st.st_mode), 'not a file')}, "
-                            f"not a lock file of mirrorbert's; remove it (mirrorbert never writes through it)")
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
+            raise UserError(f"{option} {shown}: its lock path {path} is {kind}, not a lock file of mirrorbert's; "
+                            f"remove it (mirrorbert never writes through it)")
         try:
             fd = os.open(path, os.O_RDONLY | flags)
         except FileNotFoundError:

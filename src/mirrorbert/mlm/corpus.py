@@ -26,7 +26,6 @@ import logging
 import math
 import os
 import queue
-import shutil
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ import torch
 from mirrorbert import jsonio
 from mirrorbert.data import check_utf8_file
 from mirrorbert.errors import UserError
+from mirrorbert.safety import remove_tree, write_error, write_errors, write_failure
 
 logger = logging.getLogger(__name__)
 
@@ -205,8 +205,9 @@ def prepare_corpus(
             logger.info("using tokenised corpus cache %s", root)
             return TokenizedCorpus(root, meta)
 
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=cache_dir))
+    with write_errors(cache_dir, "--cache-dir"):  # a full disk: one line naming the cache, nothing left there
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=cache_dir))
     try:
         meta = _tokenize_into(
             tmp, paths, tokenizer, sep_id, token_dtype(vocab_size), eval_fraction, batch_lines, show_progress
@@ -229,11 +230,13 @@ def prepare_corpus(
             complete=True,
         )
         (tmp / META_FILE).write_text(jsonio.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        if root.exists():
-            shutil.rmtree(root)
+        remove_tree(root)  # a stale or damaged cache (a link there: only the link)
         os.replace(tmp, root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as exc:
+        remove_tree(tmp)
+        code = write_failure(exc) if isinstance(exc, Exception) and not isinstance(exc, UserError) else None
+        if code is not None:
+            raise write_error(cache_dir, "--cache-dir", code) from None
         raise
     logger.info(
         "tokenised corpus: %d train / %d held-out tokens (incl. separators) in %s",
