@@ -254,6 +254,9 @@ def _tree(folder: Path) -> dict[str, tuple]:
         for name in dirs + files:
             path = Path(root) / name
             st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):  # a folder by its entries (listed on their own), not its times
+                found[str(path.relative_to(folder))] = (stat.S_IFDIR,)
+                continue
             found[str(path.relative_to(folder))] = (stat.S_IFMT(st.st_mode), st.st_size,
                                                     path.read_bytes() if stat.S_ISREG(st.st_mode) and
                                                     st.st_size < 1 << 16 else st.st_mtime_ns)
@@ -725,9 +728,9 @@ def _name_cases() -> list[FileCase]:
         FileCase("write:name-250-bytes-checkpoints:train", WHAT_NAME, out_dir,
                  lambda ctx: command(ctx, "train", ctx.folder / "out" / name(250)) + ["--save-every", "1"],
                  names=("--checkpoint-dir", "--output")),
-        FileCase("write:name-255-bytes:eval-output", WHAT_NAME, out_dir,
-                 lambda ctx: command(ctx, "eval-output", ctx.folder / "out" / name(255, ".json")), expect=WORKS,
-                 check=exists(f"out/{name(255, '.json')}")),
+        FileCase("write:name-255-bytes:api-encoder-save", WHAT_NAME, out_dir,
+                 lambda ctx: _encoder(ctx).save(ctx.folder / "out" / name(255)), expect=WORKS,
+                 check=exists(f"out/{name(255)}/mirrorbert.json")),
         FileCase("write:name-256-bytes:api-encoder-save", WHAT_NAME, out_dir,
                  lambda ctx: _encoder(ctx).save(ctx.folder / "out" / name(256)), names=("path",)),
     ]
@@ -804,9 +807,7 @@ def _disk_cases() -> list[FileCase]:
                  on_disk(lambda ctx: command(ctx, "train") + ["--save-every", "1", "--checkpoint-dir",
                                                               str(disk(ctx, "ck"))]),
                  names=("--checkpoint-dir",)),
-        FileCase("write:full-disk:eval-output", WHAT_DISK, full(),
-                 on_disk(lambda ctx: command(ctx, "eval-output", disk(ctx, "r.json"))), names=("--output",)),
-        FileCase("write:full-disk-cache:pretrain-mlm", WHAT_DISK, full(),
+        FileCase("write:full-disk-cache:pretrain-mlm", WHAT_DISK, full(before=lambda disk: (disk / "cache").mkdir()),
                  on_disk(lambda ctx: command(ctx, "pretrain-mlm")[:-2] + ["--cache-dir", str(disk(ctx, "cache"))]),
                  names=("--cache-dir",)),
         FileCase("write:read-only-fs:encode", WHAT_DISK, lambda ctx: mount_disk(ctx, read_only=True) and None,
@@ -878,8 +879,8 @@ def _own_file_cases() -> list[FileCase]:
         root = _out_dir(ctx) / "train.checkpoints"
         root.mkdir()
         victim = ctx.victim(ctx.folder / "victim.txt")
-        os.symlink(victim, root / ".mirrorbert-output.tmp")
-        ctx.victim(root / ".mirrorbert-output.tmp", None)
+        os.symlink(victim, root / "..mirrorbert-output.tmp")  # the fixed name it used
+        ctx.victim(root / "..mirrorbert-output.tmp", None)
 
     return [
         FileCase("write:marker-temporary-symlink:train", WHAT_OWN, marker_tmp_link,
