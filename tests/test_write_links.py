@@ -202,6 +202,18 @@ def test_the_marker_temporary_is_exclusive_and_never_follows_a_planted_link(tmp_
     assert safety.read_marker(folder)["files"] == []
 
 
+def test_fixing_an_outputs_modes_never_reaches_through_a_link(tmp_path):
+    outside = _victim(tmp_path / "private" / "key", b"secret")
+    os.chmod(outside, 0o600)
+    os.chmod(outside.parent, 0o700)
+    out = tmp_path / "out"
+    (out / "sub").mkdir(parents=True)
+    os.symlink(outside.parent, out / "sub" / "linked")
+    os.symlink(outside, out / "key-link")
+    safety.fix_folder_mode(out)
+    assert (outside.stat().st_mode & 0o777, outside.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+
+
 # --------------------------------------------------------------------------- what goes out
 def test_only_regular_files_inside_the_folder_are_published(tmp_path):
     from mirrorbert.hub import upload_files

@@ -208,6 +208,8 @@ def write_errors(target: PathLike, option: str = "--output", needed_bytes: int =
 
 
 def write_error(target: PathLike, option: str, code: int, needed_bytes: int = 0) -> UserError:
+    """The one line of a failed write: `option target: cannot write it: why (free space); advice`."""
+    shown = f"{option} {target}".strip()
     target = Path(target)
     why = WRITE_ERRNOS.get(code, os.strerror(code))
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
@@ -219,7 +221,7 @@ def write_error(target: PathLike, option: str, code: int, needed_bytes: int = 0)
         have, advice = "", f"choose a shorter name (at most {name_max(target.parent)} bytes a part)"
     else:
         have, advice = "", "choose another location"
-    return UserError(f"{option} {target}: cannot write it: {why}{have}; nothing was changed there, {advice}")
+    return UserError(f"{shown}: cannot write it: {why}{have}; nothing was changed there, {advice}")
 
 
 def preallocate(fd: int, size: int, target: PathLike, option: str = "--output") -> None:
@@ -237,10 +239,16 @@ def preallocate(fd: int, size: int, target: PathLike, option: str = "--output") 
         raise
 
 
-def replace_file(path: PathLike, data: str | bytes) -> Path:
+def replace_file(path: PathLike, data: str | bytes, option: str = "") -> Path:
     """Write `data` into `path` under an exclusive temporary name beside it (created with O_EXCL, never
-    through a link) and rename it into place; inside a folder this run owns (no policy checks)."""
+    through a link) and rename it into place; inside a folder this run owns (no policy checks). A full disk
+    is one UserError naming `path` (and `option`), the temporary removed."""
     path = Path(path)
+    with write_errors(path, option):
+        return _replace_file(path, data)
+
+
+def _replace_file(path: Path, data: str | bytes) -> Path:
     fd, name = tempfile.mkstemp(prefix=own_name(path, "tmp-", room=8), dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -558,7 +566,8 @@ def fix_folder_mode(folder: PathLike) -> None:
     umask-based modes, like any folder the user would have made."""
     umask = _umask()
     folder = Path(folder)
-    for path in (folder, *folder.rglob("*")):
+    below = [Path(root) / name for root, dirs, files in os.walk(folder) for name in dirs + files]  # links not followed
+    for path in (folder, *below):
         with contextlib.suppress(OSError):
             st = os.lstat(path)  # a link is never followed (chmod would change its target)
             if stat.S_ISDIR(st.st_mode):
