@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -304,7 +305,7 @@ def _encode_streaming(opts, output: Path):
                               precision=opts.precision, packing=packing_flag(opts.packing))
 
     with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
-        rows = encode_to_npy(encode, source, encoder.dim, Path(tmp), show_progress=opts.show_progress)
+        rows = encode_to_npy(encode, source, encoder.dim, Path(tmp), show_progress=opts.show_progress, target=output)
     return rows, encoder.dim, encoder.pooling, source.rows
 
 
@@ -407,6 +408,19 @@ def _stop_on_signal(command: str | None):
     return stop_on_signal()
 
 
+def _terminate_as_interrupt():
+    """SIGTERM (`kill`, a scheduler) unwinds like Ctrl-C, so every write's `finally` removes its temporaries
+    (training installs its own handler, which checkpoints first). Returns [the previous handler], or [] off the
+    main thread (an embedding application's handling is left alone)."""
+    def on_terminate(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return [signal.signal(signal.SIGTERM, on_terminate)]
+    except ValueError:
+        return []
+
+
 def main(argv: list[str] | None = None) -> int:
     mark_main()  # start-up time (process start to here), for the phase timings of `train`
     parser = build_parser()
@@ -422,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:  # third-party chatter only with -v
         _quiet_third_party()
     finished = False
+    previous_term = _terminate_as_interrupt()
     try:
         with _stop_on_signal(getattr(args, "command", None)):
             status = int(args.func(args) or 0)
@@ -432,6 +447,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except PermissionError as exc:  # an unreadable input or unwritable output anywhere: name the file
         print(f"mirrorbert: error: {exc.filename or exc}: permission denied", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as exc:
+        from mirrorbert.safety import WRITE_ERRNOS
+
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        # a full disk (or quota, read-only filesystem, name too long) where no writer named its output
+        print(f"mirrorbert: error: {exc.filename or 'a file being written'}: {WRITE_ERRNOS[exc.errno]}; free some "
+              f"space or choose another location", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("mirrorbert: interrupted", file=sys.stderr)
@@ -444,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
               "nothing to checkpoint; run the same command again", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
+        for handler in previous_term:
+            signal.signal(signal.SIGTERM, handler if handler is not None else signal.SIG_DFL)
         if "mirrorbert.distributed" in sys.modules:  # a torchrun/accelerate job: leave its process group
             sys.modules["mirrorbert.distributed"].shutdown(synchronize=finished)
 

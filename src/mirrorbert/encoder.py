@@ -119,6 +119,27 @@ def python_names(message: str) -> str:
     return message
 
 
+def usable_device(device: Any, option: str = "device") -> torch.device:
+    """`device` as a torch.device, or a UserError naming `option` when weights cannot live there: an unknown
+    name, CUDA or MPS this machine lacks, a CUDA index past its GPUs, or the meta device (which holds no
+    weights: moving an encoder there discards them). Checked before anything moves."""
+    try:
+        target = resolve_device(device if isinstance(device, str) or device is None else str(device))
+    except UserError as exc:
+        raise UserError(re.sub(r"--device(?![\w-])", option, str(exc))) from None
+    if target.type == "meta":
+        raise UserError(f"{option} {str(device)!r}: the meta device holds no weights (moving the encoder there "
+                        f"would discard them); use cpu, cuda or mps")
+    if target.type == "cuda" and target.index is not None and target.index >= torch.cuda.device_count():
+        raise UserError(f"{option} {str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                        f"(indices from 0)")
+    if target.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise UserError(f"{option} {str(device)!r}: Apple MPS is not available on this machine")
+    return target
+
+
 class Encoder(torch.nn.Module):
     """Encodes strings into vectors; also the module Mirror-BERT trains (its forward is the pooled vector)."""
 
@@ -207,6 +228,23 @@ class Encoder(torch.nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def to(self, *args, **kwargs):
+        """`torch.nn.Module.to`, all or nothing: a device the weights cannot live on (meta, a GPU this machine
+        lacks) is refused before anything moves, and a move that fails halfway is moved back."""
+        try:
+            device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        except Exception:  # noqa: BLE001  torch's own call below reports bad arguments
+            device = None
+        if device is not None:
+            usable_device(device)
+        home = self.device
+        try:
+            return super().to(*args, **kwargs)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                super().to(home)
+            raise
+
     @property
     def dim(self) -> int:
         return int(self.model.config.hidden_size)
@@ -268,10 +306,11 @@ class Encoder(torch.nn.Module):
             from mirrorbert.packing import packing_flag
 
             packing = packing_flag(packing)
-        if device is not None and torch.device(device) != self.device:
+        target = usable_device(device) if device is not None else None  # before anything moves
+        if target is not None and target != self.device:
             home = self.device
-            self.to(device)
-            try:
+            try:  # the encoder goes back where it was, whatever happens (the object as it was)
+                self.to(target)
                 out = self.encode(texts, batch_size, normalize, show_progress, convert_to, precision, packing)
             finally:
                 self.to(home)
@@ -392,7 +431,7 @@ class Encoder(torch.nn.Module):
 
     def save(self, path: str | Path, training_info: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
         """Atomic: the folder appears complete or not at all; an existing one is kept unless overwrite."""
-        with atomic_output_dir(path, overwrite=overwrite) as tmp:
+        with atomic_output_dir(path, overwrite=overwrite, option="path") as tmp:
             self.write(tmp, training_info)
         return Path(path)
 

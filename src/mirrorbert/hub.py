@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mirrorbert.errors import UserError, first_line
+from mirrorbert.safety import remove_tree
 
 DEFAULT_COMMIT_MESSAGE = "Upload a sentence encoder trained with mirrorbert"
 # The Hub's rules for one part of a repo id (huggingface_hub.utils.validate_repo_id): 1 to 96 of
@@ -108,18 +108,28 @@ def check_model_folder(folder: Any, option: str = "--model") -> Path:
 
 
 # ----------------------------------------------------------------------------- what is uploaded
-def upload_files(folder: str | Path) -> list[str]:
+def upload_files(folder: str | Path, option: str = "--model") -> list[str]:
     """The files of a saved model folder that go to the Hub (relative POSIX paths, sorted): everything but
     dot-files and dot-folders (the write policy's marker, locks, temporaries), checkpoint folders and
-    subfolders holding an output of their own."""
-    from mirrorbert.safety import MARKER
+    subfolders holding an output of their own. Only regular files inside the folder go out: a symlink (to a
+    token elsewhere, or to a file inside), a device, FIFO or socket among them is refused, naming it."""
+    from mirrorbert.safety import MARKER, kind_of
 
     folder = Path(folder)
     found = []
     for root, dirs, files in os.walk(folder):
         base = Path(root)
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not CHECKPOINT_DIR.match(d)
-                         and not (base / d).is_symlink() and not (base / d / MARKER).exists())
+                         and not (base / d / MARKER).exists())
+        for name in [*dirs, *files]:
+            if name.startswith("."):
+                continue
+            kind = kind_of(base / name, follow=False)
+            if kind not in ("a file", "a folder"):
+                what = f"a symlink to {os.readlink(base / name)}" if kind == "a symlink" else kind
+                raise UserError(f"{option} {folder}: {(base / name).relative_to(folder).as_posix()} is {what}; "
+                                f"only regular files inside the model folder are published (copy the file in or "
+                                f"remove it)")
         found += [(base / f).relative_to(folder).as_posix() for f in files if not f.startswith(".")]
     return sorted(found)
 
@@ -147,9 +157,11 @@ class Upload:
         total = sum(p.stat().st_size for rel, p in self.sources.items() if not (rel == CARD_FILE and self.card))
         return total + (len(self.card.encode("utf-8")) if self.card is not None else 0)
 
-    def write(self, dest: str | Path, link: bool = False) -> None:
-        """Put the files into `dest` (an empty folder): copies, or hard links where `link` and the filesystem allow."""
+    def write(self, dest: str | Path, link: bool = False, option: str = "--model") -> None:
+        """Put the files into `dest` (an empty folder): copies, or hard links where `link` and the filesystem allow
+        (each source checked again to be a regular file, on the descriptor it is copied from)."""
         from mirrorbert.modelcard import CARD_FILE
+        from mirrorbert.safety import copy_regular_file
 
         dest = Path(dest)
         for rel in self.files:
@@ -158,28 +170,22 @@ class Upload:
             if rel == CARD_FILE and self.card is not None:
                 target.write_text(self.card, encoding="utf-8")
                 continue
-            source = self.sources[rel]
-            if link:
-                try:
-                    os.link(source, target)
-                    continue
-                except OSError:
-                    pass
-            shutil.copyfile(source, target)
+            copy_regular_file(self.sources[rel], target, option, self.folder, link=link)
 
     def record(self) -> dict[str, Any]:
         return {"repo": self.repo_id, "model": str(self.folder), "files": self.files, "bytes": self.bytes,
                 "card": self.card_note}
 
 
-def plan_upload(folder: str | Path, repo_id: str, render_card: bool | None = None) -> Upload:
+def plan_upload(folder: str | Path, repo_id: str, render_card: bool | None = None,
+                option: str = "--model") -> Upload:
     """What pushing `folder` to `repo_id` sends. `render_card`: None renders the card for the repo unless it
     was edited since mirrorbert wrote it (the write policy's marker records its digest); True/False force it."""
     from mirrorbert.modelcard import CARD_FILE, render_model_card
     from mirrorbert.safety import _digest, read_marker
 
     folder = Path(folder)
-    sources = {rel: folder / rel for rel in upload_files(folder)}
+    sources = {rel: folder / rel for rel in upload_files(folder, option)}
     card_path = folder / CARD_FILE
     if render_card is None:
         marker = read_marker(folder) or {}
@@ -214,9 +220,9 @@ def dry_run(folder: str | Path, repo_id: str, output: str | Path, overwrite: boo
     plan = WritePlan({model_option: folder}, overwrite=overwrite).folder(output_option, output)
     with plan.locked():
         path = check_model_folder(folder, model_option)
-        upload = plan_upload(path, repo_id, render_card)
-        with atomic_output_dir(output, overwrite=overwrite) as tmp:
-            upload.write(tmp)
+        upload = plan_upload(path, repo_id, render_card, model_option)
+        with atomic_output_dir(output, overwrite=overwrite, option=output_option) as tmp:
+            upload.write(tmp, option=model_option)
     return {**upload.record(), "dry_run": True, "output": str(output)}
 
 
@@ -258,7 +264,7 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
     """
     repo_id = check_repo_id(repo_id, repo_option)
     path = check_model_folder(folder, model_option)
-    upload = plan_upload(path, repo_id, render_card)
+    upload = plan_upload(path, repo_id, render_card, model_option)
     try:
         from huggingface_hub import HfApi
     except ImportError:  # pragma: no cover - transformers depends on it
@@ -266,7 +272,7 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
                         f"(pip install huggingface_hub)") from None
     staging = _staging_dir(path)
     try:
-        upload.write(staging, link=True)
+        upload.write(staging, link=True, option=model_option)
         api = HfApi(token=token)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
@@ -277,7 +283,7 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
                             f"({type(exc).__name__}: {first_line(exc)}); check the network and the login "
                             f"(`hf auth login` or HF_TOKEN)") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
     url = getattr(commit, "commit_url", None) or (commit if isinstance(commit, str) else None)
     return {**upload.record(), "url": f"https://huggingface.co/{repo_id}",
             **({"commit_url": str(url)} if url else {}), **({"private": private} if private is not None else {})}

@@ -13,9 +13,24 @@ finished run. The rules (also in docs/guide/training.md, "What mirrorbert will a
   holding any other file is refused, naming the first one. A folder without a marker (or with the
   marker of an older mirrorbert, which listed nothing) is never replaced.
 * A symlinked output is resolved: the target is written, the link survives.
+* Only a regular file or a folder is ever replaced: a device, FIFO or socket (or a link to one) is
+  refused, with or without `--overwrite`; a folder is removed with `remove_tree`, which unlinks a
+  symlink instead of following it (a symlinked `step-N` loses the link, never the target's files).
 * One run at a time per output: an `fcntl.flock` on a lock file beside it, released by the kernel
-  when the process ends (so a killed run never leaves a stale lock).
-* Files and folders are written under a temporary name beside the target and renamed into place.
+  when the process ends (so a killed run never leaves a stale lock). The lock file is created with
+  `O_CREAT|O_EXCL|O_NOFOLLOW`; a symlink or anything but a regular file at its path is refused, and an
+  existing regular file there is locked read-only and never written, truncated or removed unless it
+  is a lock record of mirrorbert's own (a run killed before it could remove it).
+* Files and folders are written under a temporary name beside the target, created exclusively without
+  following links (`mkstemp`/`mkdtemp`), and renamed into place; a temporary name that would pass the
+  filesystem's name limit is shortened (a hash of the name), so any name the filesystem accepts works.
+* A write that fails for want of space, quota, a writable filesystem or a name the filesystem accepts
+  (`ENOSPC`, `EDQUOT`, `EROFS`, `ENAMETOOLONG`, ...) ends in one `UserError` line naming the output and
+  what was missing; its temporaries are removed and what was there before is left as it was. A file
+  written through a memory map is preallocated (`posix_fallocate`) first, so a full disk is that error,
+  not a SIGBUS.
+* What goes out of a model folder (push, its dry run) is regular files inside it only: a symlink,
+  device, FIFO or socket there is refused, naming it.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,10 +72,232 @@ BEST_MODEL = "best-model"
 # Created folders get these permissions minus the umask (tempfile.mkdtemp makes 0700 folders).
 FOLDER_MODE = 0o777
 FILE_MODE = 0o666
+# The longest file name (bytes) when the filesystem cannot say (Linux, macOS: 255).
+NAME_MAX = 255
+# Errors of a write that the user fixes by freeing space or choosing another place: one line, no traceback.
+WRITE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                errno.EROFS: "read-only filesystem", errno.ENAMETOOLONG: "file name too long",
+                errno.EFBIG: "file too large for the filesystem", errno.EIO: "input/output error"}
+# The same errors as libraries that do not raise OSError spell them (safetensors, torch's zip writer).
+_WRITE_TEXTS = (("No space left on device", errno.ENOSPC), ("StorageFull", errno.ENOSPC),
+                ("Disk quota exceeded", errno.EDQUOT), ("Read-only file system", errno.EROFS),
+                ("File name too long", errno.ENAMETOOLONG), ("file write failed", errno.ENOSPC))
+LOCK_RECORD = "mirrorbert lock, pid "
 
 PathLike = str | os.PathLike
 # option name -> one path, several paths (e.g. --corpus A B), or None
 Inputs = Mapping[str, "PathLike | list[PathLike] | tuple[PathLike, ...] | None"]
+
+
+# --------------------------------------------------------------------------- names, kinds, removal
+def name_max(folder: PathLike) -> int:
+    """The longest file name (bytes) the filesystem of `folder` (or its nearest existing ancestor) accepts."""
+    for candidate in (Path(folder), *Path(folder).parents):
+        try:
+            return int(os.pathconf(candidate, "PC_NAME_MAX"))
+        except (OSError, ValueError):
+            continue
+    return NAME_MAX  # pragma: no cover
+
+
+def _bytes(name: str) -> bytes:
+    return os.fsencode(name)
+
+
+def own_name(path: PathLike, tag: str, room: int = 0) -> str:
+    """The name of one of mirrorbert's own files beside `path`: `.{name}.{tag}` (a lock, a temporary, a folder
+    set aside), cut and given a hash of the whole name where it would pass the filesystem's limit (`room`:
+    bytes a caller still appends, such as mkstemp's random part)."""
+    path = Path(path)
+    name, tail = path.name, f".{tag}"
+    limit = name_max(path.parent) - room
+    full = f".{name}{tail}"
+    if len(_bytes(full)) <= limit:
+        return full
+    digest = hashlib.sha256(_bytes(name)).hexdigest()[:12]
+    keep = max(1, limit - len(_bytes(tail)) - len(digest) - 2)
+    cut = os.fsdecode(_bytes(name)[:keep])
+    return f".{cut}~{digest}{tail}"
+
+
+def check_name_length(path: PathLike, option: str) -> None:
+    """Refuse, in one line naming the option, a path with a part longer than its filesystem accepts."""
+    path = Path(os.path.abspath(os.path.expanduser(str(path))))
+    for part in path.parts[1:]:
+        size = len(_bytes(part))
+        if size > NAME_MAX or size > name_max(path.parent):
+            limit = min(NAME_MAX, name_max(path.parent))
+            raise UserError(f"{option} {path}: a name of {size} bytes in it is longer than the filesystem allows "
+                            f"({limit}); choose a shorter name")
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symlink", stat.S_IFDIR: "a folder", stat.S_IFREG: "a file"}
+
+
+def kind_of(path: PathLike, follow: bool = True) -> str | None:
+    """What is at `path` in words ("a FIFO (named pipe)", "a character device", ...); None when nothing is."""
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None
+    return _KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
+
+
+def check_not_special(path: PathLike, option: str, shown: Any = None) -> None:
+    """Refuse a path holding (or linking to) a device, FIFO or socket: mirrorbert replaces only files and folders."""
+    kind = kind_of(path)
+    if kind not in (None, "a file", "a folder"):
+        raise UserError(f"{option} {shown if shown is not None else path}: is {kind}; mirrorbert only writes "
+                        f"regular files and folders, and never replaces anything else")
+
+
+def remove_tree(path: PathLike) -> None:
+    """Remove a folder mirrorbert wrote; a symlink (to a folder or anything else) is unlinked, never followed.
+
+    `shutil.rmtree` itself never follows links below the top (it works on file descriptors); this adds the
+    top: rmtree refuses a symlink, which used to leave such a link in place or end in a traceback.
+    """
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_failure(exc: BaseException) -> int | None:
+    """The errno of a write that failed for want of space, quota, a writable filesystem or a shorter name
+    (also as libraries without OSError spell it); None for any other error."""
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        return exc.errno
+    if isinstance(exc, (OSError, RuntimeError)) or type(exc).__name__.endswith("Error"):
+        text = str(exc)
+        for words, code in _WRITE_TEXTS:
+            if words in text:
+                return code
+    return None
+
+
+def _free(folder: Path) -> int | None:
+    for candidate in (folder, *folder.parents):
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(candidate).free
+    return None  # pragma: no cover
+
+
+@contextlib.contextmanager
+def write_errors(target: PathLike, option: str = "--output", needed_bytes: int = 0) -> Iterator[None]:
+    """Turn a failed write (full disk, quota, read-only filesystem, name too long) into one UserError line
+    naming `target` and what was missing; any other error passes through."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001  only write failures are translated, the rest re-raised
+        code = write_failure(exc)
+        if code is None:
+            raise
+        raise write_error(target, option, code, needed_bytes) from None
+
+
+def write_error(target: PathLike, option: str, code: int, needed_bytes: int = 0) -> UserError:
+    """The one line of a failed write: `option target: cannot write it: why (free space); advice`."""
+    shown = f"{option} {target}".strip()
+    target = Path(target)
+    why = WRITE_ERRNOS.get(code, os.strerror(code))
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        free = _free(target.parent)
+        need = f", about {_human(needed_bytes)} needed" if needed_bytes else ""
+        have = f" ({_human(free)} free in {target.parent}{need})" if free is not None else ""
+        advice = "free some space or choose another location"
+    elif code == errno.ENAMETOOLONG:
+        have, advice = "", f"choose a shorter name (at most {name_max(target.parent)} bytes a part)"
+    else:
+        have, advice = "", "choose another location"
+    return UserError(f"{shown}: cannot write it: {why}{have}; nothing was changed there, {advice}")
+
+
+def preallocate(fd: int, size: int, target: PathLike, option: str = "--output") -> None:
+    """Reserve `size` bytes for a file about to be written through a memory map, so that a full disk is a
+    UserError now rather than a SIGBUS halfway (filesystems without fallocate are left to the write)."""
+    if size <= 0 or not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS, getattr(errno, "ENOTSUP", -1)):
+            return
+        if exc.errno in WRITE_ERRNOS:
+            raise write_error(target, option, exc.errno, size) from None
+        raise
+
+
+def replace_file(path: PathLike, data: str | bytes, option: str = "") -> Path:
+    """Write `data` into `path` under an exclusive temporary name beside it (created with O_EXCL, never
+    through a link) and rename it into place; inside a folder this run owns (no policy checks). A full disk
+    is one UserError naming `path` (and `option`), the temporary removed."""
+    path = Path(path)
+    with write_errors(path, option):
+        return _replace_file(path, data)
+
+
+def _replace_file(path: Path, data: str | bytes) -> Path:
+    fd, name = tempfile.mkstemp(prefix=own_name(path, "tmp-", room=8), dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(name, FILE_MODE & ~_umask())
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+        raise
+    return path
+
+
+def copy_regular_file(source: PathLike, target: PathLike, option: str, shown: Any, link: bool = False) -> None:
+    """Copy (or hard-link, where `link` and the filesystem allow) the regular file `source` to a new `target`.
+
+    The source is opened without following a link and checked to be a regular file on the open descriptor
+    (what goes out, such as a push, holds only regular files: a link to a token elsewhere is refused, naming
+    it); the target is created exclusively, never through a link.
+    """
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        kind = kind_of(source, follow=False) or "missing"
+        why = kind if exc.errno in (errno.ELOOP, errno.ENXIO) else os.strerror(exc.errno or 0)
+        raise UserError(f"{option} {shown}: {source} is {why}; only regular files inside the folder are "
+                        f"published") from None
+    with os.fdopen(fd, "rb") as src:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{option} {shown}: {source} is {_KINDS.get(stat.S_IFMT(st.st_mode), 'a special file')}; "
+                            f"only regular files inside the folder are published")
+        if link:
+            try:
+                os.link(source, target, follow_symlinks=False)
+                if os.path.samestat(os.lstat(target), st):
+                    return
+                os.unlink(target)  # replaced between the check and the link: copy from the checked descriptor
+            except OSError:
+                pass
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 # --------------------------------------------------------------------------- path rules
@@ -148,15 +386,20 @@ def _files_below(folder: Path) -> list[str]:
 
 
 def _digest(path: Path) -> list | None:
-    """[size, sha256] of a small file, [size, None] of a large one (weights: size only), None if absent."""
+    """[size, sha256] of a small file, [size, None] of a large one (weights: size only), None if absent or not
+    a regular file (a FIFO planted there is never opened: reading it would wait forever)."""
     try:
-        size = path.stat().st_size
+        st = os.lstat(path)
     except OSError:
         return None
-    if size > DIGEST_LIMIT:
-        return [size, None]
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    if st.st_size > DIGEST_LIMIT:
+        return [st.st_size, None]
     with contextlib.suppress(OSError):
-        return [size, hashlib.sha256(path.read_bytes()).hexdigest()]
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            return [st.st_size, hashlib.sha256(fh.read()).hexdigest()]
     return None
 
 
@@ -173,9 +416,7 @@ def mark_folder(folder: PathLike, kind: str = "output", files: Iterable[str] = (
     digests = {name: None if name in pending else _digest(folder / name) for name in listed}
     text = jsonio.dumps({"written_by": "mirrorbert", "format": MARKER_FORMAT, "kind": kind, "files": listed,
                        "digests": digests}, indent=1) + "\n"
-    tmp = folder / f".{MARKER}.tmp"
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, folder / MARKER)
+    replace_file(folder / MARKER, text)
 
 
 def _checkpoint_files(folder: Path) -> set[str] | None:
@@ -264,9 +505,9 @@ def record_files(folder: PathLike, kind: str) -> None:
 def discard_folder(folder: PathLike) -> None:
     """Remove a folder mirrorbert wrote (the caller checked `foreign_file`): renamed aside, then deleted."""
     folder = resolve(folder)
-    aside = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    aside = folder.with_name(own_name(folder, f"old-{os.getpid()}"))
     os.replace(folder, aside)
-    shutil.rmtree(aside, ignore_errors=True)
+    remove_tree(aside)
 
 
 # --------------------------------------------------------------------------- existing outputs
@@ -277,7 +518,9 @@ def check_replaceable(path: PathLike, overwrite: bool, option: str = "--output",
     `resume_kind`: an empty folder, or one whose marker has this kind (and nothing foreign), is continued
     without --overwrite (reproduce's cache).
     """
+    check_name_length(path, option)
     shown, path = path, resolve(path)
+    check_not_special(path, option, shown)
     if not path.exists():
         return path
     if not path.is_dir():
@@ -303,7 +546,9 @@ def check_replaceable(path: PathLike, overwrite: bool, option: str = "--output",
 
 def check_replaceable_file(path: PathLike, overwrite: bool, option: str = "--output") -> Path:
     """An existing file is replaced only with --overwrite; a folder is never a file output."""
+    check_name_length(path, option)
     shown, path = path, resolve(path)
+    check_not_special(path, option, shown)
     if path.is_dir():
         raise UserError(f"{option} {shown} is a folder; expected a file name")
     if path.exists() and not overwrite:
@@ -319,70 +564,79 @@ def check_output_dir(path: PathLike, overwrite: bool, option: str = "--output") 
 def fix_folder_mode(folder: PathLike) -> None:
     """tempfile.mkdtemp makes 0700 folders (and some writers 0600 files); a finished output gets the usual
     umask-based modes, like any folder the user would have made."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = _umask()
     folder = Path(folder)
-    for path in (folder, *folder.rglob("*")):
+    below = [Path(root) / name for root, dirs, files in os.walk(folder) for name in dirs + files]  # links not followed
+    for path in (folder, *below):
         with contextlib.suppress(OSError):
-            if path.is_dir():
+            st = os.lstat(path)  # a link is never followed (chmod would change its target)
+            if stat.S_ISDIR(st.st_mode):
                 os.chmod(path, FOLDER_MODE & ~umask)
-            elif path.is_file():
+            elif stat.S_ISREG(st.st_mode):
                 os.chmod(path, FILE_MODE & ~umask)
 
 
 # --------------------------------------------------------------------------- atomic writers
 @contextlib.contextmanager
 def atomic_output_dir(final: PathLike, overwrite: bool = False, kind: str = "output",
-                      keep_empty: bool = True) -> Iterator[Path]:
+                      keep_empty: bool = True, option: str = "--output") -> Iterator[Path]:
     """Yield a temporary sibling folder; on success it replaces `final` in (almost) one rename.
 
     Nothing the user had is lost: on failure the temporary folder is removed and `final` is untouched;
     an existing `final` (all of it mirrorbert's, checked) is moved aside first and only deleted after
     the new one is in place. A symlinked `final` is resolved: the target is replaced, the link kept.
     `keep_empty=False`: when nothing was written, nothing is created (an existing `final` stays).
+    A full disk (or quota, read-only filesystem, name too long) is one UserError naming `final`.
     """
-    final = resolve(final)
-    check_output_dir(final, overwrite)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    shown, final = final, resolve(final)
+    check_output_dir(final, overwrite, option)
+    _existing_ancestor(final.parent, option)  # a file where a folder should be: one line, not FileExistsError
+    with write_errors(shown, option):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=own_name(final, "tmp-", room=8), dir=final.parent))
     try:
-        yield tmp
-        if not keep_empty and not _files_below(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
-            return
-        mark_folder(tmp, kind, _files_below(tmp))
-        fix_folder_mode(tmp)
-        check_output_dir(final, overwrite)  # a folder may have appeared there while we worked
+        with write_errors(shown, option):
+            yield tmp
+            if not keep_empty and not _files_below(tmp):
+                remove_tree(tmp)
+                return
+            mark_folder(tmp, kind, _files_below(tmp))
+            fix_folder_mode(tmp)
+        check_output_dir(final, overwrite, option)  # a folder may have appeared there while we worked
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         raise
     backup = None
-    if final.exists():
-        backup = final.with_name(f".{final.name}.old-{os.getpid()}")
+    if os.path.lexists(final):
+        backup = final.with_name(own_name(final, f"old-{os.getpid()}"))
         os.replace(final, backup)
     os.replace(tmp, final)
     if backup is not None:
-        shutil.rmtree(backup, ignore_errors=True)
+        remove_tree(backup)
 
 
 @contextlib.contextmanager
 def atomic_output_file(final: PathLike, overwrite: bool = False, option: str = "--output") -> Iterator[Path]:
     """Yield a temporary path beside `final` (same suffix); on success it is renamed onto `final`.
 
-    A symlinked `final` is resolved: the target is replaced, the link kept.
+    A symlinked `final` is resolved: the target is replaced, the link kept. Only a regular file is replaced
+    (a device, FIFO or socket is refused). A full disk (or quota, read-only filesystem, name too long) is one
+    UserError naming `final`; the temporary is removed on any failure or interrupt.
     """
-    final = resolve(final)
+    shown, final = final, resolve(final)
     check_replaceable_file(final, overwrite, option)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{final.stem}.tmp-", suffix=final.suffix, dir=final.parent)
+    _existing_ancestor(final.parent, option)
+    with write_errors(shown, option):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        stem = own_name(final.with_name(final.stem), "tmp-", room=8 + len(_bytes(final.suffix)))
+        fd, name = tempfile.mkstemp(prefix=stem, suffix=final.suffix, dir=final.parent)
     os.close(fd)
     tmp = Path(name)
     try:
-        yield tmp
+        with write_errors(shown, option):
+            yield tmp
         check_replaceable_file(final, overwrite, option)  # a file may have appeared there while we worked
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, FILE_MODE & ~umask)
+        os.chmod(tmp, FILE_MODE & ~_umask())
         os.replace(tmp, final)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -397,10 +651,7 @@ def write_text_atomic(path: PathLike, text: str, overwrite: bool = False, option
 
 def write_json_atomic(path: PathLike, obj: Any) -> None:
     """Write JSON under a temporary name and rename it (inside a folder this run owns; no policy checks)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(jsonio.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    replace_file(path, jsonio.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
 # --------------------------------------------------------------------------- writability / space
@@ -419,7 +670,9 @@ def check_writable(path: PathLike, option: str, needed_bytes: int = 0, is_file: 
 
     A probe instead of os.access: it also catches read-only mounts, /proc and full disks, and is right for root.
     """
+    check_name_length(path, option)
     path = resolve(path)
+    check_not_special(path, option)
     if is_file and path.is_dir():
         raise UserError(f"{option} {path} is a folder; expected a file name")
     start = path.parent if (is_file or probe_parent) else path  # outputs are built in a sibling temp folder
@@ -460,7 +713,53 @@ def weights_size(model: PathLike | None) -> int:
 # --------------------------------------------------------------------------- locks
 def lock_path(folder: PathLike) -> Path:
     folder = resolve(folder)
-    return folder.with_name(f".{folder.name}.lock")
+    return folder.with_name(own_name(folder, "lock"))
+
+
+def _open_lock(path: Path, option: str, shown: Any) -> tuple[int, bool]:
+    """(fd, created): the lock file at `path`, created exclusively (never through a link), or an existing
+    regular file there opened read-only (flock needs no write access; what it holds is never touched)."""
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    while True:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | flags, 0o644), True
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno in WRITE_ERRNOS:
+                raise write_error(path, option, exc.errno) from None
+            raise
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # removed by the run that held it: create it again
+        if not stat.S_ISREG(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
+            raise UserError(f"{option} {shown}: its lock path {path} is {kind}, not a lock file of mirrorbert's; "
+                            f"remove it (mirrorbert never writes through it)")
+        try:
+            fd = os.open(path, os.O_RDONLY | flags)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # replaced by a link between the two calls
+                raise UserError(f"{option} {shown}: its lock path {path} is a symlink, not a lock file of "
+                                f"mirrorbert's; remove it (mirrorbert never writes through it)") from None
+            raise UserError(f"{option} {shown}: cannot open its lock file {path} ({os.strerror(exc.errno or 0)}); "
+                            f"it belongs to someone else: remove it or choose another location") from None
+        if not os.path.samestat(os.fstat(fd), st):
+            os.close(fd)
+            continue
+        return fd, False
+
+
+def _is_own_lock_record(fd: int) -> bool:
+    """An existing lock file written by a mirrorbert run of this user (killed before it could remove it)."""
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or not stat.S_ISREG(st.st_mode) or st.st_size > 200:
+        return False
+    text = os.pread(fd, 200, 0).decode("utf-8", "replace")
+    return text.startswith(LOCK_RECORD)
 
 
 @contextlib.contextmanager
@@ -468,13 +767,16 @@ def folder_lock(folder: PathLike, option: str) -> Iterator[Path]:
     """Exclusive lock for one output (folder or file); a second run on it is refused at once.
 
     The kernel drops an flock when the process exits, however it exits, so a killed run never leaves a
-    stale lock. The lock file is removed on release; a run that locked a file just unlinked by another
-    notices (the path no longer names its file) and tries again.
+    stale lock. The lock file is created with O_EXCL|O_NOFOLLOW and removed on release; a symlink or a
+    special file at its path is refused; an existing regular file there (a killed run's, or one planted
+    in a shared folder) is locked read-only, never written, and removed only when it is a lock record of
+    mirrorbert's own. A run that locked a file just unlinked by another notices and tries again.
     """
     path = lock_path(folder)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with write_errors(path, option):
+        path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd, created = _open_lock(path, option, folder)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -484,19 +786,26 @@ def folder_lock(folder: PathLike, option: str) -> Iterator[Path]:
                                 f"wait for it to finish or choose another folder") from None
             raise
         try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path))
+            same = os.path.samestat(os.fstat(fd), os.lstat(path))
         except FileNotFoundError:
             same = False
         if same:
             break
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        removable = created or _is_own_lock_record(fd)
+    except OSError:
+        removable = False
+    try:
+        if created:
+            with contextlib.suppress(OSError):  # a full disk leaves the lock empty: it still locks
+                os.write(fd, f"{LOCK_RECORD}{os.getpid()}\n".encode())
         yield path
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        if removable:
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.fstat(fd), os.lstat(path)):
+                    os.unlink(path)
         os.close(fd)  # closing releases the flock
 
 
@@ -627,6 +936,8 @@ __all__ = [
     "default_checkpoint_dir",
     "MARKER", "REPRODUCE_KIND", "WritePlan", "atomic_output_dir", "atomic_output_file", "check_not_nested",
     "check_not_overlapping", "check_output_dir", "check_outputs_avoid", "check_replaceable", "check_replaceable_file",
-    "check_writable", "claim_files", "discard_folder", "fix_folder_mode", "folder_lock", "foreign_file", "guard_run",
+    "check_name_length", "check_not_special", "check_writable", "claim_files", "kind_of", "own_name", "preallocate",
+    "remove_tree", "replace_file", "write_error", "write_errors", "discard_folder", "fix_folder_mode", "folder_lock",
+    "foreign_file", "guard_run",
     "mark_folder", "read_marker", "record_files", "resolve", "weights_size", "write_json_atomic", "write_text_atomic",
 ]

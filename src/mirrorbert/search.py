@@ -275,18 +275,22 @@ class SearchIndex:
             for row_s, row_i in zip(scores, ids)
         ]
 
-    def save(self, folder: str | Path) -> Path:
-        """Write vectors.npy, texts.jsonl and index.json into ``folder`` (created if needed)."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        np.save(folder / "vectors.npy", self.vectors)
-        if self.texts is not None:
-            with open(folder / "texts.jsonl", "w", encoding="utf-8") as fh:
-                for text in self.texts:
-                    fh.write(jsonio.dumps(text, ensure_ascii=False) + "\n")
-        meta = {**self.meta, "format_version": 1, "size": len(self), "dim": self.dim, "normalized": True}
-        (folder / INDEX_META).write_text(jsonio.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        return folder
+    def save(self, folder: str | Path, overwrite: bool = False) -> Path:
+        """Write vectors.npy, texts.jsonl and index.json into the new folder ``folder``, atomically, through the
+        write policy (safety.py): an existing folder (other than an empty one) is replaced only with
+        ``overwrite`` and only when mirrorbert wrote all of it; a file there, or a failed write, is a
+        UserError naming ``folder`` and leaves what was there as it was."""
+        from mirrorbert.safety import atomic_output_dir
+
+        with atomic_output_dir(folder, overwrite=overwrite, kind="index", option="folder") as tmp:
+            np.save(tmp / "vectors.npy", self.vectors)
+            if self.texts is not None:
+                with open(tmp / "texts.jsonl", "w", encoding="utf-8") as fh:
+                    for text in self.texts:
+                        fh.write(jsonio.dumps(text, ensure_ascii=False) + "\n")
+            meta = {**self.meta, "format_version": 1, "size": len(self), "dim": self.dim, "normalized": True}
+            (tmp / INDEX_META).write_text(jsonio.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        return Path(folder)
 
     @classmethod
     def load(cls, folder: str | Path, use_faiss: bool | None = None) -> "SearchIndex":

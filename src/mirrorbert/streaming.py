@@ -54,11 +54,27 @@ def chunked_input(path: str, column: str | None, field: str | None, skip_bad_lin
 
 
 def encode_to_npy(encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, dim: int, path: Path,
-                  show_progress: bool = False, what: str = "--input") -> int:
-    """Encode `source` chunk by chunk into a float32 .npy at `path` (memory-mapped); the rows written."""
+                  show_progress: bool = False, what: str = "--input", target: Path | None = None,
+                  option: str = "--output") -> int:
+    """Encode `source` chunk by chunk into a float32 .npy at `path` (memory-mapped); the rows written.
+
+    The file's blocks are reserved before the first row is written (`safety.preallocate`): a full disk is one
+    error naming `target` (the output `path` becomes) and the bytes needed, not a SIGBUS halfway.
+    """
+    import os
+
     from mirrorbert.progress import progress_bar
+    from mirrorbert.safety import preallocate
 
     out = np.lib.format.open_memmap(str(path), mode="w+", dtype=np.float32, shape=(source.count, dim))
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        preallocate(fd, os.fstat(fd).st_size, target or path, option)
+    except BaseException:
+        del out
+        raise
+    finally:
+        os.close(fd)
     written, any_text = 0, False
     with progress_bar(total=source.count, show=show_progress, desc="encode", unit="string") as bar:
         for chunk in source.chunks():

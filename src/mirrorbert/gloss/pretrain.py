@@ -313,18 +313,16 @@ class GlossMethod:
 
     def save_best_dir(self) -> None:
         """Keep the best model on disk too, so that a resumed run still knows it."""
-        import shutil
         import tempfile
 
-        from mirrorbert.safety import mark_folder
+        from mirrorbert.safety import mark_folder, remove_tree
 
         self.ckpt_root.mkdir(parents=True, exist_ok=True)
         mark_folder(self.ckpt_root)  # a later run over this folder needs --resume or --overwrite
         tmp = Path(tempfile.mkdtemp(prefix=".best-model.tmp-", dir=self.ckpt_root))
         self.model.save_inference(tmp, self.tokenizer)
         final = self.ckpt_root / "best-model"
-        if final.exists():
-            shutil.rmtree(final)
+        remove_tree(final)  # a link there: only the link
         os.replace(tmp, final)
 
     def save_model(self, folder: Path) -> None:

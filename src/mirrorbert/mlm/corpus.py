@@ -30,7 +30,6 @@ import logging
 import math
 import os
 import queue
-import shutil
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ import torch
 from mirrorbert import jsonio
 from mirrorbert.data import check_utf8_file
 from mirrorbert.errors import UserError
+from mirrorbert.safety import remove_tree, write_error, write_errors, write_failure
 
 logger = logging.getLogger(__name__)
 
@@ -209,8 +209,9 @@ def prepare_corpus(
         logger.warning("tokenised corpus cache %s is damaged (%s): set aside as %s; tokenising the corpus again",
                        root, problem, aside.name)
 
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=cache_dir))
+    with write_errors(cache_dir, "--cache-dir"):  # a full disk: one line naming the cache, nothing left there
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=cache_dir))
     try:
         meta = _tokenize_into(
             tmp, paths, tokenizer, sep_id, token_dtype(vocab_size), eval_fraction, batch_lines, show_progress
@@ -237,8 +238,11 @@ def prepare_corpus(
         if os.path.lexists(root):  # appeared meanwhile (another run): keep it aside, never delete it
             _set_aside(root)
         os.replace(tmp, root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as exc:
+        remove_tree(tmp)
+        code = write_failure(exc) if isinstance(exc, Exception) and not isinstance(exc, UserError) else None
+        if code is not None:
+            raise write_error(cache_dir, "--cache-dir", code) from None
         raise
     logger.info(
         "tokenised corpus: %d train / %d held-out tokens (incl. separators) in %s",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from mirrorbert import jsonio
 from mirrorbert.errors import UserError
+from mirrorbert.safety import remove_tree
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def ensure_reference_mlm(work: Path, data_dir: Path, build_corpus: Callable[[Pat
     calibration = work / "calibration"
     # The calibration run also tokenises the corpus into the cache the real run reuses.
     cal = pretrain(PretrainConfig(output=str(calibration), max_tokens=step_tokens * plan.calibration_steps, **common))
-    shutil.rmtree(calibration, ignore_errors=True)
+    remove_tree(calibration)
     rate = max(cal.tokens_per_s, 1.0)
     left = plan.budget_s - (time.monotonic() - start)
     max_tokens = max(step_tokens * plan.min_steps, int(rate * left))

@@ -15,7 +15,6 @@ import importlib
 import json
 import logging
 import os
-import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +28,7 @@ from mirrorbert.preflight import first_line
 from mirrorbert.reproduce.cells import Cell, QuickLimits, build_cells, quick_data_dir
 from mirrorbert.reproduce.results import CellResult, ReproduceConfig, ReproduceResult
 from mirrorbert.reproduce.paper import detect_base_model
-from mirrorbert.safety import REPRODUCE_KIND
+from mirrorbert.safety import REPRODUCE_KIND, remove_tree
 
 logger = logging.getLogger(__name__)
 
@@ -296,10 +295,10 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
 
 
 def _write_json(path: Path, obj: Any) -> None:
+    from mirrorbert.safety import replace_file
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(jsonio.dumps(obj, indent=1, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    replace_file(path, jsonio.dumps(obj, indent=1, ensure_ascii=False, default=str) + "\n")
 
 
 def _damage(data: Any) -> str | None:
@@ -551,7 +550,7 @@ def _reproduce(cfg: ReproduceConfig, experiments: list[str], data_dir: Path, out
             folder = ctx.trained_model_dir(cell, seed)
             users[folder] -= 1
             if users[folder] == 0 and folder.exists():
-                shutil.rmtree(folder, ignore_errors=True)
+                remove_tree(folder)
     run = ReproduceResult(cfg, detect_base_model(cfg.model), results, skipped, computed, time.perf_counter() - start)
     run.report = write_report(run, data_dir, out, versions)
     return run

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -24,7 +23,8 @@ import torch
 
 from mirrorbert import jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.safety import MARKER, fix_folder_mode, guard_run, mark_folder, write_json_atomic
+from mirrorbert.safety import (MARKER, fix_folder_mode, guard_run, mark_folder, remove_tree, write_errors,
+                               write_json_atomic)
 from mirrorbert.training.randomness import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
@@ -173,7 +173,7 @@ def remove_stale_temps(root: str | os.PathLike) -> None:
     for child in root.iterdir():
         if child.is_dir() and STALE_TEMP.match(child.name):
             logger.info("removing the unfinished checkpoint write %s", child)
-            shutil.rmtree(child, ignore_errors=True)
+            remove_tree(child)
 
 
 # --------------------------------------------------------------------------- run rules
@@ -197,8 +197,8 @@ def check_checkpoint_root(root: str | os.PathLike, resuming: bool, overwrite: bo
         raise UserError(f"{option} {root} holds checkpoints of an earlier run; pass --resume {root} to continue "
                         f"it or --overwrite to discard them")
     logger.warning("--overwrite: discarding the earlier run's checkpoints in %s", root)
-    for folder in ours:  # only what mirrorbert wrote; anything else in the folder stays
-        shutil.rmtree(folder)
+    for folder in ours:  # only what mirrorbert wrote; anything else in the folder stays (a link: only the link)
+        remove_tree(folder)
 
 
 def guard_training_run(stack, *, checkpoint_dir: str | os.PathLike | None = None, resuming: bool = False,
@@ -260,33 +260,37 @@ class CheckpointManager:
         extra_state: dict[str, Any] | None = None,
     ) -> Path:
         """`save_model(folder)` writes the weights (and tokenizer); the rest is pickled state."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        if not (self.root / MARKER).exists():
-            mark_folder(self.root)
-        remove_stale_temps(self.root)
+        with write_errors(self.root, "--checkpoint-dir"):
+            self.root.mkdir(parents=True, exist_ok=True)
+            if not (self.root / MARKER).exists():
+                mark_folder(self.root)
+            remove_stale_temps(self.root)
+            tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}.tmp-", dir=self.root))
         final = self.root / f"step-{step}"
-        tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}.tmp-", dir=self.root))
         try:
-            save_model(tmp / "model")
-            state = {
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                "scaler": scaler.state_dict() if scaler is not None else None,
-                "rng": rng_state(),
-                "extra": extra_state or {},
-            }
-            torch.save(state, tmp / TRAINING_STATE)
-            write_json_atomic(tmp / CHECKPOINT_META, {"step": step, **(meta or {})})
-            write_manifest(tmp)  # sizes and SHA-256 of every file, fsynced, written last
-            fix_folder_mode(tmp)
-            verify_checkpoint(tmp)  # it counts only once every file reads back as written
+            with write_errors(self.root / f"step-{step}", "--checkpoint-dir"):
+                save_model(tmp / "model")
+                state = {
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                    "scaler": scaler.state_dict() if scaler is not None else None,
+                    "rng": rng_state(),
+                    "extra": extra_state or {},
+                }
+                torch.save(state, tmp / TRAINING_STATE)
+                write_json_atomic(tmp / CHECKPOINT_META, {"step": step, **(meta or {})})
+                write_manifest(tmp)  # sizes and SHA-256 of every file, fsynced, written last
+                fix_folder_mode(tmp)
+                verify_checkpoint(tmp)  # it counts only once every file reads back as written
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
             raise
+        if final.is_symlink():  # a link planted in the step-N namespace: removed, its target left alone
+            remove_tree(final)
         if final.exists():  # the same step written again (a resumed run passing an older run's step)
             try:
                 verify_checkpoint(final)
-                shutil.rmtree(final)
+                remove_tree(final)
             except CheckpointDamaged:
                 set_aside_damaged(final)
         os.replace(tmp, final)
@@ -303,7 +307,7 @@ class CheckpointManager:
         """
         steps = sorted(s for s in self.all_steps() if s < current)
         for step in steps[: max(0, len(steps) + 1 - max(1, self.keep))]:
-            shutil.rmtree(self.root / f"step-{step}", ignore_errors=True)
+            remove_tree(self.root / f"step-{step}")
 
     def all_steps(self) -> list[int]:
         return [step for step, _ in step_folders(self.root)]

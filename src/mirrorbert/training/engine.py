@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.safety import atomic_output_dir
+from mirrorbert.safety import atomic_output_dir, remove_tree
 from mirrorbert.training.checkpoints import CheckpointManager
 from mirrorbert.training.signals import NO_SIGNAL, SIGTERM_SEEN, InterruptFlag, signal_name
 
@@ -243,7 +242,7 @@ class Engine:
         try:
             write_into(folder)
         except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_tree(folder)
             raise
         return f"the trained model is kept in {folder}"
 
