@@ -75,11 +75,13 @@ def test_checkpoint_has_a_manifest_of_every_file(reference):
     files = json.loads((step / MANIFEST).read_text(encoding="utf-8"))["files"]
     on_disk = {p.relative_to(step).as_posix() for p in step.rglob("*") if p.is_file() and p.name != MANIFEST}
     assert set(files) == on_disk
-    assert {"training_state.pt", "checkpoint.json", "model/model.safetensors"} <= on_disk
+    assert {"training_state.safetensors", "training_state.json", "checkpoint.json", "model/model.safetensors"} <= on_disk
+    assert not any(name.endswith((".pt", ".bin", ".pkl")) for name in on_disk)  # no pickle anywhere
     import hashlib
 
-    expected = hashlib.sha256((step / "training_state.pt").read_bytes()).hexdigest()
-    assert files["training_state.pt"] == {"size": (step / "training_state.pt").stat().st_size, "sha256": expected}
+    for name in ("training_state.safetensors", "training_state.json"):
+        expected = hashlib.sha256((step / name).read_bytes()).hexdigest()
+        assert files[name] == {"size": (step / name).stat().st_size, "sha256": expected}
     assert verify_checkpoint(step)["step"] == 4
 
 
@@ -90,10 +92,10 @@ def _truncate(path: Path) -> None:
 
 DAMAGE = {
     "truncated weights": lambda s: _truncate(s / "model" / "model.safetensors"),
-    "truncated training state": lambda s: _truncate(s / "training_state.pt"),
+    "truncated training state": lambda s: _truncate(s / "training_state.safetensors"),
     "broken checkpoint.json": lambda s: (s / "checkpoint.json").write_text("{\"step\": 4,", encoding="utf-8"),
     "missing file": lambda s: (s / "model" / "config.json").unlink(),
-    "no manifest (interrupted)": lambda s: ((s / MANIFEST).unlink(), (s / "training_state.pt").unlink()),
+    "no manifest (interrupted)": lambda s: ((s / MANIFEST).unlink(), (s / "training_state.safetensors").unlink()),
 }
 
 
@@ -124,7 +126,7 @@ def test_a_damaged_named_checkpoint_is_one_error_line(reference, isolated, tiny_
         train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, resume=str(root / "step-4")))
     message = str(info.value)
     assert "\n" not in message and "step-4" in message
-    bad = {"truncated weights": "model.safetensors", "truncated training state": "training_state.pt",
+    bad = {"truncated weights": "model.safetensors", "truncated training state": "training_state.safetensors",
            "broken checkpoint.json": "checkpoint.json", "missing file": "config.json"}[damage]
     assert bad in message
 
@@ -132,7 +134,7 @@ def test_a_damaged_named_checkpoint_is_one_error_line(reference, isolated, tiny_
 def test_no_intact_checkpoint_at_all(reference, isolated, tiny_bert, data_file):
     root = copy_checkpoints(reference, isolated)
     for step in ("step-2", "step-4"):
-        _truncate(root / step / "training_state.pt")
+        _truncate(root / step / "training_state.safetensors")
     with pytest.raises(UserError, match="no intact checkpoint"):
         train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, resume=str(root)))
 

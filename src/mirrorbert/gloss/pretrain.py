@@ -181,14 +181,15 @@ def load_start_model(name: str):
 
 def save_parts(model, tokenizer, folder: Path) -> None:
     """Everything a resumed run needs: every encoder, not just the inference one."""
-    import torch
+    from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     model.context.save_pretrained(folder / "context")
     tokenizer.save_pretrained(folder / "context")
     if model.context2 is not None:
         model.context2.save_pretrained(folder / "context2")
-    torch.save(model.gloss_encoder.state_dict(), folder / "gloss_encoder.pt")
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in model.gloss_encoder.state_dict().items()},
+              str(folder / GLOSS_ENCODER))
 
 
 def load_parts(folder: Path, cfg: GlossPretrainConfig):
@@ -204,8 +205,35 @@ def load_parts(folder: Path, cfg: GlossPretrainConfig):
         if not (folder / "context2").is_dir():
             raise UserError(f"--resume {folder.parent}: checkpoint has no enc2 (was it written with --arch mt?)")
         model.context2 = AutoModelForMaskedLM.from_pretrained(folder / "context2")
-    model.gloss_encoder.load_state_dict(torch.load(folder / "gloss_encoder.pt", map_location="cpu"))
+    model.gloss_encoder.load_state_dict(_gloss_encoder_state(folder))
     return tok, model
+
+
+GLOSS_ENCODER = "gloss_encoder.safetensors"
+LEGACY_GLOSS_ENCODER = "gloss_encoder.pt"  # older mirrorbert: a pickle, read with weights_only=True only
+
+
+def _gloss_encoder_state(folder: Path) -> dict[str, Any]:
+    """The gloss encoder's weights of a checkpoint: safetensors, or an older `.pt` read without running code."""
+    import torch
+
+    from mirrorbert.errors import first_line
+    from mirrorbert.training.state_format import load_legacy_pt
+
+    option = f"--resume {folder.parent}"
+    if (folder / GLOSS_ENCODER).exists():
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(folder / GLOSS_ENCODER), device="cpu")
+        except Exception as exc:  # noqa: BLE001  safetensors raises its own error type
+            raise UserError(f"{option}: {folder / GLOSS_ENCODER} cannot be read ({first_line(exc)})") from None
+    if (folder / LEGACY_GLOSS_ENCODER).exists():
+        state = load_legacy_pt(folder / LEGACY_GLOSS_ENCODER, option)
+        if isinstance(state, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+            return state
+        raise UserError(f"{option}: {folder / LEGACY_GLOSS_ENCODER} does not hold a gloss encoder's weights")
+    raise UserError(f"{option}: checkpoint is incomplete: {folder / GLOSS_ENCODER} is missing")
 
 
 def _cpu_state(module) -> dict[str, Any]:
