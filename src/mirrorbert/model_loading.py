@@ -10,9 +10,11 @@ when `trust_remote_code=True` and, when the argument is left out, *asks on stand
 * refuses, before anything is loaded, a local folder whose `config.json` or `tokenizer_config.json` has an
   `auto_map`, in one line naming the file and the option that would allow it; a hub config that carries one
   is refused the same way once read (its JSON only: no code runs to read it);
-* loads weights with `weights_only=True`: `model.safetensors` cannot carry code, and a pickle-only
-  `pytorch_model.bin` goes through torch's weights-only unpickler, which refuses any global but tensors and
-  plain values (`pickle_refusal` turns that into one line naming the file; a clean `.bin` still loads).
+* reads weights without running code: `model.safetensors` cannot carry any, and a pickle-only
+  `pytorch_model.bin` is first scanned for the globals it names without unpickling it
+  (`check_pickle_weights`: one naming anything but tensors and plain containers is refused in one line), then
+  loaded with `weights_only=True` (torch's restricted unpickler, a second line of defence that `pickle_refusal`
+  words as one line). A clean `.bin` still loads.
 
 `tests/test_remote_code.py` checks that no other module of mirrorbert calls `from_pretrained`, `from_config`
 or `torch.load`, so this stays the one place.
@@ -123,6 +125,25 @@ def loader_refusal(exc: BaseException, name: str, option: str = "--model") -> Us
     return pickle_refusal(exc, name, option) or _remote_code_error(exc, name, option)
 
 
+def check_pickle_weights(name: str | os.PathLike, option: str = "--model") -> None:
+    """Pickle weights a loader would read (`pytorch_model*.bin` in a folder without safetensors), scanned for the
+    globals they name without unpickling anything (`torch.serialization.get_unsafe_globals_in_checkpoint`):
+    one that names more than tensors and plain containers is refused in one line, before any work."""
+    folder = Path(name)
+    if not folder.is_dir() or any(folder.glob("*.safetensors")):
+        return
+    from torch.serialization import get_unsafe_globals_in_checkpoint
+
+    for path in sorted(folder.glob("pytorch_model*.bin")):
+        try:
+            unsafe = get_unsafe_globals_in_checkpoint(path)
+        except Exception:  # noqa: BLE001  not torch's zip format: the weights-only load refuses or reads it
+            continue
+        if unsafe:
+            raise UserError(f"{option} {name}: {path} is a pickle that names {', '.join(unsafe[:3])} (code that "
+                            "loading it would run); refused, not loaded (ask for model.safetensors)")
+
+
 def _check_loaded_config(config: Any, name: str, trust_remote_code: bool, option: str) -> None:
     """A hub config (no local folder to look into first) that asks for code: the same refusal, once read."""
     auto_map = getattr(config, "auto_map", None)
@@ -174,6 +195,7 @@ def load_model(name: str | os.PathLike, kind: str = "AutoModel", *, trust_remote
                option: str = "--model", **kwargs):
     """`AutoModel[ForMaskedLM].from_pretrained` with the remote-code rule and weights-only unpickling."""
     check_remote_code(name, trust_remote_code, option)
+    check_pickle_weights(name, option)
     if kwargs.get("config") is not None:
         _check_loaded_config(kwargs["config"], str(name), trust_remote_code, option)
     try:

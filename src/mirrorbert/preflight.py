@@ -334,7 +334,7 @@ def inspect_model(name: str, option: str = "--model", max_length: int | None = N
     weight files, an empty tokenizer, `max_length` beyond the model's positions, no mask token where masking is asked.
     Warns once for a decoder-only model.
     """
-    from mirrorbert.model_loading import check_remote_code
+    from mirrorbert.model_loading import check_pickle_weights, check_remote_code
 
     folder = Path(name)
     tokenizer_option = tokenizer_option or option
@@ -343,6 +343,7 @@ def inspect_model(name: str, option: str = "--model", max_length: int | None = N
             raise UserError(f"{option} {name}: folder has no config.json (not a Hugging Face model folder)")
         check_remote_code(name, trust_remote_code, option)  # before any file of the folder is loaded
         check_weight_files(folder, option)
+        check_pickle_weights(folder, option)
         if tokenizer_source is None:
             check_tokenizer_files(folder, option)
     if tokenizer_source is not None:
