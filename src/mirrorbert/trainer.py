@@ -318,7 +318,7 @@ def _build_encoder(cfg: TrainConfig, strings: TrainingStrings, resume, device: t
         pooling = resolve_pooling(cfg.pooling, base_config.model_type)
         encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
                                config_overrides=dropout_overrides(base_config, cfg.dropout),
-                               trust_remote_code=cfg.trust_remote_code)
+                               trust_remote_code=cfg.trust_remote_code, cli=True)  # TrainConfig names options
     encoder.packing = packing_flag(cfg.packing)
     encoder.train()
     drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None

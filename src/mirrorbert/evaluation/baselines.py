@@ -80,7 +80,8 @@ class SentenceTransformerEncoder:
 
     def __init__(self, model_name_or_path: str | Path, device: str | None = None, trust_remote_code: bool = False,
                  **kwargs: Any) -> None:
-        from mirrorbert.model_loading import check_remote_code, check_sentence_transformers_modules, loader_refusal
+        from mirrorbert.model_loading import (check_pickle_weights, check_remote_code,
+                                              check_sentence_transformers_modules, loader_refusal)
 
         try:
             from sentence_transformers import SentenceTransformer
@@ -89,6 +90,7 @@ class SentenceTransformerEncoder:
         # before sentence-transformers reads anything: it imports the classes modules.json names
         check_remote_code(model_name_or_path, trust_remote_code)
         check_sentence_transformers_modules(model_name_or_path, trust_remote_code)
+        check_pickle_weights(model_name_or_path)
         try:
             self.model = SentenceTransformer(str(model_name_or_path), device=device,
                                              trust_remote_code=trust_remote_code, **kwargs)

@@ -127,7 +127,8 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
     check_precision(cfg.precision, device)
     seed_everything(seed)
     idx = subset_indices(len(train), fraction, seed)
-    encoder = Encoder.load(cfg.model, pooling=cfg.pooling, device=str(device), trust_remote_code=cfg.trust_remote_code)
+    encoder = Encoder.load(cfg.model, pooling=cfg.pooling, device=str(device), trust_remote_code=cfg.trust_remote_code,
+                           cli=True)  # errors name the options, as FinetuneStsConfig's own do
     encoder.max_length = min(cfg.max_length, encoder.max_length)  # at most the model's positions, like gloss-pretrain
     encoder.train()
     ids1 = encoder.tokenize([train.s1[i] for i in idx])

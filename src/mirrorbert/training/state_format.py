@@ -155,25 +155,21 @@ def load_legacy_pt(path: str | os.PathLike, option: str) -> Any:
     import torch
 
     path = Path(path)
-    try:
-        with torch.serialization.safe_globals(legacy_safe_globals()):
+    refused = (f"{option}: {path} is a pickle that asks for more than tensors and plain values ({{}}); it is "
+               "refused, not run (a file from an untrusted source?)")
+    with torch.serialization.safe_globals(legacy_safe_globals()):
+        try:  # the globals it names, found without unpickling anything
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception:  # noqa: BLE001  not torch's zip format: the weights-only load below decides
+            unsafe = []
+        if unsafe:
+            raise UserError(refused.format(f"it names {', '.join(unsafe[:3])}"))
+        try:
             return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise UserError(f"{option}: {path} is a pickle that asks for more than tensors and plain values "
-                        f"({_unsafe_name(exc)}); it is refused, not run (a file from an untrusted source?)") from None
-    except Exception as exc:  # noqa: BLE001  a truncated or foreign file raises many types
-        raise UserError(f"{option}: {path} cannot be read ({_first_line(exc)})") from None
-
-
-def _unsafe_name(exc: BaseException) -> str:
-    """The global a weights-only unpickler refused, from torch's long message."""
-    import re
-
-    text = str(exc)
-    match = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text) or re.search(r"(GLOBAL [\w.]+|REDUCE\S*)", text)
-    if match:
-        return f"it names {match.group(1)}"
-    return _first_line(exc)[:200]
+        except pickle.UnpicklingError:
+            raise UserError(refused.format("torch's weights-only unpickler refused it")) from None
+        except Exception as exc:  # noqa: BLE001  a truncated or foreign file raises many types
+            raise UserError(f"{option}: {path} cannot be read ({_first_line(exc)})") from None
 
 
 def _first_line(exc: BaseException) -> str:
