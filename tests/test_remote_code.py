@@ -139,6 +139,10 @@ def test_trusted_remote_code_runs_and_untrusted_never_prompts(tiny_bert, tmp_pat
     assert not (tmp_path / "CANARY").exists()
     config = model_loading.load_config(folder, trust_remote_code=True)  # the user's explicit choice
     assert type(config).__name__ == "EvilConfig" and (tmp_path / "CANARY").exists()
+    from mirrorbert.encoder import Encoder
+
+    encoder = Encoder.load(folder, device="cpu", trust_remote_code=True)
+    assert type(encoder.model).__name__ == "EvilModel" and encoder.encode(["a cat"]).shape == (1, 32)
 
 
 def test_trust_remote_code_on_a_plain_folder_changes_nothing(tiny_bert):
