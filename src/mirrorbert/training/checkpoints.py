@@ -349,13 +349,20 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 def restore_training_state(ckpt: Checkpoint, optimizer, scheduler=None, scaler=None) -> dict[str, Any]:
     """Load optimiser/scheduler/scaler/RNG state; returns the trainer's extra state (epoch, batch...)."""
     state = read_training_state(ckpt.path)
-    optimizer.load_state_dict(state["optimizer"])
-    if scheduler is not None and state.get("scheduler") is not None:
-        scheduler.load_state_dict(state["scheduler"])
-    if scaler is not None and state.get("scaler") is not None:
-        scaler.load_state_dict(state["scaler"])
-    set_rng_state(state["rng"])
-    return state.get("extra", {})
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None and state.get("scheduler") is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and state.get("scaler") is not None:
+            scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"])
+    except (KeyError, ValueError, TypeError, IndexError, RuntimeError, AttributeError) as exc:
+        raise UserError(f"--resume {ckpt.path}: its training state does not fit this run's optimiser "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    extra = state.get("extra", {})
+    if not isinstance(extra, dict):
+        raise UserError(f"--resume {ckpt.path}: the training state is damaged (its extra state is not a mapping)")
+    return extra
 
 
 def read_training_state(folder: Path, option: str = "--resume") -> dict[str, Any]:

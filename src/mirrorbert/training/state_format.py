@@ -122,7 +122,7 @@ def load_state(folder: str | os.PathLike, stem: str, option: str) -> Any:
             raise ValueError("not a mirrorbert training state")
         if data.get("version") != VERSION:
             raise ValueError(f"format version {data.get('version')!r}, this mirrorbert reads {VERSION}")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise UserError(f"{option}: {json_file} cannot be read ({_first_line(exc)})") from None
     try:
         tensors = load_file(str(tensor_file), device="cpu")
@@ -130,7 +130,7 @@ def load_state(folder: str | os.PathLike, stem: str, option: str) -> Any:
         raise UserError(f"{option}: {tensor_file} cannot be read ({_first_line(exc)})") from None
     try:
         return decode(data["state"], tensors)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise UserError(f"{option}: {json_file} does not match {tensor_file.name} ({_first_line(exc)})") from None
 
 
@@ -155,19 +155,22 @@ def load_legacy_pt(path: str | os.PathLike, option: str) -> Any:
     import torch
 
     path = Path(path)
-    refused = (f"{option}: {path} is a pickle that asks for more than tensors and plain values ({{}}); it is "
-               "refused, not run (a file from an untrusted source?)")
+
+    def refused(why: str) -> UserError:
+        return UserError(f"{option}: {path} is a pickle that asks for more than tensors and plain values ({why}); "
+                         "it is refused, not run (a file from an untrusted source?)")
+
     with torch.serialization.safe_globals(legacy_safe_globals()):
         try:  # the globals it names, found without unpickling anything
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
         except Exception:  # noqa: BLE001  not torch's zip format: the weights-only load below decides
             unsafe = []
         if unsafe:
-            raise UserError(refused.format(f"it names {', '.join(unsafe[:3])}"))
+            raise refused(f"it names {', '.join(unsafe[:3])}")
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:
-            raise UserError(refused.format("torch's weights-only unpickler refused it")) from None
+            raise refused("torch's weights-only unpickler refused it") from None
         except Exception as exc:  # noqa: BLE001  a truncated or foreign file raises many types
             raise UserError(f"{option}: {path} cannot be read ({_first_line(exc)})") from None
 
