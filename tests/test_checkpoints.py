@@ -75,11 +75,13 @@ def test_checkpoint_has_a_manifest_of_every_file(reference):
     files = json.loads((step / MANIFEST).read_text(encoding="utf-8"))["files"]
     on_disk = {p.relative_to(step).as_posix() for p in step.rglob("*") if p.is_file() and p.name != MANIFEST}
     assert set(files) == on_disk
-    assert {"training_state.pt", "checkpoint.json", "model/model.safetensors"} <= on_disk
+    assert {"training_state.safetensors", "training_state.json", "checkpoint.json", "model/model.safetensors"} <= on_disk
+    assert not any(name.endswith((".pt", ".bin", ".pkl")) for name in on_disk)  # no pickle anywhere
     import hashlib
 
-    expected = hashlib.sha256((step / "training_state.pt").read_bytes()).hexdigest()
-    assert files["training_state.pt"] == {"size": (step / "training_state.pt").stat().st_size, "sha256": expected}
+    for name in ("training_state.safetensors", "training_state.json"):
+        expected = hashlib.sha256((step / name).read_bytes()).hexdigest()
+        assert files[name] == {"size": (step / name).stat().st_size, "sha256": expected}
     assert verify_checkpoint(step)["step"] == 4
 
 
@@ -90,10 +92,10 @@ def _truncate(path: Path) -> None:
 
 DAMAGE = {
     "truncated weights": lambda s: _truncate(s / "model" / "model.safetensors"),
-    "truncated training state": lambda s: _truncate(s / "training_state.pt"),
+    "truncated training state": lambda s: _truncate(s / "training_state.safetensors"),
     "broken checkpoint.json": lambda s: (s / "checkpoint.json").write_text("{\"step\": 4,", encoding="utf-8"),
     "missing file": lambda s: (s / "model" / "config.json").unlink(),
-    "no manifest (interrupted)": lambda s: ((s / MANIFEST).unlink(), (s / "training_state.pt").unlink()),
+    "no manifest (interrupted)": lambda s: ((s / MANIFEST).unlink(), (s / "training_state.safetensors").unlink()),
 }
 
 
@@ -124,7 +126,7 @@ def test_a_damaged_named_checkpoint_is_one_error_line(reference, isolated, tiny_
         train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, resume=str(root / "step-4")))
     message = str(info.value)
     assert "\n" not in message and "step-4" in message
-    bad = {"truncated weights": "model.safetensors", "truncated training state": "training_state.pt",
+    bad = {"truncated weights": "model.safetensors", "truncated training state": "training_state.safetensors",
            "broken checkpoint.json": "checkpoint.json", "missing file": "config.json"}[damage]
     assert bad in message
 
@@ -132,7 +134,7 @@ def test_a_damaged_named_checkpoint_is_one_error_line(reference, isolated, tiny_
 def test_no_intact_checkpoint_at_all(reference, isolated, tiny_bert, data_file):
     root = copy_checkpoints(reference, isolated)
     for step in ("step-2", "step-4"):
-        _truncate(root / step / "training_state.pt")
+        _truncate(root / step / "training_state.safetensors")
     with pytest.raises(UserError, match="no intact checkpoint"):
         train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, resume=str(root)))
 
@@ -239,3 +241,94 @@ def test_interrupted_first_write_does_not_block_a_new_run(isolated, tiny_bert, d
     train(cfg_for(tiny_bert, data_file, isolated / "out", steps=1, save_every=1, overwrite=True))
     assert sorted(p.name for p in root.glob("step-*")) == ["step-1"]
     assert (root / "my-notes.txt").read_text(encoding="utf-8") == "keep"
+
+
+# --------------------------------------------------------------------------- no pickle (issue 26)
+class _Payload:
+    def __init__(self, canary: Path):
+        self.canary = str(canary)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.canary!r}, 'w').write('ran')",))
+
+
+def _same(a, b) -> bool:
+    """Deep equality, tensors by value, dtype and shape; types (tuple vs list, int vs float) must match."""
+    import numpy as np
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and a != a:
+        return b != b
+    return a == b
+
+
+def _optimizer_state() -> dict:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    model(torch.randn(5, 3)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    from mirrorbert.training.randomness import rng_state
+
+    return {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": None,
+            "rng": rng_state(), "extra": {"step": 3, "loss": float("nan"), "best": float("-inf"),
+                                          "history": [{"epoch": 1, "accuracy": 0.5}], "pair": (1, "a"),
+                                          "__tensor__": "a key that looks like a marker", 7: [True, None]}}
+
+
+def test_training_state_round_trips_exactly_through_safetensors_and_json(tmp_path):
+    from mirrorbert.training.state_format import load_state, save_state
+
+    state = _optimizer_state()
+    tensors, text = save_state(tmp_path, "training_state", state)
+    loaded = load_state(tmp_path, "training_state", "--resume")
+    assert _same(state, loaded)
+    assert set(state["optimizer"]["state"]) == {0, 1, 2, 3}  # int parameter ids stay ints
+    json.loads(text.read_text(encoding="utf-8"))  # strict JSON: no NaN literal
+    assert "NaN" not in text.read_text(encoding="utf-8")
+    assert tensors.read_bytes()[8:9] == b"{"  # a safetensors header, no pickle
+
+
+def test_an_old_training_state_pt_is_read_without_running_code(tmp_path):
+    from mirrorbert.training.checkpoints import read_training_state
+
+    state = _optimizer_state()
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    torch.save(state, clean / "training_state.pt")
+    assert _same(state, read_training_state(clean))
+    crafted = tmp_path / "crafted"
+    crafted.mkdir()
+    state["extra"]["note"] = _Payload(tmp_path / "CANARY")
+    torch.save(state, crafted / "training_state.pt")
+    with pytest.raises(UserError) as info:
+        read_training_state(crafted)
+    message = str(info.value)
+    assert "\n" not in message and str(crafted / "training_state.pt") in message and "builtins.exec" in message
+    assert not (tmp_path / "CANARY").exists()
+
+
+def test_a_resume_from_an_older_pt_checkpoint_is_bit_exact(reference, isolated, tiny_bert, data_file, caplog):
+    """Older mirrorbert's checkpoints (training_state.pt, no manifest) still resume, through weights_only."""
+    from mirrorbert.training.checkpoints import read_training_state
+
+    root = copy_checkpoints(reference, isolated)
+    step = root / "step-2"
+    torch.save(read_training_state(step), step / "training_state.pt")
+    for name in ("training_state.safetensors", "training_state.json", MANIFEST):
+        (step / name).unlink()
+    with caplog.at_level(logging.WARNING, logger="mirrorbert.training.checkpoints"):
+        result = train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, resume=str(step)))
+    assert result.steps == 4
+    assert any("older mirrorbert" in r.getMessage() for r in caplog.records)
+    assert_same_weights(isolated / "out", reference / "out")

@@ -35,7 +35,7 @@ def _steps(root: Path) -> list[str]:
 
 
 def _damage(checkpoint: Path) -> None:
-    state = checkpoint / "training_state.pt"
+    state = checkpoint / "training_state.safetensors"
     state.write_bytes(state.read_bytes()[:100])  # truncated, as by a crash or a full disk
 
 
@@ -55,7 +55,7 @@ def test_rotation_after_falling_back_past_a_damaged_checkpoint_keeps_the_good_on
     assert _steps(root) == ["step-4"]
     assert verify_checkpoint(root / "step-4")["step"] == 4
     (aside,) = root.glob("step-3.damaged-*")  # kept for inspection, out of the step-N namespace
-    assert (aside / "training_state.pt").stat().st_size == 100
+    assert (aside / "training_state.safetensors").stat().st_size == 100
     whole = tmp_path / "whole"
     train(cfg_for(tiny_bert, data_file, whole, steps=4))
     assert_same_weights(out, whole)
@@ -68,7 +68,7 @@ def test_an_incomplete_checkpoint_never_counts_as_the_newest(tmp_path, tiny_bert
     half = root / "step-9"  # a folder of that name whose files were never all written
     shutil.copytree(root / "step-2", half)
     (half / "manifest.json").unlink()
-    (half / "training_state.pt").unlink()
+    (half / "training_state.safetensors").unlink()
     latest = CheckpointManager(root).latest()
     assert latest is not None and latest.step == 2
     assert not half.exists() and len(list(root.glob("step-9.damaged-*"))) == 1

@@ -140,7 +140,7 @@ def test_resume_is_exact(request, which, mask_unit, data_file, tmp_path):
     kw = dict(steps=8, schedule="linear", warmup_steps=1, max_grad_norm=1.0, mask_span=2, mask_unit=mask_unit)
     train(cfg_for(model, data_file, tmp_path / "straight", save_every=4, keep_checkpoints=3, **kw))
     ckpt = tmp_path / "straight.checkpoints" / "step-4"
-    assert (ckpt / "training_state.pt").exists()
+    assert (ckpt / "training_state.safetensors").exists() and (ckpt / "training_state.json").exists()
     train(cfg_for(model, data_file, tmp_path / "resumed", resume=str(ckpt), **kw))
     assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
 

@@ -298,7 +298,8 @@ def _encode_streaming(opts, output: Path):
     from mirrorbert.streaming import chunked_input, encode_to_npy
 
     source = chunked_input(opts.input, opts.column, opts.field, opts.skip_bad_lines)  # before the model loads
-    encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length, cli=True)
+    encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
+                           trust_remote_code=opts.trust_remote_code, cli=True)
 
     def encode(chunk: list[str]):
         return encoder.encode(chunk, batch_size=opts.batch_size, normalize=opts.normalize or None,
@@ -323,7 +324,7 @@ def _encode(opts):
         raise UserError(f"--input {opts.input}: no text in the file (every line is blank)")
     dist_ctx = init_from_env(opts.device)  # under torchrun every process encodes a share of the rows
     encoder = Encoder.load(opts.model, pooling=opts.pooling, device=str(dist_ctx.device), max_length=opts.max_length,
-                           cli=True)
+                           trust_remote_code=opts.trust_remote_code, cli=True)
     with sharded_encoding(dist_ctx):
         vectors = encoder.encode(texts, batch_size=opts.batch_size, normalize=opts.normalize or None,
                                  show_progress=opts.show_progress and dist_ctx.is_main, precision=opts.precision,
@@ -353,8 +354,23 @@ def build_parser() -> argparse.ArgumentParser:
     add_finetune_sts_parser(sub)
     add_reproduce_parser(sub)
     for name, subparser in sub.choices.items():
+        _add_trust_remote_code(subparser, name)
         _state_defaults(subparser, _train_defaults() if name == "train" else None)
     return parser
+
+
+# Commands with a --model that never load it (push uploads the files as they are).
+NO_MODEL_LOAD = ("push",)
+
+
+def _add_trust_remote_code(parser: argparse.ArgumentParser, command: str) -> None:
+    """--trust-remote-code, defined once here for every command that loads a model (model_loading.py)."""
+    from mirrorbert.model_loading import TRUST_HELP, TRUST_OPTION
+
+    if command in NO_MODEL_LOAD or not any("--model" in a.option_strings for a in parser._actions):
+        return
+    parser.add_argument(TRUST_OPTION, dest="trust_remote_code", action="store_true",
+                        default=None if command == "train" else False, help=TRUST_HELP)
 
 
 # Options whose value comes from --preset when one is given.

@@ -74,6 +74,7 @@ class EncodeOptions(_Options):
     quantize: str = "float32"
     skip_bad_lines: bool = False
     show_progress: bool = True
+    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
 
     def check(self) -> None:
         _text(self.model, "--model")
@@ -109,6 +110,7 @@ class SearchOptions(_Options):
     quantize: str = "float32"
     skip_bad_lines: bool = False
     show_progress: bool = True
+    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
 
     def check(self) -> None:
         _text(self.model, "--model")
@@ -143,6 +145,7 @@ class IndexOptions(_Options):
     device: str = "auto"
     skip_bad_lines: bool = False
     show_progress: bool = True
+    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
 
     def check(self) -> None:
         for option in ("model", "corpus", "output"):
@@ -175,6 +178,7 @@ class EvalOptions(_Options):
     backend: str = "auto"
     packing: str = "auto"
     show_progress: bool = True
+    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
 
     def check(self) -> None:
         from mirrorbert.evaluation.runner import TASKS
@@ -205,6 +209,7 @@ class ExportOptions(_Options):
     pooling: str | None = None
     max_length: int | None = None
     overwrite: bool = False
+    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
 
     def check(self) -> None:
         from mirrorbert.export import parse_formats  # numpy-free at import: parse_formats is plain Python

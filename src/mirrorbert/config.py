@@ -108,6 +108,8 @@ class TrainConfig:
     # model card: evaluate the trained model before saving (scores go into mirrorbert.json and README.md)
     eval_after: str | None = None
     data_dir: str | None = None
+    # run Python code shipped with the model (auto_map); the command line or Python only, never a config file
+    trust_remote_code: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -157,6 +159,10 @@ def option_name(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
+# Options a config file may not set: permission to run code from the model is the user's own decision.
+COMMAND_LINE_ONLY = ("trust_remote_code",)
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON mapping whose keys are TrainConfig fields (dashes or underscores)."""
     path = Path(path)
@@ -186,6 +192,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         norm = str(key).replace("-", "_")
         if norm not in FIELD_NAMES:
             raise UserError(f"--config {path}: unknown option {key!r}")
+        if norm in COMMAND_LINE_ONLY:
+            raise UserError(f"--config {path}: {key!r} is not taken from a file (a shared file must not be able to "
+                            f"run code); give --{norm.replace('_', '-')} on the command line")
         out[norm] = value
     return coerce_mapping(TrainConfig, out, f"--config {path}")
 

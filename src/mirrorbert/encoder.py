@@ -31,6 +31,7 @@ from mirrorbert.pooling import (
 )
 from mirrorbert import search as _search
 from mirrorbert.preflight import inspect_model, max_positions, model_load_error, read_json_file, weights_load_error
+from mirrorbert.model_loading import check_remote_code, check_trust_flag, load_model
 from mirrorbert.safety import atomic_output_dir
 from mirrorbert.training.device import autocast, check_precision, resolve_device
 from mirrorbert.training.metrics import library_versions
@@ -53,7 +54,7 @@ def default_max_length(tokenizer, config) -> int:
     return min(candidates) if candidates else 512
 
 
-_PYTHON_NAMES = {"--model": "name_or_path", "--pooling": "pooling", "--max-length": "max_length",
+_PYTHON_NAMES = {"--model": "name_or_path", "--trust-remote-code": "trust_remote_code=True", "--pooling": "pooling", "--max-length": "max_length",
                  "--device": "device", "--batch-size": "batch_size", "--precision": "precision", "--packing": "packing"}
 
 
@@ -163,14 +164,17 @@ class Encoder(torch.nn.Module):
     @classmethod
     def load(cls, name_or_path: str | os.PathLike, pooling: str | None = None, device: str | None = None,
              max_length: int | None = None, config_overrides: dict[str, Any] | None = None, *,
-             cli: bool = False) -> "Encoder":
+             trust_remote_code: bool = False, cli: bool = False) -> "Encoder":
         """Load a mirrorbert/sentence-transformers/HF folder or hub id; pooling defaults to what was saved.
 
+        `trust_remote_code=True` lets a model that ships its own Python code (an `auto_map` in its config.json
+        or tokenizer_config.json) run it; without it such a model is refused (`UserError`), never asked about.
         Errors name the arguments as Python does (`name_or_path`); the commands pass `cli=True` to have
         them name the options (`--model`).
         """
         try:
-            return cls._load(name_or_path, pooling, device, max_length, config_overrides)
+            check_trust_flag(trust_remote_code)
+            return cls._load(name_or_path, pooling, device, max_length, config_overrides, trust_remote_code)
         except UserError as exc:
             if cli:
                 raise
@@ -178,9 +182,8 @@ class Encoder(torch.nn.Module):
 
     @classmethod
     def _load(cls, name_or_path: str | os.PathLike, pooling: str | None, device: str | None,
-              max_length: int | None, config_overrides: dict[str, Any] | None) -> "Encoder":
-        from transformers import AutoModel
-
+              max_length: int | None, config_overrides: dict[str, Any] | None,
+              trust_remote_code: bool = False) -> "Encoder":
         name = str(name_or_path)
         if pooling is not None and pooling not in POOLINGS:
             raise UserError(f"--pooling: unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
@@ -189,6 +192,7 @@ class Encoder(torch.nn.Module):
         if folder.is_dir():
             if not (folder / "config.json").exists():
                 raise UserError(f"--model {name}: folder has no config.json (not a Hugging Face model folder)")
+            check_remote_code(name, trust_remote_code)  # before any file of the folder is loaded
             try:
                 saved_pooling, normalize = pooling_from_sentence_transformers(folder)
             except ValueError as exc:
@@ -205,10 +209,12 @@ class Encoder(torch.nn.Module):
                     raise UserError(f"--model: {st_cfg}: max_seq_length {saved_max!r} is not a positive whole number")
         # config, tokenizer and the weights' shapes checked before any weight is read
         config, tokenizer = inspect_model(name, max_length=max_length, config_overrides=config_overrides,
-                                          warn_decoder=False)
+                                          warn_decoder=False, trust_remote_code=trust_remote_code)
         try:
             with _quiet_transformers():  # its load report of unused MLM-head weights is noise here
-                model = AutoModel.from_pretrained(name, config=config)
+                model = load_model(name, config=config, trust_remote_code=trust_remote_code)
+        except UserError:  # a refusal of model_loading (a pickle asking for code), already one line
+            raise
         except Exception as exc:  # noqa: BLE001  damaged weights raise the loader's own error types
             error = weights_load_error(name, exc)
             if error is None and isinstance(exc, (OSError, ValueError)):

@@ -39,7 +39,8 @@ def run_export(args) -> int:
         from mirrorbert.encoder import Encoder
         from mirrorbert.export import write_export
 
-        encoder = Encoder.load(opts.model, pooling=opts.pooling, device="cpu", max_length=opts.max_length, cli=True)
+        encoder = Encoder.load(opts.model, pooling=opts.pooling, device="cpu", max_length=opts.max_length,
+                               trust_remote_code=opts.trust_remote_code, cli=True)
         print(f"exporting {opts.model} ({encoder.pooling} pooling) to {', '.join(opts.formats)} -> {opts.output}",
               file=sys.stderr)
         with atomic_output_dir(opts.output, overwrite=opts.overwrite, kind="export") as tmp:

@@ -116,6 +116,10 @@ def pooling_from_sentence_transformers(folder) -> tuple[str | None, bool]:
     mode, normalize, weighted = None, False, False
     for module in modules:
         kind = str(module.get("type", ""))
+        if not kind.startswith("sentence_transformers."):  # code from elsewhere, that mirrorbert never runs
+            raise ValueError(f"--model: {modules_file} names a module type from outside sentence-transformers "
+                             f"({kind[:120]!r}); mirrorbert reads only sentence-transformers' own modules and "
+                             "runs no code from a model folder")
         if kind.endswith("WeightedLayerPooling"):
             weighted = True
         elif kind.endswith("Pooling"):

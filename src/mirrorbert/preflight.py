@@ -71,16 +71,16 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def check_model_reachable(name: str) -> None:
+def check_model_reachable(name: str, trust_remote_code: bool = False) -> None:
     """A name that is neither a local folder nor in the local HF cache needs the hub: fail fast if offline."""
     if Path(name).exists():
         return
-    from transformers import AutoConfig
+    from mirrorbert.model_loading import load_config as load_config_checked
 
     try:
-        AutoConfig.from_pretrained(name, local_files_only=True)
+        load_config_checked(name, trust_remote_code=trust_remote_code, local_files_only=True)
         return  # cached earlier: loads offline
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # a UserError (remote code) is a ValueError: the real load words it
         pass
     if not hub_reachable():
         raise UserError(
@@ -263,14 +263,17 @@ def check_weights_match_config(folder: str | os.PathLike, config, option: str = 
     shapes: dict[str, list[int]] = {}
     for path in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
         shapes.update({k: [int(d) for d in v["shape"]] for k, v in read_safetensors_header(path, option).items()})
-    if not shapes:
+    if not shapes or getattr(config, "auto_map", None):  # a trusted model's own classes: its loader checks
         return
     import torch
-    from transformers import AutoModel
+
+    from mirrorbert.model_loading import model_from_config
 
     try:
         with torch.device("meta"):
-            model = AutoModel.from_config(config)
+            model = model_from_config(config, option=option)
+    except UserError:
+        raise
     except Exception as exc:  # noqa: BLE001  any error here means config.json does not describe a model
         raise UserError(f"{option} {folder}: config.json does not describe a model transformers can build: "
                         f"{first_line(exc)}") from None
@@ -356,24 +359,30 @@ def read_json_file(path: Path, option: str, expect: type = dict) -> Any:
     return value
 
 
-def load_config(name: str, option: str = "--model", overrides: dict[str, Any] | None = None):
+def load_config(name: str, option: str = "--model", overrides: dict[str, Any] | None = None,
+                trust_remote_code: bool = False):
     """AutoConfig of a folder or hub id; a config.json that is not JSON, or holds a value of the wrong type
-    (`"hidden_size": "abc"`), is one error line naming the folder, not the loader's traceback."""
-    from transformers import AutoConfig
+    (`"hidden_size": "abc"`), is one error line naming the folder, not the loader's traceback. A folder that
+    asks to run its own code is refused unless trusted (`model_loading`)."""
+    from mirrorbert.model_loading import load_config as load_config_checked
 
     try:
-        return AutoConfig.from_pretrained(name, **(overrides or {}))
+        return load_config_checked(name, trust_remote_code=trust_remote_code, option=option, **(overrides or {}))
+    except UserError:
+        raise
     except Exception as exc:  # noqa: BLE001  transformers raises KeyError/TypeError/its own types for bad files
         raise _load_failure(name, option, "model configuration (config.json)", exc) from None
 
 
-def load_tokenizer(name: str, option: str = "--model"):
+def load_tokenizer(name: str, option: str = "--model", trust_remote_code: bool = False):
     """AutoTokenizer of a folder or hub id; a damaged tokenizer file (`tokenizer.json` holding `{}`) is one
-    error line naming the folder."""
-    from transformers import AutoTokenizer
+    error line naming the folder. A folder that asks to run its own code is refused unless trusted."""
+    from mirrorbert.model_loading import load_tokenizer as load_tokenizer_checked
 
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return load_tokenizer_checked(name, trust_remote_code=trust_remote_code, option=option)
+    except UserError:
+        raise
     except Exception as exc:  # noqa: BLE001  a damaged tokenizer.json raises KeyError/Exception in tokenizers
         raise _load_failure(name, option, "tokenizer files", exc) from None
 
@@ -381,7 +390,8 @@ def load_tokenizer(name: str, option: str = "--model"):
 def inspect_model(name: str, option: str = "--model", max_length: int | None = None,
                   max_length_option: str = "--max-length", need_mask: bool = False,
                   mask_option: str = "--mask-span", tokenizer_source: str | None = None,
-                  config_overrides: dict[str, Any] | None = None, warn_decoder: bool = True) -> tuple[Any, Any]:
+                  config_overrides: dict[str, Any] | None = None, warn_decoder: bool = True,
+                  trust_remote_code: bool = False, tokenizer_option: str | None = None) -> tuple[Any, Any]:
     """(config, tokenizer) of a model folder or hub id, checked, without loading any weights.
 
     Raises UserError for: a folder without config.json or tokenizer files, a config.json or tokenizer file
@@ -389,16 +399,24 @@ def inspect_model(name: str, option: str = "--model", max_length: int | None = N
     weight files, an empty tokenizer, `max_length` beyond the model's positions, no mask token where masking is asked.
     Warns once for a decoder-only model.
     """
+    from mirrorbert.model_loading import check_pickle_weights, check_remote_code
+
     folder = Path(name)
+    tokenizer_option = tokenizer_option or option
     if folder.is_dir():
         if not (folder / "config.json").exists():
             raise UserError(f"{option} {name}: folder has no config.json (not a Hugging Face model folder)")
+        check_remote_code(name, trust_remote_code, option)  # before any file of the folder is loaded
         check_weight_files(folder, option)
+        check_pickle_weights(folder, option)
         if tokenizer_source is None:
             check_tokenizer_files(folder, option)
-    check_model_reachable(name)
-    config = load_config(name, option, config_overrides)
-    tokenizer = load_tokenizer(tokenizer_source or name, option)
+    if tokenizer_source is not None:
+        check_remote_code(tokenizer_source, trust_remote_code, tokenizer_option)
+    check_model_reachable(name, trust_remote_code)
+    config = load_config(name, option, config_overrides, trust_remote_code)
+    tokenizer = load_tokenizer(tokenizer_source or name, tokenizer_option if tokenizer_source else option,
+                               trust_remote_code)
     check_config_sizes(folder, config, option)  # before anything is built from config.json
     if folder.is_dir():
         check_weights_match_config(folder, config, option)

@@ -94,12 +94,12 @@ def run_search(args) -> int:
 
         manifest = check_index(Path(opts.index), opts.model, opts.corpus)  # before any weight loads
         encoder = Encoder.load(opts.model, pooling=manifest.pooling, device=opts.device,
-                               max_length=manifest.max_length, cli=True)
+                               max_length=manifest.max_length, trust_remote_code=opts.trust_remote_code, cli=True)
         index, ids = load_index(Path(opts.index), manifest, use_faiss)
     else:
         texts, ids = _corpus_rows(opts)
         encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
-                               cli=True)
+                               trust_remote_code=opts.trust_remote_code, cli=True)
         index = encoder.build_index(texts, batch_size=opts.batch_size, use_faiss=use_faiss,
                                     show_progress=opts.show_progress)
     results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
@@ -148,7 +148,7 @@ def run_index(args) -> int:
         texts, ids = _corpus_rows(opts)
         fingerprint = model_fingerprint(opts.model)  # before encoding: the files the vectors come from
         encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
-                               cli=True)
+                               trust_remote_code=opts.trust_remote_code, cli=True)
         vectors = encoder.build_index(texts, batch_size=opts.batch_size, use_faiss=False,
                                       show_progress=opts.show_progress).vectors
         manifest = Manifest(

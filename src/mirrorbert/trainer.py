@@ -46,7 +46,8 @@ STREAM_ORDER, STREAM_MASK = 1, 2
 # Options that may change on --resume: bookkeeping, budget, and where things are (the data fingerprint is checked).
 RESUME_HARMLESS = ("output", "overwrite", "resume", "checkpoint_dir", "keep_checkpoints", "save_every", "log_dir",
                    "log_every", "show_progress", "steps", "epochs", "device", "model", "data", "column", "field",
-                   "words_top", "lang", "random_strings", "limit", "skip_bad_lines", "eval_after", "data_dir")
+                   "words_top", "lang", "random_strings", "limit", "skip_bad_lines", "eval_after", "data_dir",
+                   "trust_remote_code")
 
 
 @dataclass
@@ -98,7 +99,8 @@ def check_resume_step(checkpoint: Path, step: int, total: int) -> None:
 def load_model_config(name: str, cfg: TrainConfig | None = None):
     """The model's config, after the cheap checks (tokenizer, max length, mask token) of `preflight`."""
     config, _ = inspect_model(name, max_length=cfg.max_length if cfg else None,
-                              need_mask=bool(cfg and cfg.mask_span > 0))
+                              need_mask=bool(cfg and cfg.mask_span > 0),
+                              trust_remote_code=bool(cfg and cfg.trust_remote_code))
     return config
 
 
@@ -333,7 +335,8 @@ def _build_encoder(cfg: TrainConfig, strings: TrainingStrings, resume, device: t
         base_config = load_model_config(cfg.model, cfg)
         pooling = resolve_pooling(cfg.pooling, base_config.model_type)
         encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=pooling, device=str(device),
-                               config_overrides=dropout_overrides(base_config, cfg.dropout))
+                               config_overrides=dropout_overrides(base_config, cfg.dropout),
+                               trust_remote_code=cfg.trust_remote_code, cli=True)  # TrainConfig names options
     encoder.packing = packing_flag(cfg.packing)
     encoder.train()
     drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None

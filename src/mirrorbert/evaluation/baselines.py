@@ -85,12 +85,27 @@ class GloveEncoder:
 class SentenceTransformerEncoder:
     """Thin adapter from ``sentence_transformers.SentenceTransformer`` to the encoder protocol."""
 
-    def __init__(self, model_name_or_path: str | Path, device: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, model_name_or_path: str | Path, device: str | None = None, trust_remote_code: bool = False,
+                 **kwargs: Any) -> None:
+        from mirrorbert.model_loading import (check_pickle_weights, check_remote_code,
+                                              check_sentence_transformers_modules, loader_refusal)
+
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:
             raise UserError("this model needs sentence-transformers (pip install 'mirrorbert[st]')") from None
-        self.model = SentenceTransformer(str(model_name_or_path), device=device, **kwargs)
+        # before sentence-transformers reads anything: it imports the classes modules.json names
+        check_remote_code(model_name_or_path, trust_remote_code)
+        check_sentence_transformers_modules(model_name_or_path, trust_remote_code)
+        check_pickle_weights(model_name_or_path)
+        try:
+            self.model = SentenceTransformer(str(model_name_or_path), device=device,
+                                             trust_remote_code=trust_remote_code, **kwargs)
+        except Exception as exc:  # noqa: BLE001  only the loader's refusals are worded here
+            error = loader_refusal(exc, str(model_name_or_path))
+            if error is None:
+                raise
+            raise error from None
 
     def encode(
         self, texts: list[str], batch_size: int = 64, normalize: bool = False, show_progress: bool = False
@@ -117,10 +132,11 @@ def load_model(
     backend: str = "auto",
     option: str = "--model",
     packing: str = "auto",
+    trust_remote_code: bool = False,
 ) -> Any:
     """An object with the encoder protocol for ``--model`` (errors name ``option``)."""
     try:
-        return _load_model(name, pooling, device, max_length, backend, packing)
+        return _load_model(name, pooling, device, max_length, backend, packing, trust_remote_code)
     except UserError as exc:
         if option == "--model":
             raise
@@ -128,19 +144,20 @@ def load_model(
 
 
 def _load_model(name: str, pooling: str | None, device: str | None, max_length: int | None, backend: str,
-                packing: str = "auto") -> Any:
+                packing: str = "auto", trust_remote_code: bool = False) -> Any:
     if name == GLOVE or name.startswith(GLOVE + ":"):
         return GloveEncoder(name.split(":", 1)[1] if ":" in name else None)
     if backend == "sentence-transformers":
         if pooling is not None:
             raise UserError("--pooling cannot be combined with --backend sentence-transformers")
-        encoder = SentenceTransformerEncoder(name, device=device)
+        encoder = SentenceTransformerEncoder(name, device=device, trust_remote_code=trust_remote_code)
         if max_length is not None:
             encoder.model.max_seq_length = max_length
         return encoder
     from mirrorbert.encoder import Encoder
     from mirrorbert.packing import packing_flag
 
-    encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length, cli=True)
+    encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length,
+                           trust_remote_code=trust_remote_code, cli=True)
     encoder.packing = packing_flag(packing)
     return encoder

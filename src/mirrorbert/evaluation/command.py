@@ -110,7 +110,8 @@ def run_eval(args: argparse.Namespace) -> int:
         model=args.model, tasks=tasks, data_dir=args.data_dir, output=args.output, report=args.report,
         overwrite=args.overwrite, plot_dir=args.plot_dir, batch_size=args.batch_size, pooling=args.pooling,
         reference_pooling=args.reference_pooling, device=args.device, max_length=args.max_length,
-        backend=args.backend, packing=args.packing, show_progress=args.progress)
+        backend=args.backend, packing=args.packing, show_progress=args.progress,
+        trust_remote_code=getattr(args, "trust_remote_code", False))
     check_device_and_precision(args.device)
     data_dir = datasets.resolve_data_dir(args.data_dir)
     options: dict[str, dict[str, Any]] = {}
@@ -159,17 +160,18 @@ def _run_eval(args: argparse.Namespace, tasks: list[str], data_dir: Path, option
 
     dist_ctx = init_from_env(args.device)  # under torchrun the processes share the encoding work
     device = str(dist_ctx.device) if dist_ctx.enabled else args.device
-    reference = None
+    reference, trust = None, getattr(args, "trust_remote_code", False)  # --trust-remote-code (cli.build_parser)
     if args.reference_model:
         if "isotropy" not in tasks:
             logger.warning("--reference-model is only used by the isotropy task, which is not selected")
         else:
             reference = load_model(
                 args.reference_model, args.reference_pooling, device, args.max_length, args.backend,
-                option="--reference-model", packing=args.packing,
+                option="--reference-model", packing=args.packing, trust_remote_code=trust,
             )
             options.setdefault("isotropy", {}).setdefault("reference_label", Path(args.reference_model).name)
-    encoder = load_model(args.model, args.pooling, device, args.max_length, args.backend, packing=args.packing)
+    encoder = load_model(args.model, args.pooling, device, args.max_length, args.backend, packing=args.packing,
+                         trust_remote_code=trust)
     with sharded_encoding(dist_ctx):  # every process runs every task; only rank 0 writes and prints
         result = evaluate(
             encoder,

@@ -632,10 +632,10 @@ def evaluate_lexsub(
     limit: int | None = None,
     output_dir: str | os.PathLike | None = None,
     show_progress: bool = False,
+    trust_remote_code: bool = False,
 ) -> LexSubScores:
-    """Load a masked LM, generate substitutes for a test set and score them."""
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-
+    """Load a masked LM, generate substitutes for a test set and score them (`trust_remote_code`: see
+    `Encoder.load`)."""
     from mirrorbert.gloss.wordnet import WordNet
     from mirrorbert.training.device import resolve_device
 
@@ -648,10 +648,15 @@ def evaluate_lexsub(
     dev = resolve_device(device)
     from mirrorbert.preflight import first_line, inspect_model, weights_load_error
 
-    inspect_model(str(model_path), need_mask=True, mask_option="--model")  # before the weights load (max_length: capped)
+    from mirrorbert.model_loading import load_model, load_tokenizer
+
+    # before the weights load (max_length: capped)
+    inspect_model(str(model_path), need_mask=True, mask_option="--model", trust_remote_code=trust_remote_code)
     try:
-        tok = AutoTokenizer.from_pretrained(model_path)
-        model = AutoModelForMaskedLM.from_pretrained(model_path)
+        tok = load_tokenizer(model_path, trust_remote_code=trust_remote_code)
+        model = load_model(model_path, "AutoModelForMaskedLM", trust_remote_code=trust_remote_code)
+    except UserError:
+        raise
     except Exception as exc:  # noqa: BLE001  damaged weights raise safetensors' own error type
         error = weights_load_error(str(model_path), exc)
         if error is None and not isinstance(exc, (OSError, ValueError)):

@@ -174,7 +174,8 @@ def run_lexsub(args: argparse.Namespace) -> int:
             atomic_output_dir(args.output, args.overwrite, kind="lexsub"))
         for name in names:
             scores = evaluate_lexsub(args.model, name, data_dir=args.data_dir, device=args.device, config=cfg,
-                                     limit=args.limit, output_dir=out, show_progress=args.show_progress)
+                                     limit=args.limit, output_dir=out, show_progress=args.show_progress,
+                                     trust_remote_code=getattr(args, "trust_remote_code", False))
             results[name] = scores.as_dict()
     if args.json:
         print(jsonio.dumps(results, indent=2))
@@ -242,6 +243,7 @@ def run_finetune_sts(args: argparse.Namespace) -> int:
         fractions=parse_floats(args.fractions, "--fractions"), seeds=parse_ints(args.seeds, "--seeds"),
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, max_length=args.max_length,
         device=args.device, precision=args.precision, show_progress=args.show_progress,
+        trust_remote_code=getattr(args, "trust_remote_code", False),
     )
     cfg.validate()
     with _write_plan(args).file("--output", args.output).locked():

@@ -43,6 +43,7 @@ class FinetuneStsConfig:
     precision: str = "fp32"
     eval_batch_size: int = 64
     show_progress: bool = True
+    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
 
     def validate(self) -> None:
         check_types(self)
@@ -130,7 +131,8 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
     precision = resolve_precision(cfg.precision, device)
     seed_everything(seed)
     idx = subset_indices(len(train), fraction, seed)
-    encoder = Encoder.load(cfg.model, pooling=cfg.pooling, device=str(device))
+    encoder = Encoder.load(cfg.model, pooling=cfg.pooling, device=str(device), trust_remote_code=cfg.trust_remote_code,
+                           cli=True)  # errors name the options, as FinetuneStsConfig's own do
     encoder.max_length = min(cfg.max_length, encoder.max_length)  # at most the model's positions, like gloss-pretrain
     encoder.train()
     ids1 = encoder.tokenize([train.s1[i] for i in idx])

@@ -67,6 +67,7 @@ class GlossPretrainConfig:
     resume: str | None = None
     log_dir: str | None = None
     show_progress: bool = True
+    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
 
     def validate(self) -> None:
         check_types(self)  # a value of the wrong type is named before any comparison trips over it
@@ -163,16 +164,18 @@ def prepare_triplets(cfg: GlossPretrainConfig):
 
 
 # --------------------------------------------------------------------------- model I/O
-def load_start_model(name: str):
+def load_start_model(name: str, trust_remote_code: bool = False):
     """Tokenizer and masked LM to start from, with a clear error when they cannot be loaded."""
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-
+    from mirrorbert.model_loading import load_model, load_tokenizer
     from mirrorbert.preflight import first_line, inspect_model, weights_load_error
 
-    inspect_model(name, need_mask=True, mask_option="--model")  # cheap checks before the weights load
+    # cheap checks before the weights load
+    inspect_model(name, need_mask=True, mask_option="--model", trust_remote_code=trust_remote_code)
     try:
-        tok = AutoTokenizer.from_pretrained(name)
-        mlm = AutoModelForMaskedLM.from_pretrained(name)
+        tok = load_tokenizer(name, trust_remote_code=trust_remote_code)
+        mlm = load_model(name, "AutoModelForMaskedLM", trust_remote_code=trust_remote_code)
+    except UserError:
+        raise
     except Exception as exc:  # noqa: BLE001  damaged weights raise safetensors' own error type
         error = weights_load_error(name, exc)
         if error is None and not isinstance(exc, (OSError, ValueError)):
@@ -183,31 +186,60 @@ def load_start_model(name: str):
 
 def save_parts(model, tokenizer, folder: Path) -> None:
     """Everything a resumed run needs: every encoder, not just the inference one."""
-    import torch
+    from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     model.context.save_pretrained(folder / "context")
     tokenizer.save_pretrained(folder / "context")
     if model.context2 is not None:
         model.context2.save_pretrained(folder / "context2")
-    torch.save(model.gloss_encoder.state_dict(), folder / "gloss_encoder.pt")
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in model.gloss_encoder.state_dict().items()},
+              str(folder / GLOSS_ENCODER))
 
 
 def load_parts(folder: Path, cfg: GlossPretrainConfig):
-    import torch
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-
     from mirrorbert.gloss.model import GlossRegularizedMLM
+    from mirrorbert.model_loading import load_model, load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(folder / "context")
-    model = GlossRegularizedMLM.from_mlm(AutoModelForMaskedLM.from_pretrained(folder / "context"),
+    option, trust = f"--resume {folder.parent}:", cfg.trust_remote_code
+    tok = load_tokenizer(folder / "context", trust_remote_code=trust, option=option)
+    model = GlossRegularizedMLM.from_mlm(load_model(folder / "context", "AutoModelForMaskedLM",
+                                                    trust_remote_code=trust, option=option),
                                          arch=cfg.arch, lam=cfg.lam, tau=cfg.tau)
     if cfg.arch == "sc":
         if not (folder / "context2").is_dir():
             raise UserError(f"--resume {folder.parent}: checkpoint has no enc2 (was it written with --arch mt?)")
-        model.context2 = AutoModelForMaskedLM.from_pretrained(folder / "context2")
-    model.gloss_encoder.load_state_dict(torch.load(folder / "gloss_encoder.pt", map_location="cpu"))
+        model.context2 = load_model(folder / "context2", "AutoModelForMaskedLM", trust_remote_code=trust,
+                                    option=option)
+    model.gloss_encoder.load_state_dict(_gloss_encoder_state(folder))
     return tok, model
+
+
+GLOSS_ENCODER = "gloss_encoder.safetensors"
+LEGACY_GLOSS_ENCODER = "gloss_encoder.pt"  # older mirrorbert: a pickle, read with weights_only=True only
+
+
+def _gloss_encoder_state(folder: Path) -> dict[str, Any]:
+    """The gloss encoder's weights of a checkpoint: safetensors, or an older `.pt` read without running code."""
+    import torch
+
+    from mirrorbert.errors import first_line
+    from mirrorbert.training.state_format import load_legacy_pt
+
+    option = f"--resume {folder.parent}"
+    if (folder / GLOSS_ENCODER).exists():
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(folder / GLOSS_ENCODER), device="cpu")
+        except Exception as exc:  # noqa: BLE001  safetensors raises its own error type
+            raise UserError(f"{option}: {folder / GLOSS_ENCODER} cannot be read ({first_line(exc)})") from None
+    if (folder / LEGACY_GLOSS_ENCODER).exists():
+        state = load_legacy_pt(folder / LEGACY_GLOSS_ENCODER, option)
+        if isinstance(state, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+            return state
+        raise UserError(f"{option}: {folder / LEGACY_GLOSS_ENCODER} does not hold a gloss encoder's weights")
+    raise UserError(f"{option}: checkpoint is incomplete: {folder / GLOSS_ENCODER} is missing")
 
 
 def _cpu_state(module) -> dict[str, Any]:
@@ -218,7 +250,7 @@ def _cpu_state(module) -> dict[str, Any]:
 # Options that may change on --resume without changing the result (the triplets' fingerprint is checked).
 RESUME_HARMLESS = ("model", "output", "triplets", "data_dir", "overwrite", "limit", "export_triplets", "epochs",
                    "steps", "device", "eval_batch_size", "save_every", "checkpoint_dir", "keep_checkpoints", "resume",
-                   "log_dir", "show_progress")
+                   "log_dir", "show_progress", "trust_remote_code")
 
 
 class GlossMethod:
@@ -396,7 +428,7 @@ def _model_and_data(cfg: GlossPretrainConfig, resume, train_t, held_t, device):
     if resume is not None:
         tokenizer, model = load_parts(resume.model_dir, cfg)
     else:
-        tokenizer, mlm = load_start_model(cfg.model)
+        tokenizer, mlm = load_start_model(cfg.model, cfg.trust_remote_code)
         model = GlossRegularizedMLM.from_mlm(mlm, arch=cfg.arch, lam=cfg.lam, tau=cfg.tau)
     model.to(device).train()
     max_length = min(cfg.max_length, model_max_length(model.context, tokenizer))
@@ -423,9 +455,10 @@ def _restore(resume, engine, method: GlossMethod) -> None:
     method.history, method.best = extra.get("history", []), extra.get("best")
     best_dir = method.ckpt_root / "best-model"
     if method.best is not None and best_dir.is_dir():
-        from transformers import AutoModelForMaskedLM
+        from mirrorbert.model_loading import load_model
 
-        method.best_state = _cpu_state(AutoModelForMaskedLM.from_pretrained(best_dir))
+        method.best_state = _cpu_state(load_model(best_dir, "AutoModelForMaskedLM", option=f"--resume {resume.path}:",
+                                                  trust_remote_code=method.cfg.trust_remote_code))
     engine.last_checkpoint = resume.path
     logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, engine.step, method.epoch,
                 method.next_batch)

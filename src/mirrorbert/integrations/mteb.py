@@ -104,7 +104,7 @@ class MirrorBertMTEB:
     def __init__(self, model: "Encoder | str | os.PathLike", revision: str | None = None, *,
                  device: str | None = None, batch_size: int | None = None, normalize: bool | None = None,
                  precision: str = "fp32", pooling: str | None = None, max_length: int | None = None,
-                 name: str | None = None, **kwargs: Any):
+                 name: str | None = None, trust_remote_code: bool = False, **kwargs: Any):
         from mirrorbert.encoder import Encoder, _check_encode_arguments
 
         if kwargs:
@@ -120,7 +120,8 @@ class MirrorBertMTEB:
             if device is not None:
                 encoder.to(device)
         elif isinstance(model, (str, os.PathLike)):
-            encoder = Encoder.load(model, pooling=pooling, device=device, max_length=max_length)
+            encoder = Encoder.load(model, pooling=pooling, device=device, max_length=max_length,
+                                   trust_remote_code=trust_remote_code)
         else:
             raise UserError(f"model must be an Encoder or a model folder / hub id, not {type(model).__name__}")
         self.encoder = encoder

@@ -58,7 +58,8 @@ RESUME_KEYS = ("seq_length", "batch_size", "grad_accum", "seed", "mlm_probabilit
 # Options that may change on --resume without changing the result (the corpus key is checked separately).
 RESUME_HARMLESS = ("corpus", "output", "overwrite", "model", "tokenizer", "cache_dir", "epochs", "max_tokens", "device",
                    "threads", "eval_every", "eval_sequences", "save_every", "checkpoint_dir", "keep_checkpoints",
-                   "resume", "stop_after_steps", "log_dir", "log_every", "show_progress", "prefetch_batches")
+                   "resume", "stop_after_steps", "log_dir", "log_every", "show_progress", "prefetch_batches",
+                   "trust_remote_code")
 # Positions of the named sizes (BERT's); a longer --seq-length needs a config JSON that says so.
 ARCHITECTURE_POSITIONS = 512
 
@@ -106,6 +107,7 @@ class PretrainConfig:
     log_every: int = 50
     show_progress: bool = True
     prefetch_batches: int = 4
+    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -174,13 +176,15 @@ class PretrainResult:
 
 
 # --------------------------------------------------------------------------- model / tokenizer
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    from mirrorbert.model_loading import load_tokenizer as load_tokenizer_checked
 
     if not Path(path).exists():
         raise UserError(f"--tokenizer {path}: no such folder")
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return load_tokenizer_checked(path, trust_remote_code=trust_remote_code, option="--tokenizer")
+    except UserError:
+        raise
     except (OSError, ValueError) as exc:
         first = first_line(exc)
         raise UserError(f"--tokenizer {path}: cannot load a tokenizer from this folder: {first}") from None
@@ -188,7 +192,9 @@ def load_tokenizer(path: str):
 
 def architecture_config(architecture: str, tokenizer, seq_length: int):
     """A fresh config for a named size or a config JSON file, sized to the tokenizer's vocabulary."""
-    from transformers import AutoConfig, BertConfig
+    from transformers import BertConfig
+
+    from mirrorbert.model_loading import config_for_model
 
     if architecture in ARCHITECTURES:
         size = ARCHITECTURES[architecture]
@@ -212,7 +218,7 @@ def architecture_config(architecture: str, tokenizer, seq_length: int):
         values = {k: v for k, v in values.items() if k not in ("architectures", "transformers_version")}
         model_type = values.pop("model_type", "bert")
         try:
-            config = AutoConfig.for_model(model_type, **values)
+            config = config_for_model(model_type, **values)
         except (ValueError, TypeError) as exc:
             raise UserError(f"--architecture {path}: {exc}") from None
     # before any weight is allocated: a sequence longer than the positions cannot run at all
@@ -228,13 +234,16 @@ def architecture_config(architecture: str, tokenizer, seq_length: int):
 
 def build_model(cfg: PretrainConfig):
     """(model, tokenizer, description) for a fresh architecture or a pretrained MLM."""
-    from transformers import AutoModelForMaskedLM
+    from mirrorbert.model_loading import load_model, model_from_config
 
     if cfg.architecture is not None:
-        tokenizer = load_tokenizer(cfg.tokenizer)
+        tokenizer = load_tokenizer(cfg.tokenizer, cfg.trust_remote_code)
         config = architecture_config(cfg.architecture, tokenizer, cfg.seq_length)
         try:
-            model = AutoModelForMaskedLM.from_config(config)
+            model = model_from_config(config, "AutoModelForMaskedLM", trust_remote_code=cfg.trust_remote_code,
+                                      option=f"--architecture {cfg.architecture}")
+        except UserError:
+            raise
         except ValueError as exc:
             raise UserError(f"--architecture {cfg.architecture}: no masked-LM head for this config ({exc})") from None
         return model, tokenizer, f"{cfg.architecture} (from scratch)"
@@ -245,11 +254,15 @@ def build_model(cfg: PretrainConfig):
         raise UserError(f"--model {name}: folder has no config.json (not a Hugging Face model folder)")
     # config, tokenizer, weight-file headers and --seq-length first: cheap, and before the weights load
     inspect_model(name, max_length=cfg.seq_length, max_length_option="--seq-length", need_mask=True,
-                  mask_option="--model", tokenizer_source=cfg.tokenizer)
-    check_model_reachable(name)
+                  mask_option="--model", tokenizer_source=cfg.tokenizer, trust_remote_code=cfg.trust_remote_code,
+                  tokenizer_option="--tokenizer")
+    check_model_reachable(name, cfg.trust_remote_code)
     try:
-        model = AutoModelForMaskedLM.from_pretrained(name)
-        tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else _auto_tokenizer(name)
+        model = load_model(name, "AutoModelForMaskedLM", trust_remote_code=cfg.trust_remote_code)
+        tokenizer = load_tokenizer(cfg.tokenizer, cfg.trust_remote_code) if cfg.tokenizer else \
+            _auto_tokenizer(name, cfg.trust_remote_code)
+    except UserError:
+        raise
     except Exception as exc:  # noqa: BLE001  damaged weights raise safetensors' own error type
         error = weights_load_error(name, exc) or (
             model_load_error(name, exc) if isinstance(exc, (OSError, ValueError)) else None)
@@ -264,10 +277,10 @@ def build_model(cfg: PretrainConfig):
     return model, tokenizer, name
 
 
-def _auto_tokenizer(name: str):
-    from transformers import AutoTokenizer
+def _auto_tokenizer(name: str, trust_remote_code: bool = False):
+    from mirrorbert.model_loading import load_tokenizer as load_tokenizer_checked
 
-    return AutoTokenizer.from_pretrained(name)
+    return load_tokenizer_checked(name, trust_remote_code=trust_remote_code)
 
 
 
@@ -580,9 +593,10 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
     plan, tokens_per_step, warmup, lr = _budget(cfg, len(packed))
 
     if resume is not None:  # weights come from the checkpoint; everything else was built identically
-        from transformers import AutoModelForMaskedLM
+        from mirrorbert.model_loading import load_model
 
-        model = AutoModelForMaskedLM.from_pretrained(resume.model_dir)
+        model = load_model(resume.model_dir, "AutoModelForMaskedLM", trust_remote_code=cfg.trust_remote_code,
+                           option=f"--resume {resume.path}:")
     model.to(device)
     model.train()
     head = _mlm_head(model)

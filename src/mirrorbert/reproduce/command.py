@@ -79,6 +79,7 @@ def run_reproduce(args: argparse.Namespace) -> int:
         seeds=seeds, quick=args.quick, device=args.device, eval_batch_size=args.eval_batch_size,
         train_options=parse_options(args.train_option), gr_options=parse_options(args.gr_option, "--gr-option"),
         keep_models=args.keep_models, report_only=args.report_only, overwrite=args.overwrite,
+        trust_remote_code=getattr(args, "trust_remote_code", False),
         command="mirrorbert " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"]
         else "mirrorbert reproduce " + shlex.join(["--model", args.model, "--output", args.output]),
     )

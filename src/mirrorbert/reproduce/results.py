@@ -34,6 +34,7 @@ class ReproduceConfig:
     report_only: bool = False  # write the report from the cached cells; list the others as not run
     overwrite: bool = False  # discard an earlier run in `output` (only a folder mirrorbert wrote) and start over
     command: str = ""  # the command line, for the report
+    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
 
     def validate(self) -> list[str]:
         from mirrorbert.typed_config import check_types

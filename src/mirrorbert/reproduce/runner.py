@@ -106,7 +106,8 @@ class _Context:
         from mirrorbert.encoder import Encoder
 
         if pooling not in self._base_encoders:
-            self._base_encoders[pooling] = Encoder.load(self.cfg.model, pooling=pooling, device=self.cfg.device)
+            self._base_encoders[pooling] = Encoder.load(self.cfg.model, pooling=pooling, device=self.cfg.device,
+                                                        trust_remote_code=self.cfg.trust_remote_code)
         return self._base_encoders[pooling]
 
     # -- training configurations
@@ -114,6 +115,8 @@ class _Context:
         assert cell.train is not None
         overrides = {**cell.train, **self.cfg.train_options, "model": self.cfg.model, "seed": seed,
                      "device": self.cfg.device, "show_progress": False}
+        if self.cfg.trust_remote_code:
+            overrides["trust_remote_code"] = True
         if self.quick:
             overrides["steps"] = self.quick.steps
             overrides["batch_size"] = self.quick.batch_size
@@ -210,7 +213,8 @@ def _prepare_model(ctx: _Context, cell: Cell, seed: int | None) -> tuple[str, li
                    + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in opts.items()))
         if not (folder / "config.json").is_file():
             gcfg = GlossPretrainConfig(model=ctx.cfg.model, output=str(folder), data_dir=str(ctx.data_dir), overwrite=True,
-                                       device=ctx.cfg.device, show_progress=False, **opts)
+                                       device=ctx.cfg.device, show_progress=False,
+                                       trust_remote_code=ctx.cfg.trust_remote_code, **opts)
             gcfg.validate()
             result = pretrain(gcfg)
             if result.interrupted:
@@ -270,7 +274,7 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
 
         fcfg = FinetuneStsConfig(model=model, data_dir=str(ctx.data_dir), fractions=tuple(ev.options["fractions"]),
                                  seeds=(seed or 0,), epochs=ev.options.get("epochs", 4), device=ctx.cfg.device,
-                                 show_progress=False)
+                                 show_progress=False, trust_remote_code=ctx.cfg.trust_remote_code)
         summary = finetune_sts(fcfg).summary()
         result.metrics = {f"stsb_{float(k) * 100:g}%": v["mean"] / 100.0 for k, v in summary.items()}
     else:
@@ -279,7 +283,8 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
         else:
             from mirrorbert.encoder import Encoder
 
-            encoder = Encoder.load(model, pooling=ev.pooling, device=ctx.cfg.device)
+            encoder = Encoder.load(model, pooling=ev.pooling, device=ctx.cfg.device,
+                                   trust_remote_code=ctx.cfg.trust_remote_code)
         plot_dir = ctx.plots_dir / cell.file_stem / f"s{seed}"
         reference = ctx.base_encoder("mean") if ev.reference_base else None
         outcome = evaluate(encoder, tasks=[ev.task], data_dir=ctx.data_dir, plot_dir=plot_dir, overwrite=True,
@@ -408,7 +413,8 @@ def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], p
     warm_up()
     encoder = ctx.base_encoder("mean")
     load_start = time.perf_counter()  # a second load: the first one pays for imports and caches
-    importlib.import_module("mirrorbert.encoder").Encoder.load(ctx.cfg.model, pooling="mean", device=ctx.cfg.device)
+    importlib.import_module("mirrorbert.encoder").Encoder.load(ctx.cfg.model, pooling="mean", device=ctx.cfg.device,
+                                                               trust_remote_code=ctx.cfg.trust_remote_code)
     estimator = Estimator(encoder, ctx.cfg.eval_batch_size, load_s=time.perf_counter() - load_start)
     predictions: dict[int, list[tuple[str, float]]] = {}
     trained: set[Path] = set()
@@ -451,7 +457,7 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
     if not cfg.report_only:  # the model folder (config, tokenizer, weights), before anything is written
         from mirrorbert.preflight import inspect_model
 
-        model_config, _ = inspect_model(cfg.model)
+        model_config, _ = inspect_model(cfg.model, trust_remote_code=cfg.trust_remote_code)
     with output_folder(cfg, data_dir) as out:
         return _reproduce(cfg, experiments, data_dir, out, progress, model_config)
 

@@ -26,12 +26,15 @@ from mirrorbert.errors import UserError
 from mirrorbert.safety import (MARKER, fix_folder_mode, guard_run, mark_folder, remove_tree, write_errors,
                                write_json_atomic)
 from mirrorbert.training.randomness import rng_state, set_rng_state
+from mirrorbert.training.state_format import load_legacy_pt, load_state, save_state
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 CHECKPOINT_META = "checkpoint.json"
-TRAINING_STATE = "training_state.pt"
+TRAINING_STATE = "training_state"  # .safetensors (tensors) + .json (the rest); no pickle
+TRAINING_STATE_FILES = (f"{TRAINING_STATE}.safetensors", f"{TRAINING_STATE}.json")
+LEGACY_TRAINING_STATE = "training_state.pt"  # older mirrorbert: a pickle, read with weights_only=True only
 STEP_DIR = re.compile(r"^step-(\d+)$")
 BEST_MODEL = "best-model"  # gloss-pretrain keeps its best epoch here
 # Temporary folders of an interrupted write (CheckpointManager.save, gloss-pretrain's best model).
@@ -99,10 +102,12 @@ def verify_checkpoint(folder: str | os.PathLike) -> dict[str, Any]:
                                 f"({type(exc).__name__})") from None
     manifest_path = folder / MANIFEST
     if not manifest_path.exists():
-        # Written by mirrorbert before manifests existed: check only that the parts are there.
-        for needed in (TRAINING_STATE, "model"):
-            if not (folder / needed).exists():
-                raise CheckpointDamaged(f"checkpoint {folder} is incomplete: {folder / needed} is missing")
+        # Written by mirrorbert before manifests existed: check only that the parts are there. Unverified
+        # files run no code: the state is read with weights_only=True, the model without remote code.
+        needed = ["model"] + ([] if (folder / LEGACY_TRAINING_STATE).exists() else list(TRAINING_STATE_FILES))
+        for name in needed:
+            if not (folder / name).exists():
+                raise CheckpointDamaged(f"checkpoint {folder} is incomplete: {folder / name} is missing")
         logger.warning("checkpoint %s has no %s (older mirrorbert): its files cannot be verified", folder, MANIFEST)
         return meta
     try:
@@ -243,7 +248,8 @@ class Checkpoint:
 
 
 class CheckpointManager:
-    """Writes `root/step-N/{model/, training_state.pt, checkpoint.json}` atomically and keeps the newest few."""
+    """Writes `root/step-N/{model/, training_state.{safetensors,json}, checkpoint.json}` atomically and keeps the
+    newest few."""
 
     def __init__(self, root: str | Path, keep: int = 2):
         self.root = Path(root)
@@ -259,7 +265,7 @@ class CheckpointManager:
         meta: dict[str, Any] | None = None,
         extra_state: dict[str, Any] | None = None,
     ) -> Path:
-        """`save_model(folder)` writes the weights (and tokenizer); the rest is pickled state."""
+        """`save_model(folder)` writes the weights (and tokenizer); the rest goes to safetensors + JSON."""
         with write_errors(self.root, "--checkpoint-dir"):
             self.root.mkdir(parents=True, exist_ok=True)
             if not (self.root / MARKER).exists():
@@ -277,7 +283,7 @@ class CheckpointManager:
                     "rng": rng_state(),
                     "extra": extra_state or {},
                 }
-                torch.save(state, tmp / TRAINING_STATE)
+                save_state(tmp, TRAINING_STATE, state)
                 write_json_atomic(tmp / CHECKPOINT_META, {"step": step, **(meta or {})})
                 write_manifest(tmp)  # sizes and SHA-256 of every file, fsynced, written last
                 fix_folder_mode(tmp)
@@ -346,14 +352,34 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 
 def restore_training_state(ckpt: Checkpoint, optimizer, scheduler=None, scaler=None) -> dict[str, Any]:
     """Load optimiser/scheduler/scaler/RNG state; returns the trainer's extra state (epoch, batch...)."""
+    state = read_training_state(ckpt.path)
     try:
-        state = torch.load(ckpt.path / TRAINING_STATE, map_location="cpu", weights_only=False)
-    except Exception as exc:  # verified by the manifest, so only an unverifiable legacy file gets here
-        raise UserError(f"--resume {ckpt.path}: {ckpt.path / TRAINING_STATE} cannot be read ({exc})") from None
-    optimizer.load_state_dict(state["optimizer"])
-    if scheduler is not None and state.get("scheduler") is not None:
-        scheduler.load_state_dict(state["scheduler"])
-    if scaler is not None and state.get("scaler") is not None:
-        scaler.load_state_dict(state["scaler"])
-    set_rng_state(state["rng"])
-    return state.get("extra", {})
+        optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None and state.get("scheduler") is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and state.get("scaler") is not None:
+            scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"])
+    except (KeyError, ValueError, TypeError, IndexError, RuntimeError, AttributeError) as exc:
+        raise UserError(f"--resume {ckpt.path}: its training state does not fit this run's optimiser "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    extra = state.get("extra", {})
+    if not isinstance(extra, dict):
+        raise UserError(f"--resume {ckpt.path}: the training state is damaged (its extra state is not a mapping)")
+    return extra
+
+
+def read_training_state(folder: Path, option: str = "--resume") -> dict[str, Any]:
+    """The state `CheckpointManager.save` wrote; an older `training_state.pt` only through
+    `torch.load(weights_only=True)` (a pickle asking for anything but tensors and plain values is refused)."""
+    folder = Path(folder)
+    if all((folder / name).exists() for name in TRAINING_STATE_FILES):
+        state = load_state(folder, TRAINING_STATE, f"{option} {folder}")
+    elif (folder / LEGACY_TRAINING_STATE).exists():
+        state = load_legacy_pt(folder / LEGACY_TRAINING_STATE, f"{option} {folder}")
+    else:
+        raise UserError(f"{option} {folder}: checkpoint is incomplete: {folder / TRAINING_STATE_FILES[0]} is missing")
+    if not isinstance(state, dict) or not isinstance(state.get("optimizer"), dict) or not isinstance(
+            state.get("rng"), dict):
+        raise UserError(f"{option} {folder}: the training state is damaged (no optimizer or RNG state)")
+    return state
