@@ -9,13 +9,13 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="${FLOORS_VENV:-.venv-floors}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PYTHON" -m venv "$VENV"
-fi
 stamp="$VENV/.mirrorbert-floors-installed"
 want="$(cat pyproject.toml "$0" | sha256sum | cut -d' ' -f1) $TORCH_VERSION"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   start=$SECONDS
+  # a fresh venv each time: uv keeps an installed version that satisfies a requirement, even above its floor
+  rm -rf "$VENV"
+  "$PYTHON" -m venv "$VENV"
   # uv reads no pip configuration: hand it pip's find-links (where a local torch wheel lies) explicitly.
   "$VENV/bin/python" -m pip install -q "uv>=0.5" 2>/dev/null
   uv=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python")

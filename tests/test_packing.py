@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from mirrorbert import packing
+from mirrorbert.compat import installed_version
 from mirrorbert.config import TrainConfig
 from mirrorbert.encoder import Encoder
 from mirrorbert.loss import mirror_infonce
@@ -92,7 +93,11 @@ def test_packed_and_grouped_embeddings_equal_padded(arch, pooling, budget, monke
         monkeypatch.setattr(packing, "GROUP_BUDGET", SMALL_BUDGET)
     enc = load(folder, pooling)
     enc.eval()
-    assert packing.unsupported_reason(enc.model) is None, name
+    if name == "distilbert" and installed_version("transformers") < (5,):
+        # DistilBertModel.forward takes position_ids from transformers 5 on: 4.x runs length groups instead
+        assert "position_ids" in packing.unsupported_reason(enc.model)
+    else:
+        assert packing.unsupported_reason(enc.model) is None, name
     ids = enc.tokenize(TEXTS)
     with torch.no_grad():
         padded = enc.embed(ids, packing=False)
