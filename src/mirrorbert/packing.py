@@ -8,9 +8,12 @@ Padding each view to the batch's longest wastes about two thirds of the compute 
 (random STS-B strings: 2.94 padded tokens per real token). Here the views are placed into rows of
 `ROW_BUDGET` tokens by first-fit-decreasing; a view longer than the budget gets a row of its own. Each
 view attends only to its own tokens (a block-diagonal mask: 4D on transformers 5, whose mask builders pass
-it through unchanged to the model's SDPA or eager attention; 3D on 4.x, which makes it additive itself), its position ids restart at the model's own
+it through unchanged to the model's SDPA or eager attention; 3D on transformers 4.x, whose
+`get_extended_attention_mask` makes it additive for both), its position ids restart at the model's own
 first position (after the padding index for RoBERTa/XLM-R), token type ids are zero, and pooling is
-per view. The result equals padded execution up to float rounding (tests/test_packing.py).
+per view. The result equals padded execution up to float rounding (tests/test_packing.py). A model that
+cannot be packed on the installed version (DistilBERT on 4.x: no `position_ids`) runs length groups,
+saying why in one line.
 
 Dropout masks are drawn over the packed tensor; DropHead draws one head mask per view (see
 `views.drophead_groups`). Controlled dropout keeps working because the layout depends only on the
