@@ -10,7 +10,7 @@ PYTHON="${PYTHON:-python3}"
 VENV="${FLOORS_VENV:-.venv-floors}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 stamp="$VENV/.mirrorbert-floors-installed"
-want="$(cat pyproject.toml "$0" | sha256sum | cut -d' ' -f1) $TORCH_VERSION"
+want="$(cat pyproject.toml scripts/test_floors.sh | sha256sum | cut -d' ' -f1) $TORCH_VERSION"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   start=$SECONDS
   # a fresh venv each time: uv keeps an installed version that satisfies a requirement, even above its floor
