@@ -40,6 +40,9 @@ def test_one_mask_token_of_the_models_own_tokenizer_at_the_drawn_span(request, w
         assert view.count(tok.mask_token_id) == 1
         assert view == tokenize_once(tok, [masked], 50)[0]
         if which == "tiny_roberta":  # byte-level BPE is lossless: the view decodes to the masked string
+            # (transformers 4.x gives RoBERTa's <mask> lstrip: it takes the space before it, as in pre-training)
+            if getattr(tok.added_tokens_decoder.get(tok.mask_token_id), "lstrip", False):
+                masked = masked.replace(" " + mask_text, mask_text)
             assert tok.decode(view, skip_special_tokens=False) == "<s>" + masked + "</s>"
 
 

@@ -13,6 +13,7 @@ import yaml
 
 from mirrorbert import hub
 from mirrorbert.cli import main
+from mirrorbert.compat import installed_version
 from mirrorbert.encoder import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.safety import MARKER
@@ -210,6 +211,8 @@ def test_bad_repo_ids_are_refused(saved, tmp_path, capsys, no_model_load, hub_ca
     assert main(["push", "--model", str(saved), option]) == 2
     one_error_line(capsys, "--repo")
     assert not hub_calls and not (tmp_path / "o").exists()
+    if repo == "me/caf\u00e9" and installed_version("huggingface-hub") < (1,):
+        return  # huggingface_hub 0.x's own check lets non-ASCII names through; mirrorbert refuses them above
     if repo != "no-namespace":  # huggingface_hub refuses the others too (a bare name it would put under the login)
         with pytest.raises(HFValidationError):
             validate_repo_id(repo)

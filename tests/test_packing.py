@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from mirrorbert import packing
+from mirrorbert.compat import installed_version, transformers_takes_4d_mask
 from mirrorbert.config import TrainConfig
 from mirrorbert.encoder import Encoder
 from mirrorbert.loss import mirror_infonce
@@ -83,6 +84,18 @@ def test_pack_layout_positions_and_owners():
     assert mask[5].tolist() == [False] * 5 + [True]
 
 
+def test_block_mask_in_the_form_the_installed_transformers_takes():
+    """transformers 5 takes the prepared (rows, 1, q, k) mask, 4.x the (rows, q, k) one (compat.py); same blocks."""
+    batch = pack([[7, 8], [5]], pad_id=0, budget=8)
+    prepared = batch.attention_mask("sdpa", torch.float32)
+    plain = batch.attention_mask("eager", torch.float32, prepared=False)
+    assert prepared.shape == (1, 1, 3, 3) and plain.shape == (1, 3, 3)
+    assert torch.equal(prepared[:, 0].float(), plain)
+    assert plain[0].tolist() == [[1, 1, 0], [1, 1, 0], [0, 0, 1]]
+    assert transformers_takes_4d_mask() == (installed_version("transformers") >= (5,))
+    assert installed_version("transformers") >= (4, 45) and installed_version("no-such-distribution") == (0,)
+
+
 @pytest.mark.parametrize("pooling", POOLINGS)
 @pytest.mark.parametrize("budget", ["small", "default"])
 def test_packed_and_grouped_embeddings_equal_padded(arch, pooling, budget, monkeypatch):
@@ -92,7 +105,11 @@ def test_packed_and_grouped_embeddings_equal_padded(arch, pooling, budget, monke
         monkeypatch.setattr(packing, "GROUP_BUDGET", SMALL_BUDGET)
     enc = load(folder, pooling)
     enc.eval()
-    assert packing.unsupported_reason(enc.model) is None, name
+    if name == "distilbert" and installed_version("transformers") < (5,):
+        # DistilBertModel.forward takes position_ids from transformers 5 on: 4.x runs length groups instead
+        assert "position_ids" in packing.unsupported_reason(enc.model)
+    else:
+        assert packing.unsupported_reason(enc.model) is None, name
     ids = enc.tokenize(TEXTS)
     with torch.no_grad():
         padded = enc.embed(ids, packing=False)

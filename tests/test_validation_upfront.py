@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mirrorbert.cli import build_parser, main
+from mirrorbert.compat import installed_version
 from mirrorbert.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -211,6 +212,10 @@ def test_empty_tokenizer_is_refused(tiny_bert):
     empty = tiny_bert.parent / "empty-tokenizer"
     empty.mkdir(exist_ok=True)
     shutil.copy(tiny_bert / "config.json", empty / "config.json")
+    if installed_version("transformers") < (5,):  # 4.x refuses a folder without tokenizer files itself
+        with pytest.raises(OSError):
+            AutoTokenizer.from_pretrained(str(empty))
+        return
     with pytest.raises(UserError, match="tokenizer is empty"):
         check_tokenizer(AutoTokenizer.from_pretrained(str(empty)), str(empty))
 

@@ -7,10 +7,13 @@ Packed rows (`on`, the default wherever supported) are described next.
 Padding each view to the batch's longest wastes about two thirds of the compute on Mirror-BERT batches
 (random STS-B strings: 2.94 padded tokens per real token). Here the views are placed into rows of
 `ROW_BUDGET` tokens by first-fit-decreasing; a view longer than the budget gets a row of its own. Each
-view attends only to its own tokens (a block-diagonal 4D mask, which transformers' mask builders pass
-through unchanged to the model's SDPA or eager attention), its position ids restart at the model's own
+view attends only to its own tokens (a block-diagonal mask: 4D on transformers 5, whose mask builders pass
+it through unchanged to the model's SDPA or eager attention; 3D on transformers 4.x, whose
+`get_extended_attention_mask` makes it additive for both), its position ids restart at the model's own
 first position (after the padding index for RoBERTa/XLM-R), token type ids are zero, and pooling is
-per view. The result equals padded execution up to float rounding (tests/test_packing.py).
+per view. The result equals padded execution up to float rounding (tests/test_packing.py). A model that
+cannot be packed on the installed version (DistilBERT on 4.x: no `position_ids`) runs length groups,
+saying why in one line.
 
 Dropout masks are drawn over the packed tensor; DropHead draws one head mask per view (see
 `views.drophead_groups`). Controlled dropout keeps working because the layout depends only on the
@@ -27,6 +30,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from mirrorbert.compat import transformers_takes_4d_mask
 from mirrorbert.config import PACKING_MODES
 from mirrorbert.errors import UserError
 from mirrorbert.pooling import needs_hidden_states, pool_views
@@ -195,10 +199,14 @@ class PackedBatch:
         return PackedBatch(self.input_ids.to(device), self.position_ids.to(device), self.view_of_token.to(device),
                            self.first_token.to(device), self.n_views)
 
-    def attention_mask(self, attention: str, dtype: torch.dtype) -> torch.Tensor:
-        """(rows, 1, width, width): a token sees the tokens of its own view; padding sees padding only."""
+    def attention_mask(self, attention: str, dtype: torch.dtype, prepared: bool = True) -> torch.Tensor:
+        """A token sees the tokens of its own view; padding sees padding only. `prepared` (transformers 5):
+        (rows, 1, width, width), boolean for sdpa, additive for eager; else (transformers 4.x) the
+        (rows, width, width) 1/0 mask the model turns into an additive one itself."""
         segment = self.view_of_token
         allowed = (segment[:, :, None] == segment[:, None, :]).unsqueeze(1)
+        if not prepared:
+            return allowed[:, 0].to(dtype)
         if attention == "sdpa":
             return allowed
         return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
@@ -247,7 +255,8 @@ def packed_embed(model: torch.nn.Module, sequences: Sequence[Sequence[int]], poo
     inputs = {
         "input_ids": packed.input_ids,
         "position_ids": packed.position_ids,
-        "attention_mask": packed.attention_mask(attention, next(model.parameters()).dtype),
+        "attention_mask": packed.attention_mask(attention, next(model.parameters()).dtype,
+                                                prepared=transformers_takes_4d_mask()),
     }
     if "token_type_ids" in inspect.signature(unwrapped(model).forward).parameters:
         inputs["token_type_ids"] = torch.zeros_like(packed.input_ids)
