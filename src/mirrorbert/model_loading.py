@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mirrorbert import jsonio
 from mirrorbert.errors import UserError
 
 TRUST_OPTION = "--trust-remote-code"
@@ -46,7 +47,7 @@ def check_trust_flag(value: Any, option: str = "trust_remote_code") -> bool:
 
 
 def _summary(auto_map: Any) -> str:
-    text = json.dumps(auto_map, ensure_ascii=True, sort_keys=True)
+    text = jsonio.dumps(auto_map, ensure_ascii=True, sort_keys=True)
     return text if len(text) <= 160 else text[:157] + "..."
 
 

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mirrorbert import jsonio
 from mirrorbert.errors import UserError
 
 FORMAT = "mirrorbert-training-state"
@@ -105,8 +106,8 @@ def save_state(folder: str | os.PathLike, stem: str, state: Any) -> tuple[Path, 
         flat[key] = tensor
     tensor_file, json_file = folder / f"{stem}.safetensors", folder / f"{stem}.json"
     save_file(flat, str(tensor_file), metadata={"format": FORMAT})
-    json_file.write_text(json.dumps({"format": FORMAT, "version": VERSION, "state": structure},
-                                    allow_nan=False, separators=(",", ":")) + "\n", encoding="utf-8")
+    json_file.write_text(jsonio.dumps({"format": FORMAT, "version": VERSION, "state": structure},
+                                     ensure_ascii=True, separators=(",", ":")) + "\n", encoding="utf-8")
     return tensor_file, json_file
 
 
