@@ -48,7 +48,7 @@ def shared_data() -> Path:
 
 
 # Made by the tools themselves, never by a command under test.
-_TOOL_ENTRIES = {".pytest_cache", ".hypothesis", "__pycache__", ".venv", ".coverage"}
+_TOOL_ENTRIES = {".pytest_cache", ".hypothesis", "__pycache__", ".venv", ".venv-floors", ".coverage"}
 
 
 @pytest.fixture(scope="session", autouse=True)

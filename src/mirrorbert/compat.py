@@ -33,3 +33,15 @@ def transformers_takes_4d_mask() -> bool:
     takes the same block mask as (batch, q, k), 1 = attend, which get_extended_attention_mask turns into an
     additive one for eager and SDPA attention alike."""
     return installed_version("transformers") >= (5,)
+
+
+@functools.lru_cache(maxsize=None)
+def from_pretrained_takes_weights_only() -> bool:
+    """transformers 5 has a `weights_only` argument on `from_pretrained` (True by default); 4.x has none (an
+    unknown keyword reaches the model's __init__) and always unpickles `.bin` weights with
+    `torch.load(weights_only=True)` on torch >= 1.13, so both refuse code in pickled weights."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    return "weights_only" in inspect.signature(PreTrainedModel.from_pretrained).parameters

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorbert import jsonio
+from mirrorbert.compat import from_pretrained_takes_weights_only
 from mirrorbert.errors import UserError
 
 TRUST_OPTION = "--trust-remote-code"
@@ -111,7 +112,10 @@ def pickle_refusal(exc: BaseException, name: str, option: str = "--model") -> Us
     line; None for any other error."""
     import pickle
 
-    if not isinstance(exc, pickle.UnpicklingError):
+    seen = exc  # transformers 4.x wraps the unpickler's error in an OSError (raise ... from)
+    while seen is not None and not isinstance(seen, pickle.UnpicklingError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
         return None
     folder = Path(name)
     files = sorted(p.name for p in folder.glob("*.bin")) if folder.is_dir() else []
@@ -200,8 +204,9 @@ def load_model(name: str | os.PathLike, kind: str = "AutoModel", *, trust_remote
     if kwargs.get("config") is not None:
         _check_loaded_config(kwargs["config"], str(name), trust_remote_code, option)
     try:
-        return _auto_class(kind).from_pretrained(name, trust_remote_code=trust_remote_code, weights_only=True,
-                                                 **kwargs)
+        if from_pretrained_takes_weights_only():  # 4.x has no such argument and always loads weights-only
+            kwargs["weights_only"] = True
+        return _auto_class(kind).from_pretrained(name, trust_remote_code=trust_remote_code, **kwargs)
     except Exception as exc:  # noqa: BLE001  only the two refusals are worded here; the rest is re-raised
         error = loader_refusal(exc, str(name), option)
         if error is None:

@@ -27,6 +27,8 @@ VERSION = 1
 # Markers of the JSON encoding; a plain dict whose keys collide with them is written as pairs.
 _TENSOR, _NDARRAY, _TUPLE, _PAIRS, _FLOAT = "__tensor__", "__ndarray__", "__tuple__", "__pairs__", "__float__"
 _MARKERS = {_TENSOR, _NDARRAY, _TUPLE, _PAIRS, _FLOAT}
+# Unsigned numpy arrays are stored as the signed type of the same width (read back as a view, bit for bit).
+_UNSIGNED_VIEWS = {"<u2": "<i2", "<u4": "<i4", "<u8": "<i8"}
 
 
 def encode(obj: Any, tensors: dict[str, Any], path: str = "s") -> Any:
@@ -44,7 +46,11 @@ def encode(obj: Any, tensors: dict[str, Any], path: str = "s") -> Any:
         tensors[path] = obj
         return {_TENSOR: path}
     if isinstance(obj, np.ndarray):
-        tensors[path] = torch.from_numpy(np.ascontiguousarray(obj))
+        array = np.ascontiguousarray(obj)
+        if array.dtype.str in _UNSIGNED_VIEWS:  # e.g. numpy's RNG key; older safetensors has no uint32
+            tensors[path] = torch.from_numpy(array.view(_UNSIGNED_VIEWS[array.dtype.str]))
+            return {_NDARRAY: [path, array.dtype.str]}
+        tensors[path] = torch.from_numpy(array)
         return {_NDARRAY: path}
     if isinstance(obj, np.generic):  # a numpy scalar: its Python value
         return encode(obj.item(), tensors, path)
@@ -73,6 +79,11 @@ def decode(obj: Any, tensors: dict[str, Any]) -> Any:
         if key == _TENSOR:
             return tensors[value]
         if key == _NDARRAY:
+            if isinstance(value, list):  # [path, dtype]: stored as the signed type of the same width
+                path, dtype = value
+                if dtype not in _UNSIGNED_VIEWS:
+                    raise ValueError(f"array type {dtype!r} is not one training state holds")
+                return tensors[path].numpy().view(dtype)
             return tensors[value].numpy()
         if key == _TUPLE:
             return tuple(decode(v, tensors) for v in value)
