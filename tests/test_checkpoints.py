@@ -332,3 +332,20 @@ def test_a_resume_from_an_older_pt_checkpoint_is_bit_exact(reference, isolated, 
     assert result.steps == 4
     assert any("older mirrorbert" in r.getMessage() for r in caplog.records)
     assert_same_weights(isolated / "out", reference / "out")
+
+
+def test_unsigned_arrays_round_trip_and_a_crafted_array_type_is_refused(tmp_path):
+    """numpy's RNG key is uint32, which older safetensors cannot store: it goes in as int32 and comes back as the
+    same bits; a training_state.json asking to view those bytes as anything else (objects) is one error line."""
+    import numpy as np
+
+    from mirrorbert.training.state_format import load_state, save_state
+
+    key = np.array([0, 1, 2**31, 2**32 - 1], dtype=np.uint32)
+    _, text = save_state(tmp_path, "training_state", {"key": key, "wide": key.astype(np.uint64)})
+    loaded = load_state(tmp_path, "training_state", "--resume")
+    assert loaded["key"].dtype == np.uint32 and loaded["key"].tolist() == key.tolist()
+    assert loaded["wide"].dtype == np.uint64 and loaded["wide"].tolist() == key.tolist()
+    text.write_text(text.read_text(encoding="utf-8").replace('"<u4"', '"|O"'), encoding="utf-8")
+    with pytest.raises(UserError, match="does not match"):
+        load_state(tmp_path, "training_state", "--resume")
