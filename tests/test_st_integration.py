@@ -203,8 +203,10 @@ def test_example_script_trains_and_saves(tiny_no_dropout, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "modules.json").exists() and (out / "model.safetensors").exists()
     printed = done.stdout + done.stderr  # no deprecation or load warnings (an MLM head, a missing pooler)
-    assert not re.search(r"Warning|deprecated|LOAD REPORT|UNEXPECTED|MISSING", printed), printed[-3000:]
-    rates = re.findall(r"'learning_rate': '([^']+)'", printed)  # logged every step: constant, as mirrorbert train
+    # a library's own source compiled at import (sentence-transformers 3.0 at the floors) is not our call
+    ours = "\n".join(line for line in printed.splitlines() if "invalid escape sequence" not in line)
+    assert not re.search(r"Warning|deprecated|LOAD REPORT|UNEXPECTED|MISSING", ours), printed[-3000:]
+    rates = re.findall(r"'learning_rate': '?([0-9.e+-]+)", printed)  # transformers 4.x logs it as a number  # logged every step: constant, as mirrorbert train
     assert len(rates) == 2 and set(rates) == {"2e-05"}, rates
     from sentence_transformers import SentenceTransformer
 

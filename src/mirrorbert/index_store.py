@@ -344,8 +344,11 @@ def _read_faiss(folder: Path, manifest: Manifest, vectors):
     if index.ntotal != manifest.rows or index.d != manifest.dim:
         raise _damaged(folder, name, f"{index.ntotal} vectors of dimension {index.d}, manifest.json says "
                                      f"{manifest.rows} of {manifest.dim}")
-    if not isinstance(index, faiss.IndexFlatIP):
-        raise _damaged(folder, name, f"a {type(index).__name__}, expected an exact IndexFlatIP")
+    # faiss 1.7 reads back the generic class, later ones the concrete one; the downcast view does not own the
+    # index, so `index` (which does) is what is kept and returned
+    concrete = faiss.downcast_index(index)
+    if not (isinstance(concrete, faiss.IndexFlat) and concrete.metric_type == faiss.METRIC_INNER_PRODUCT):
+        raise _damaged(folder, name, f"a {type(concrete).__name__}, expected an exact IndexFlatIP")
     if not np.array_equal(index.reconstruct_n(0, index.ntotal), vectors):  # proposes candidates: must be ours
         raise _damaged(folder, name, "its vectors are not those of vectors.npy")
     return index
