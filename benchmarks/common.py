@@ -33,7 +33,7 @@ def build_index_folder(model: str, source, rows: int, folder) -> float:
     import time
     from pathlib import Path
 
-    from mirrorbert.cli import main as cli
+    from mirrorbert.cli.app import main as cli
 
     folder = Path(folder)
     corpus = folder.parent / "corpus.txt"

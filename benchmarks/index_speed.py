@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from sentence_transformers import util
 
-    from mirrorbert.encoder import Encoder
-    from mirrorbert.index_store import Manifest, load_index
-    from mirrorbert.search import faiss_available
+    from mirrorbert.encoder.model import Encoder
+    from mirrorbert.search.index_store import Manifest, load_index
+    from mirrorbert.search.exact import faiss_available
 
     data = Path(args.data_dir)
     model = args.model or default_model()

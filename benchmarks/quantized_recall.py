@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from mirrorbert.encoder import Encoder
-    from mirrorbert.index_store import Manifest, load_index
-    from mirrorbert.quantized import hits_as_arrays, st_quantization, quantized_topk, recall_at_k
+    from mirrorbert.encoder.model import Encoder
+    from mirrorbert.search.index_store import Manifest, load_index
+    from mirrorbert.search.quantized import hits_as_arrays, st_quantization, quantized_topk, recall_at_k
 
     quantize_embeddings, semantic_search_faiss = (st_quantization().quantize_embeddings,
                                                   st_quantization().semantic_search_faiss)

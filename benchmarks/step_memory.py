@@ -33,7 +33,7 @@ MODES = {
 
 
 def one_step(model: Path, data: Path, out: Path, flags: list[str], args) -> dict:
-    command = [sys.executable, "-m", "mirrorbert.cli", "train", "--model", str(model), "--data", str(data),
+    command = [sys.executable, "-m", "mirrorbert.cli.app", "train", "--model", str(model), "--data", str(data),
                "--output", str(out), "--overwrite", "--steps", "1", "--batch-size", str(args.batch_size),
                "--preset", "sentence", "--precision", args.precision, "--device", args.device, "--no-progress",
                *flags]

@@ -105,11 +105,11 @@ def profile_train(model: Path, strings: list[str], args, peak: float) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from mirrorbert.encoder import Encoder
+    from mirrorbert.encoder.model import Encoder
     from mirrorbert.training.optim import backward_and_step, build_optimizer
-    from mirrorbert.training.randomness import derived_generator
-    from mirrorbert.trainer import STREAM_MASK, _Plan, mirror_step_loss
-    from mirrorbert.views import SecondViews, tokenize_once
+    from mirrorbert.runtime.randomness import derived_generator
+    from mirrorbert.mirror.step import STREAM_MASK, _Plan, mirror_step_loss
+    from mirrorbert.mirror.views import SecondViews, tokenize_once
 
     encoder = Encoder.load(model, pooling="mean", device="cpu")
     encoder.packing = True
@@ -147,7 +147,7 @@ def profile_train(model: Path, strings: list[str], args, peak: float) -> dict:
 def profile_encode(model: Path, strings: list[str], args, peak: float) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from mirrorbert.encoder import Encoder
+    from mirrorbert.encoder.model import Encoder
 
     encoder = Encoder.load(model, pooling="mean", device="cpu", max_length=args.max_length)
     packing = {"auto": None, "on": True, "off": False}[args.encode_packing]

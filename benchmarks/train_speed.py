@@ -56,8 +56,8 @@ def build_model(data_dir: Path, folder: Path, layers: int, hidden: int) -> Path:
 
 def ours(model: Path, data: Path, out: Path, steps: int, precision: str, batch: int, max_length: int,
          packing: str = "on", device: str = "cpu") -> dict:
-    from mirrorbert.config import TrainConfig
-    from mirrorbert.trainer import train
+    from mirrorbert.mirror.config import TrainConfig
+    from mirrorbert.mirror.train import train
 
     cfg = TrainConfig(model=str(model), data=str(data), output=str(out), preset="sentence", pooling="cls",
                       batch_size=batch, max_length=max_length, steps=steps + 1, precision=precision,
@@ -70,8 +70,8 @@ def ours(model: Path, data: Path, out: Path, steps: int, precision: str, batch: 
 def same_batches(data: Path, steps: int, batch: int, seed: int = 42) -> list[list[str]]:
     """The exact batches `mirrorbert.train` draws first (same dedup, same seeded order), so both sides
     pad and process identical inputs: step time depends strongly on each batch's longest string."""
-    from mirrorbert.data import load_training_strings
-    from mirrorbert.trainer import _Plan
+    from mirrorbert.data.strings import load_training_strings
+    from mirrorbert.mirror.step import _Plan
 
     strings = load_training_strings(data=str(data), seed=seed).strings
     order = _Plan(len(strings), batch, 0, seed).epoch_batches(0)
@@ -84,7 +84,7 @@ def peer(model: Path, batches: list[list[str]], steps: int, precision: str, batc
     from sentence_transformers import SentenceTransformer, models
     from sentence_transformers.sentence_transformer import losses
 
-    from mirrorbert.training.device import autocast
+    from mirrorbert.runtime.device import autocast
 
     word = models.Transformer(str(model), max_seq_length=max_length)
     dim = getattr(word, "get_embedding_dimension", None) or word.get_word_embedding_dimension
@@ -192,7 +192,7 @@ def useful_flops(model: Path, batches: list[list[str]], max_length: int) -> dict
 def epoch_tokens(model: Path, data: Path, max_length: int) -> tuple[int, int]:
     from transformers import AutoTokenizer
 
-    from mirrorbert.data import load_training_strings
+    from mirrorbert.data.strings import load_training_strings
 
     strings = load_training_strings(data=str(data), seed=42).strings
     lengths = AutoTokenizer.from_pretrained(model)(strings, truncation=True, max_length=max_length)["input_ids"]

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mirrorbert import Encoder
     from mirrorbert.integrations.sentence_transformers import MirrorBertDataCollator, MirrorBertLoss
-    from mirrorbert.safety import WritePlan, atomic_output_dir
+    from mirrorbert.safeguards.writes import WritePlan, atomic_output_dir
 
     # mirrorbert's write policy: OUTPUT must not exist (or be inside MODEL/DATA); written aside, then renamed
     plan = WritePlan({"MODEL": args.model, "DATA": args.data}).folder("OUTPUT", args.output)

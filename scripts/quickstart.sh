@@ -30,7 +30,7 @@ mkdir -p runs
 if [[ -z "${MODEL:-}" ]]; then
   # bert-base-uncased where it can be had, else the offline reference MLM (one line on stderr says which;
   # the pre-training log goes to runs/quickstart-reference-mlm.log)
-  if ! MODEL="$(.venv/bin/python -m mirrorbert.mlm.reference --model "${QUICKSTART_DEFAULT_MODEL:-bert-base-uncased}" \
+  if ! MODEL="$(.venv/bin/python -m mirrorbert.cli.reference_mlm --model "${QUICKSTART_DEFAULT_MODEL:-bert-base-uncased}" \
       --data-dir "$DATA_DIR" --work runs/quickstart-reference-mlm --corpus-script scripts/build_reference_corpus.py \
       --budget-s "${QUICKSTART_BUDGET_S:-600}" --architecture "${QUICKSTART_ARCH:-bert-mini}" \
       2> >(tee runs/quickstart-reference-mlm.log | grep --line-buffered '^quickstart:' >&2))"; then

@@ -1,4 +1,4 @@
-"""Run under `torchrun --nproc_per_node 2` by tests/test_distributed.py (not collected by pytest).
+"""Run under `torchrun --nproc_per_node 2` by tests/runtime/test_distributed.py (not collected by pytest).
 
 `mirrorbert ARGV` in which rank 1 dies (os._exit, like a crash or an OOM kill) right after its third
 optimiser step; torchrun then SIGTERMs rank 0. That must end as a failure naming the last good
@@ -8,8 +8,8 @@ checkpoint, not as a preemption: the ranks can no longer agree.
 import os
 import sys
 
-import mirrorbert.trainer as trainer
-from mirrorbert.cli import main
+import mirrorbert.mirror.step as trainer
+from mirrorbert.cli.app import main
 
 CRASH_AFTER_STEP = 3
 real, steps = trainer.backward_and_step, []

@@ -1,4 +1,4 @@
-"""Run under `torchrun --nproc_per_node 2` by tests/test_distributed.py (not collected by pytest).
+"""Run under `torchrun --nproc_per_node 2` by tests/runtime/test_distributed.py (not collected by pytest).
 
 One launch checks three things in order, to keep the test suite fast:
 1. gradients: the loss and every parameter gradient of a 2-process step (DDP + gathered views, uneven
@@ -21,13 +21,13 @@ import torch
 
 from tiny_models import CORPUS
 
-from mirrorbert.distributed import init_from_env, sharded_encoding
-from mirrorbert.encoder import Encoder
+from mirrorbert.runtime.distributed import init_from_env, sharded_encoding
+from mirrorbert.encoder.model import Encoder
 from mirrorbert.errors import UserError
-from mirrorbert.loss import mirror_infonce
-from mirrorbert.packing import unsupported_reason
-from mirrorbert.trainer import embed_views
-from mirrorbert.views import tokenize_once
+from mirrorbert.mirror.loss import mirror_infonce
+from mirrorbert.encoder.packing import unsupported_reason
+from mirrorbert.mirror.step import embed_views
+from mirrorbert.mirror.views import tokenize_once
 
 ENCODE_TEXTS = CORPUS + ["x", "a much longer sentence about the cat and the dog in the park today"]  # 14 rows
 

@@ -1,11 +1,11 @@
-"""A table of bad inputs for every command, and the harness that throws them at `mirrorbert.cli.main`.
+"""A table of bad inputs for every command, and the harness that throws them at `mirrorbert.cli.app.main`.
 
 Each case is one command line with exactly one thing wrong (a damaged model folder, a bad data file, an
 impossible option value, an output path that would lose data). The promise under test: every one ends in
 exactly one `mirrorbert...: error:` line naming the option or file, exit 2, no traceback, and before the
 long work starts (loading weights or running the training engine is "long work" and is trapped here).
 
-`tests/test_hostile_inputs.py` runs every case as a test; run this file to get the counts:
+`tests/cli/test_hostile_inputs.py` runs every case as a test; run this file to get the counts:
 
     .venv/bin/python tests/hostile_inputs.py [--data-dir ../shared/data] [--json counts.json]
 """
@@ -276,7 +276,7 @@ def _value(env: dict[str, Path], command: str, value: str, argv: list[str]) -> t
 def build_cases(env: dict[str, Path]) -> list[Case]:
     import argparse
 
-    from mirrorbert.cli import build_parser
+    from mirrorbert.cli.app import build_parser
 
     bases = base_commands(env)
     cases: list[Case] = []
@@ -379,7 +379,7 @@ def work_trapped():
 
 
 def run_case(case: Case) -> Outcome:
-    from mirrorbert.cli import main
+    from mirrorbert.cli.app import main
 
     err = io.StringIO()
     root_logger = logging.getLogger()

@@ -36,7 +36,7 @@ def test_ratio_outside_share_and_phase_medians():
 def test_the_phase_line_is_what_train_logs():
     import inspect
 
-    from mirrorbert import trainer
+    from mirrorbert.mirror import train as trainer
 
     assert PHASE_LINE.split(":")[0] in inspect.getsource(trainer)
 

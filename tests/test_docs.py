@@ -26,7 +26,7 @@ def test_site_builds_strict_and_renders_the_api_docstrings(tmp_path):
     api = (site / "api" / "index.html").read_text(encoding="utf-8")
     # Encoder.encode's docstring, rendered by mkdocstrings (its first line, then the anchor of the method).
     assert "Vectors in input order" in api
-    assert 'id="mirrorbert.encoder.Encoder.encode"' in api
+    assert 'id="mirrorbert.encoder.model.Encoder.encode"' in api
     for page in ("guide/training", "guide/saved-model", "guide/search", "guide/evaluation", "guide/pretraining",
                  "guide/reproduce", "guide/export", "guide/mteb", "guide/hub", "benchmarks", "development",
                  "results"):
@@ -59,7 +59,7 @@ def test_readme_python_snippet_runs_offline_and_does_not_collapse(tiny_bert, tmp
     import json
 
     from mirrorbert.mlm.reference import ReferencePlan, model_dir
-    from mirrorbert.training.collapse import SMALL_MODEL_LR
+    from mirrorbert.mirror.collapse import SMALL_MODEL_LR
 
     block = re.search(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S).group(1)
     reference = model_dir(Path("runs/quickstart-reference-mlm"), ReferencePlan()).as_posix()

@@ -2,7 +2,7 @@
 
 import sys
 
-from mirrorbert.cli import main
+from mirrorbert.cli.app import main
 
 if __name__ == "__main__":
     sys.exit(main())

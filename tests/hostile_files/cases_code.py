@@ -120,7 +120,7 @@ def remote_model(ctx: Context, where: str = "config", name: str = "model", model
 
 def foreign_modules_model(ctx: Context, name: str = "model") -> Path:
     """A sentence-transformers folder whose modules.json names a Pooling class from another package."""
-    from mirrorbert.encoder import Encoder
+    from mirrorbert.encoder.model import Encoder
 
     folder = Encoder.load(ctx.env["tiny"], pooling="mean", device="cpu").save(ctx.folder / name)
     path = folder / "modules.json"
@@ -183,7 +183,7 @@ def _command(name: str, yes: bool = False):
 
 def _api_encoder_load(yes: bool = False, **kwargs):
     def action(ctx: Context):
-        from mirrorbert.encoder import Encoder
+        from mirrorbert.encoder.model import Encoder
 
         if yes:
             say_yes()
@@ -238,7 +238,7 @@ def reference_checkpoint(env: dict[str, Path], kind: str) -> Path:
     """A `step-1` checkpoint of a real tiny run (made once per table), in the current format."""
     key = (str(env["root"]), kind)
     if key not in _REFERENCE:
-        from mirrorbert.cli import main
+        from mirrorbert.cli.app import main
 
         base = env["root"] / f"code-reference-{kind}"
         shutil.rmtree(base, ignore_errors=True)
@@ -327,7 +327,7 @@ def _has_vectors(ctx: Context, result) -> str | None:
 
 
 def _is_encoder(ctx: Context, result) -> str | None:
-    from mirrorbert.encoder import Encoder
+    from mirrorbert.encoder.model import Encoder
 
     return None if isinstance(result.value, Encoder) else f"returned {type(result.value).__name__}"
 
@@ -444,7 +444,7 @@ def cases(env: dict[str, Path]) -> list[FileCase]:
                 str(ctx.folder / "out" / "push")]
 
     def saved_pickle(ctx):
-        from mirrorbert.encoder import Encoder
+        from mirrorbert.encoder.model import Encoder
 
         folder = Encoder.load(ctx.env["tiny"], pooling="mean", device="cpu").save(ctx.folder / "saved")
         shutil.move(str(folder), str(ctx.folder / "model"))

@@ -24,7 +24,7 @@ QUIET = ["--no-progress"]
 
 # ----------------------------------------------------------------------------- helpers
 def _cli(argv: list) -> int:
-    from mirrorbert.cli import main
+    from mirrorbert.cli.app import main
 
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         return main([str(a) for a in argv])
@@ -334,7 +334,7 @@ def _index_cases(env) -> list[FileCase]:
 
     # the Python API: SearchIndex.save/load folders and query vectors
     def saved(ctx, vectors_bytes: bytes | None = None, texts: str | None = None):
-        from mirrorbert.search import SearchIndex
+        from mirrorbert.search.exact import SearchIndex
 
         folder = ctx.folder / "saved"
         SearchIndex.from_vectors(np.eye(4, 8, dtype=np.float32), ["a", "b", "c", "d"], use_faiss=False).save(folder)
@@ -344,7 +344,7 @@ def _index_cases(env) -> list[FileCase]:
             (folder / "texts.jsonl").write_text(texts)
 
     def load_saved(ctx):
-        from mirrorbert.search import SearchIndex
+        from mirrorbert.search.exact import SearchIndex
 
         return SearchIndex.load(ctx.folder / "saved", use_faiss=False)
 
@@ -360,7 +360,7 @@ def _index_cases(env) -> list[FileCase]:
                               "[" * 50000 + "]" * 50000)), load_saved, names=("index.json",)))
 
     def nan_query(ctx):
-        from mirrorbert.search import SearchIndex
+        from mirrorbert.search.exact import SearchIndex
 
         index = SearchIndex.from_vectors(np.eye(4, 8, dtype=np.float32), ["a", "b", "c", "d"], use_faiss=True)
         return index.search_vectors(np.full((1, 8), np.nan), 2)
@@ -369,7 +369,7 @@ def _index_cases(env) -> list[FileCase]:
                           names=("queries",)))
 
     def wrong_dim_query(ctx):
-        from mirrorbert.search import SearchIndex
+        from mirrorbert.search.exact import SearchIndex
 
         index = SearchIndex.from_vectors(np.eye(4, 8, dtype=np.float32), ["a", "b", "c", "d"], use_faiss=False)
         return index.search_vectors([[1.0, 2.0, 3.0]], 2)

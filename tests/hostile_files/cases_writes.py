@@ -97,7 +97,7 @@ def saved_model(ctx: Context) -> Path:
     """The tiny model saved by mirrorbert (what `push` reads), made once per case."""
     folder = ctx.folder / "saved"
     if not folder.exists():
-        from mirrorbert.encoder import Encoder
+        from mirrorbert.encoder.model import Encoder
 
         Encoder.load(ctx.env["tiny"], device="cpu").save(folder)
     return folder
@@ -122,7 +122,7 @@ def _out_dir(ctx: Context) -> Path:
 # ----------------------------------------------------------------------------- running a command inside an action
 def run_main(argv: list[str]) -> tuple[int, str]:
     """Run the CLI in-process; (exit status, what it printed on stderr, which is also passed on)."""
-    from mirrorbert.cli import main
+    from mirrorbert.cli.app import main
 
     buf = io.StringIO()
     try:
@@ -302,7 +302,7 @@ def signalled(argv, signum: int = signal.SIGTERM, at: str = "encode"):
 
     A fallback handler stands in case the CLI installed none (so a regression cannot kill the test run)."""
     def action(ctx: Context):
-        from mirrorbert.encoder import Encoder
+        from mirrorbert.encoder.model import Encoder
 
         original = Encoder.encode
 
@@ -338,7 +338,7 @@ def interrupted(*absent: str):
 
 # ----------------------------------------------------------------------------- the Python API
 def _encoder(ctx: Context):
-    from mirrorbert.encoder import Encoder
+    from mirrorbert.encoder.model import Encoder
 
     return Encoder.load(ctx.env["tiny"], device="cpu")
 

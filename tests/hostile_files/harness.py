@@ -15,7 +15,7 @@ an index, a cache, a data file, a path someone else planted. Each case ends in e
 * ``unnamed``: refused, but the line names neither the file nor the option.
 
 Case modules are ``tests/hostile_files/cases_*.py``; each defines ``cases(env) -> list[FileCase]``.
-``tests/test_hostile_files.py`` runs every case; ``python tests/hostile_files/harness.py`` prints the counts:
+``tests/safeguards/test_hostile_files.py`` runs every case; ``python tests/hostile_files/harness.py`` prints the counts:
 
     .venv/bin/python tests/hostile_files/harness.py [--json counts.json] [-k SUBSTRING]
 """
@@ -106,7 +106,7 @@ class Result:
 class FileCase:
     """One crafted file or environment.
 
-    `action(ctx)` either returns a command line (a list of strings, run through `mirrorbert.cli.main`) or
+    `action(ctx)` either returns a command line (a list of strings, run through `mirrorbert.cli.app.main`) or
     performs a Python call itself and returns its value. `expect` is REFUSED (one clean error naming one of
     `names`) or WORKS (then `check(ctx, result)` returns a problem description, or None when the result is
     right). `setup(ctx)` crafts the files before the snapshot of the victims is taken.
@@ -205,7 +205,7 @@ def _alarm(seconds: float):
 
 
 def _run_command(argv: list[str], err: io.StringIO) -> int | None:
-    from mirrorbert.cli import main
+    from mirrorbert.cli.app import main
 
     try:
         return main([str(a) for a in argv])

@@ -87,7 +87,7 @@ class SentenceTransformerEncoder:
 
     def __init__(self, model_name_or_path: str | Path, device: str | None = None, trust_remote_code: bool = False,
                  **kwargs: Any) -> None:
-        from mirrorbert.model_loading import (check_pickle_weights, check_remote_code,
+        from mirrorbert.safeguards.model_loading import (check_pickle_weights, check_remote_code,
                                               check_sentence_transformers_modules, loader_refusal)
 
         try:
@@ -154,8 +154,8 @@ def _load_model(name: str, pooling: str | None, device: str | None, max_length: 
         if max_length is not None:
             encoder.model.max_seq_length = max_length
         return encoder
-    from mirrorbert.encoder import Encoder
-    from mirrorbert.packing import packing_flag
+    from mirrorbert.encoder.model import Encoder
+    from mirrorbert.encoder.packing import packing_flag
 
     encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length,
                            trust_remote_code=trust_remote_code, cli=True)

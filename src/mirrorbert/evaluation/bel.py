@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from mirrorbert import jsonio
-from mirrorbert.data import read_text_lines
+import mirrorbert.jsonio as jsonio
+from mirrorbert.data.strings import read_text_lines
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets as ds
 from mirrorbert.evaluation.retrieval import DEFAULT_CHUNK_SIZE, cosine_topk
@@ -562,7 +562,7 @@ def evaluate_bel(
 
     metrics["primary"] = float(np.mean([metrics[f"{n}_acc@1"] for n in folders]))
     if predictions_path is not None:
-        from mirrorbert.safety import write_text_atomic
+        from mirrorbert.safeguards.writes import write_text_atomic
 
         # the caller applied the write policy (`eval` refuses an existing file without --overwrite)
         path = write_text_atomic(predictions_path, "".join(jsonio.dumps(r, ensure_ascii=False) + "\n" for r in records),

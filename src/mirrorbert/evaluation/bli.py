@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mirrorbert.data import read_text_lines
+from mirrorbert.data.strings import read_text_lines
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets as ds
 from mirrorbert.evaluation.retrieval import DEFAULT_CHUNK_SIZE, csls_topk, l2_normalize

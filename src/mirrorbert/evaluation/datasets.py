@@ -346,7 +346,7 @@ def check_eval_files(root: str | os.PathLike, tasks) -> int:
     damaged set is one error naming its file and line at the start, not a failure after the model and the
     tasks before it ran. Returns the number of files checked (absent sets are the tasks' own business:
     they are reported as skipped)."""
-    from mirrorbert.data import check_utf8_file
+    from mirrorbert.data.strings import check_utf8_file
 
     root = Path(root)
     wanted = set(tasks)

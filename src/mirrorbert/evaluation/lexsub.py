@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from mirrorbert import jsonio
+import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import DatasetMissing, UserError
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class LexSubItem:
     @property
     def pos(self) -> str:
         """The target's POS as n/v/a/r (CoInCo's J is an adjective)."""
-        from mirrorbert.gloss.wordnet import normalize_pos
+        from mirrorbert.data.wordnet import normalize_pos
 
         return normalize_pos(self.lemma_pos.rsplit(".", 1)[1])
 
@@ -383,7 +383,7 @@ class GenerationConfig:
 
     def validate(self) -> None:
         """Each value checked once, where lexsub starts (CLI or Python), naming its option."""
-        from mirrorbert.typed_config import check_finite_numbers, check_types
+        from mirrorbert.settings.typed import check_finite_numbers, check_types
 
         check_types(self)
         check_finite_numbers(self)
@@ -429,7 +429,7 @@ class LexSubGenerator:
     def __init__(self, model, tokenizer, wordnet, device="cpu", config: GenerationConfig | None = None):
         import torch
 
-        from mirrorbert.gloss.model import require_fast_tokenizer
+        from mirrorbert.encoder.masked_lm import require_fast_tokenizer
 
         require_fast_tokenizer(tokenizer)
         self.model = model.to(device).eval()
@@ -448,13 +448,13 @@ class LexSubGenerator:
         if not self.cand_words:
             raise UserError("the tokenizer vocabulary has no whole-word entries to use as substitutes")
         self._lemma_cache: dict[tuple[str, str], list[str]] = {}
-        from mirrorbert.gloss.model import model_max_length
+        from mirrorbert.encoder.masked_lm import model_max_length
 
         self.max_length = min(self.config.max_length, model_max_length(model, tokenizer))
 
     # ------------------------------------------------------------------ helpers
     def _encode(self, sentences: Sequence[str], spans: Sequence[tuple[int, int]]):
-        from mirrorbert.gloss.model import span_token_positions
+        from mirrorbert.encoder.masked_lm import span_token_positions
 
         enc = self.tokenizer(list(sentences), truncation=True, max_length=self.max_length, padding=True,
                              return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
@@ -491,7 +491,7 @@ class LexSubGenerator:
 
     def filter_candidates(self, item: LexSubItem, words: Sequence[str], scores: Sequence[float]) -> list[tuple[str, float]]:
         """Drop same-lemma, wrong-POS and lemma-duplicate candidates; return (lemma, score)."""
-        from mirrorbert.gloss.wordnet import shortest_base_form
+        from mirrorbert.data.wordnet import shortest_base_form
 
         pos = item.pos
         target_forms = {item.lemma.replace(" ", "_"), item.target.lower().replace(" ", "_")}
@@ -517,9 +517,9 @@ class LexSubGenerator:
     def rank(self, items: Sequence[LexSubItem], show_progress: bool = False) -> dict[tuple[str, str], list[str]]:
         """Ranked, filtered substitutes (lemmas) per item key."""
         import torch
-        from mirrorbert.progress import progress_bar
+        from mirrorbert.reporting.progress import progress_bar
 
-        from mirrorbert.gloss.model import mlm_forward, span_mean
+        from mirrorbert.encoder.masked_lm import mlm_forward, span_mean
 
         cfg = self.config
         out: dict[tuple[str, str], list[str]] = {}
@@ -552,7 +552,7 @@ class LexSubGenerator:
         return out
 
     def _head(self, h):
-        from mirrorbert.gloss.model import lm_head_of
+        from mirrorbert.encoder.masked_lm import lm_head_of
 
         head = lm_head_of(self.model)
         if head is None:
@@ -578,7 +578,7 @@ class LexSubGenerator:
         import torch
         import torch.nn.functional as F
 
-        from mirrorbert.gloss.model import mlm_forward, span_mean
+        from mirrorbert.encoder.masked_lm import mlm_forward, span_mean
 
         cfg = self.config
         head, tail = kept[: cfg.valid_top], kept[cfg.valid_top:]
@@ -636,8 +636,8 @@ def evaluate_lexsub(
 ) -> LexSubScores:
     """Load a masked LM, generate substitutes for a test set and score them (`trust_remote_code`: see
     `Encoder.load`)."""
-    from mirrorbert.gloss.wordnet import WordNet
-    from mirrorbert.training.device import resolve_device
+    from mirrorbert.data.wordnet import WordNet
+    from mirrorbert.runtime.device import resolve_device
 
     config = config or GenerationConfig()
     config.validate()
@@ -646,9 +646,9 @@ def evaluate_lexsub(
     if limit:
         items = items[:limit]
     dev = resolve_device(device)
-    from mirrorbert.preflight import first_line, inspect_model, weights_load_error
+    from mirrorbert.safeguards.preflight import first_line, inspect_model, weights_load_error
 
-    from mirrorbert.model_loading import load_model, load_tokenizer
+    from mirrorbert.safeguards.model_loading import load_model, load_tokenizer
 
     # before the weights load (max_length: capped)
     inspect_model(str(model_path), need_mask=True, mask_option="--model", trust_remote_code=trust_remote_code)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from mirrorbert.data import read_text_lines
+from mirrorbert.data.strings import read_text_lines
 from mirrorbert.errors import UserError
 from mirrorbert.evaluation import datasets
 from mirrorbert.evaluation.sts import TaskMetrics, TextEncoder, pair_similarities

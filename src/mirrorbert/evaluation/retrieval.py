@@ -1,6 +1,6 @@
 """Retrieval for the evaluation tasks: cosine top-k (BEL) and CSLS (BLI).
 
-The exact, chunked, memory-bounded search itself lives in :mod:`mirrorbert.search` (shared with
+The exact, chunked, memory-bounded search itself lives in :mod:`mirrorbert.search.exact` (shared with
 ``Encoder.search``); its names are re-exported here for the evaluation modules. Ties go to the smaller
 key id on every path; with ``use_faiss=None`` faiss (exact ``IndexFlatIP``) is used when installed.
 """
@@ -11,7 +11,7 @@ import logging
 
 import numpy as np
 
-from mirrorbert.search import (  # noqa: F401  (re-exported: bel.py, bli.py and tests import them here)
+from mirrorbert.search.exact import (  # noqa: F401  (re-exported: bel.py, bli.py and tests import them here)
     DEFAULT_CHUNK_SIZE,
     DEFAULT_QUERY_BLOCK,
     chunked_topk,

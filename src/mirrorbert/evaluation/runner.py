@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mirrorbert import jsonio
+import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import DatasetMissing, NonFiniteEmbeddings, UserError
-from mirrorbert.scores import format_value
+from mirrorbert.reporting.scores import format_value
 from mirrorbert.evaluation import datasets
 
 logger = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ class EvaluationResult:
 
     def table(self) -> str:
         """Plain-text table for the screen: task, metric, split, value x100 (counts stay in the JSON)."""
-        from mirrorbert.scores import is_count
+        from mirrorbert.reporting.scores import is_count
 
         rows = [("task", "metric", "split", "value x100")]
         for t, o in self.outcomes.items():
@@ -258,7 +258,7 @@ def evaluate(
     ``reference_encoder`` is the "before" model for the isotropy plot. Plots go to ``plot_dir``
     (default: ``<report stem>_files`` beside the report; none without a report or plot_dir).
     ``raise_errors`` re-raises unexpected task failures instead of recording them (for debugging).
-    Every file goes through the write policy (``mirrorbert.safety``): an existing ``output``, ``report``
+    Every file goes through the write policy (``mirrorbert.safeguards.writes``): an existing ``output``, ``report``
     or plot folder is replaced only with ``overwrite`` (a plot folder only when mirrorbert wrote it).
     """
     names = parse_tasks(tasks)
@@ -273,7 +273,7 @@ def evaluate(
     check_eval_data(root, names)
     if plot_dir is None and report is not None:
         plot_dir = Path(report).with_name(Path(report).stem + "_files")
-    from mirrorbert.safety import WritePlan, atomic_output_dir, write_text_atomic
+    from mirrorbert.safeguards.writes import WritePlan, atomic_output_dir, write_text_atomic
 
     plan = WritePlan({"data_dir": root, "model": model_name}, overwrite=overwrite)
     plan.file("output", output).file("report", report).folder("plot_dir", plot_dir).check()

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mirrorbert.data import read_text_lines
+from mirrorbert.data.strings import read_text_lines
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets
 

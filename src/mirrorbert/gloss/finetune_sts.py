@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mirrorbert.errors import UserError
-from mirrorbert.typed_config import check_finite_numbers, check_types
+from mirrorbert.settings.typed import check_finite_numbers, check_types
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class FinetuneStsConfig:
     precision: str = "fp32"
     eval_batch_size: int = 64
     show_progress: bool = True
-    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
+    trust_remote_code: bool = False  # --trust-remote-code (safeguards/model_loading.py)
 
     def validate(self) -> None:
         check_types(self)
@@ -53,7 +53,7 @@ class FinetuneStsConfig:
             raise UserError(f"--fractions must be in (0, 1], got {self.fractions}")
         if not self.seeds:
             raise UserError("--seeds: give at least one seed")
-        from mirrorbert.config import check_seed
+        from mirrorbert.settings.seeds import check_seed
 
         for seed in self.seeds:
             check_seed(seed, "--seeds")
@@ -67,7 +67,7 @@ class FinetuneStsConfig:
         for name in ("max_length", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        from mirrorbert.training.device import check_device_and_precision  # torch: not at --help time
+        from mirrorbert.runtime.device import check_device_and_precision  # torch: not at --help time
 
         check_device_and_precision(self.device, self.precision)
 
@@ -117,14 +117,14 @@ def cosine_regression_loss(u, v, target):
 def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: int) -> StsRun:
     """Fine-tune a fresh copy of the model on one subset with one seed; score STS-B test."""
     import torch
-    from mirrorbert.progress import progress_bar
+    from mirrorbert.reporting.progress import progress_bar
 
-    from mirrorbert.encoder import Encoder
+    from mirrorbert.encoder.model import Encoder
     from mirrorbert.evaluation.sts import score_pairs
-    from mirrorbert.training.device import autocast, make_grad_scaler, resolve_device, resolve_precision
+    from mirrorbert.runtime.device import autocast, make_grad_scaler, resolve_device, resolve_precision
     from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
-    from mirrorbert.training.randomness import seed_everything
-    from mirrorbert.batching import pad_batch
+    from mirrorbert.runtime.randomness import seed_everything
+    from mirrorbert.encoder.batching import pad_batch
 
     started = time.time()
     device = resolve_device(cfg.device)

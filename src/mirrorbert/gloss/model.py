@@ -29,6 +29,8 @@ import torch
 from torch import nn
 
 from mirrorbert.errors import UserError
+from mirrorbert.encoder.masked_lm import (mlm_forward, require_fast_tokenizer, span_mean,
+                                         span_token_positions)
 from mirrorbert.gloss.losses import (
     DEFAULT_TAU,
     IGNORE_INDEX,
@@ -54,34 +56,6 @@ class EncodedTriplet:
     index: int  # position in the triplet list it came from
     input_ids: tuple[int, ...]
     target_positions: tuple[int, ...]
-
-
-def require_fast_tokenizer(tokenizer) -> None:
-    if not getattr(tokenizer, "is_fast", False):
-        raise UserError("GR-BERT needs a fast (Rust) tokenizer to locate target words; this model's tokenizer is not one")
-    if getattr(tokenizer, "mask_token_id", None) is None:
-        raise UserError("the tokenizer has no mask token; GR-BERT's MLM objective needs one")
-
-
-def span_token_positions(offsets: Sequence[tuple[int, int]], special: Sequence[int], start: int, end: int) -> list[int]:
-    """Token indices whose character offsets overlap ``[start, end)`` (special tokens excluded)."""
-    return [
-        i for i, (s, e) in enumerate(offsets)
-        if not special[i] and e > s and s < end and e > start
-    ]
-
-
-def model_max_length(model: nn.Module, tokenizer=None) -> int:
-    """The longest input the model accepts (position embeddings; RoBERTa reserves 2 for padding)."""
-    cfg = getattr(model, "config", None)
-    limit = int(getattr(cfg, "max_position_embeddings", 512) or 512)
-    model_type = str(getattr(cfg, "model_type", ""))
-    if "roberta" in model_type or "camembert" in model_type:
-        limit -= 2
-    tok_limit = getattr(tokenizer, "model_max_length", None) if tokenizer is not None else None
-    if isinstance(tok_limit, int) and 0 < tok_limit < 100_000:
-        limit = min(limit, tok_limit)
-    return limit
 
 
 def encode_triplets(tokenizer, triplets: Sequence[Triplet], max_length: int = 128) -> list[EncodedTriplet]:
@@ -173,37 +147,6 @@ def collate(
 
 
 # --------------------------------------------------------------------------- model
-def lm_head_of(mlm: nn.Module) -> nn.Module | None:
-    """The LM head of BERT- or RoBERTa-family masked LMs (None: fall back to a full forward)."""
-    for name in ("cls", "lm_head"):
-        head = getattr(mlm, name, None)
-        if isinstance(head, nn.Module):
-            return head
-    return None
-
-
-def mlm_forward(mlm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                predict: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Last hidden states [B, L, H] and LM logits at the ``predict`` positions ([N, V]).
-
-    The LM head runs only on the positions that need a prediction: the full vocabulary
-    projection over every token would dominate the cost of a step.
-    """
-    head = lm_head_of(mlm)
-    if head is not None:
-        hidden = mlm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = head(hidden[predict]) if predict is not None else None
-        return hidden, logits
-    out = mlm(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-    return out.hidden_states[-1], (out.logits[predict] if predict is not None else None)
-
-
-def span_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``hidden`` [B, L, H] over the True positions of ``mask`` [B, L]."""
-    m = mask.to(hidden.dtype).unsqueeze(-1)
-    return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
-
-
 @dataclass
 class GROutput:
     loss: torch.Tensor

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from mirrorbert import jsonio
+import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.typed_config import check_finite_numbers, check_types
+from mirrorbert.settings.typed import check_finite_numbers, check_types
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class GlossPretrainConfig:
     resume: str | None = None
     log_dir: str | None = None
     show_progress: bool = True
-    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
+    trust_remote_code: bool = False  # --trust-remote-code (safeguards/model_loading.py)
 
     def validate(self) -> None:
         check_types(self)  # a value of the wrong type is named before any comparison trips over it
@@ -99,17 +99,17 @@ class GlossPretrainConfig:
             raise UserError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if self.max_grad_norm <= 0:
             raise UserError(f"--max-grad-norm must be > 0, got {self.max_grad_norm}")
-        from mirrorbert.config import check_seed
+        from mirrorbert.settings.seeds import check_seed
 
         check_seed(self.seed)
         if not 0.0 <= self.holdout < 1.0:
             raise UserError(f"--holdout must be a fraction in [0, 1), got {self.holdout}")
-        from mirrorbert.training.device import check_device_and_precision  # torch: not at --help time
+        from mirrorbert.runtime.device import check_device_and_precision  # torch: not at --help time
 
         check_device_and_precision(self.device, self.precision)
 
     def resolved_checkpoint_dir(self) -> Path:
-        from mirrorbert.safety import default_checkpoint_dir
+        from mirrorbert.safeguards.writes import default_checkpoint_dir
 
         return default_checkpoint_dir(self.output, self.checkpoint_dir)
 
@@ -166,8 +166,8 @@ def prepare_triplets(cfg: GlossPretrainConfig):
 # --------------------------------------------------------------------------- model I/O
 def load_start_model(name: str, trust_remote_code: bool = False):
     """Tokenizer and masked LM to start from, with a clear error when they cannot be loaded."""
-    from mirrorbert.model_loading import load_model, load_tokenizer
-    from mirrorbert.preflight import first_line, inspect_model, weights_load_error
+    from mirrorbert.safeguards.model_loading import load_model, load_tokenizer
+    from mirrorbert.safeguards.preflight import first_line, inspect_model, weights_load_error
 
     # cheap checks before the weights load
     inspect_model(name, need_mask=True, mask_option="--model", trust_remote_code=trust_remote_code)
@@ -199,7 +199,7 @@ def save_parts(model, tokenizer, folder: Path) -> None:
 
 def load_parts(folder: Path, cfg: GlossPretrainConfig):
     from mirrorbert.gloss.model import GlossRegularizedMLM
-    from mirrorbert.model_loading import load_model, load_tokenizer
+    from mirrorbert.safeguards.model_loading import load_model, load_tokenizer
 
     option, trust = f"--resume {folder.parent}:", cfg.trust_remote_code
     tok = load_tokenizer(folder / "context", trust_remote_code=trust, option=option)
@@ -259,7 +259,7 @@ class GlossMethod:
     def __init__(self, cfg, model, tokenizer, train_t, held_t, train_enc, held_enc, inventory, masker, batch_size,
                  per_epoch, total_steps, gloss_length, optimizer, scheduler, scaler, device, fingerprint, ckpt_root,
                  checkpointing):
-        from mirrorbert.training.metrics import MetricLogger
+        from mirrorbert.reporting.metrics import MetricLogger
 
         self.cfg, self.model, self.tokenizer, self.train_t, self.held_t = cfg, model, tokenizer, train_t, held_t
         self.train_enc, self.held_enc, self.inventory, self.masker = train_enc, held_enc, inventory, masker
@@ -275,7 +275,7 @@ class GlossMethod:
     def batches(self):
         import torch
 
-        from mirrorbert.training.randomness import derived_generator
+        from mirrorbert.runtime.randomness import derived_generator
 
         n = len(self.train_enc)
         while True:
@@ -285,9 +285,9 @@ class GlossMethod:
 
     def train_step(self, index, engine) -> dict[str, str]:
         from mirrorbert.gloss.model import collate
-        from mirrorbert.training.device import autocast
+        from mirrorbert.runtime.device import autocast
         from mirrorbert.training.optim import backward_and_step
-        from mirrorbert.training.randomness import derived_generator
+        from mirrorbert.runtime.randomness import derived_generator
 
         cfg, step = self.cfg, engine.step
         batch = collate(
@@ -322,7 +322,7 @@ class GlossMethod:
 
     def record_eval(self, tag_epoch: int, step: int) -> None:
         from mirrorbert.gloss.model import gloss_matching_accuracy
-        from mirrorbert.training.device import autocast
+        from mirrorbert.runtime.device import autocast
 
         if not self.held_enc:
             return
@@ -347,7 +347,7 @@ class GlossMethod:
         """Keep the best model on disk too, so that a resumed run still knows it."""
         import tempfile
 
-        from mirrorbert.safety import mark_folder, remove_tree
+        from mirrorbert.safeguards.writes import mark_folder, remove_tree
 
         self.ckpt_root.mkdir(parents=True, exist_ok=True)
         mark_folder(self.ckpt_root)  # a later run over this folder needs --resume or --overwrite
@@ -371,7 +371,7 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     """Run GR-BERT pre-training as configured and write the best model to ``cfg.output``."""
     import contextlib
 
-    from mirrorbert.safety import weights_size
+    from mirrorbert.safeguards.writes import weights_size
     from mirrorbert.training.checkpoints import guard_training_run
 
     cfg.validate()
@@ -388,7 +388,7 @@ def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
 def _run_info(cfg: GlossPretrainConfig, method: GlossMethod, stats, batch_size: int, warmup_steps: int,
               total_steps: int, step: int, wall: float, device) -> dict[str, Any]:
     """What the model folder's training-info file records about the run."""
-    from mirrorbert.training.metrics import library_versions
+    from mirrorbert.reporting.metrics import library_versions
 
     return {
         "method": "gr-bert",
@@ -423,7 +423,8 @@ def _load_resume(cfg: GlossPretrainConfig, fingerprint: str):
 
 def _model_and_data(cfg: GlossPretrainConfig, resume, train_t, held_t, device):
     """The model (from the checkpoint when resuming), the encoded triplets and the optional MLM masker."""
-    from mirrorbert.gloss.model import GlossRegularizedMLM, encode_triplets, model_max_length
+    from mirrorbert.gloss.model import GlossRegularizedMLM, encode_triplets
+    from mirrorbert.encoder.masked_lm import model_max_length
 
     if resume is not None:
         tokenizer, model = load_parts(resume.model_dir, cfg)
@@ -455,7 +456,7 @@ def _restore(resume, engine, method: GlossMethod) -> None:
     method.history, method.best = extra.get("history", []), extra.get("best")
     best_dir = method.ckpt_root / "best-model"
     if method.best is not None and best_dir.is_dir():
-        from mirrorbert.model_loading import load_model
+        from mirrorbert.safeguards.model_loading import load_model
 
         method.best_state = _cpu_state(load_model(best_dir, "AutoModelForMaskedLM", option=f"--resume {resume.path}:",
                                                   trust_remote_code=method.cfg.trust_remote_code))
@@ -466,10 +467,10 @@ def _restore(resume, engine, method: GlossMethod) -> None:
 
 def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     from mirrorbert.training.checkpoints import CheckpointManager
-    from mirrorbert.training.device import make_grad_scaler, resolve_device, resolve_precision
+    from mirrorbert.runtime.device import make_grad_scaler, resolve_device, resolve_precision
     from mirrorbert.training.engine import Engine
     from mirrorbert.training.optim import build_optimizer, build_scheduler
-    from mirrorbert.training.randomness import seed_everything
+    from mirrorbert.runtime.randomness import seed_everything
 
     device = resolve_device(cfg.device)
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))

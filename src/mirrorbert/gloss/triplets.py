@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from mirrorbert.data import check_utf8_file
+from mirrorbert.data.strings import check_utf8_file
 from mirrorbert.errors import UserError
-from mirrorbert.gloss.wordnet import POS_FILES, WordNet, candidate_base_forms
+from mirrorbert.data.wordnet import POS_FILES, WordNet, candidate_base_forms
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def build_wordnet_triplets(wn: WordNet, show_progress: bool = False) -> list[Tri
     The gloss is the synset's definition (without its examples). Lemmas are returned with
     spaces instead of WordNet's underscores.
     """
-    from mirrorbert.progress import progress_bar
+    from mirrorbert.reporting.progress import progress_bar
 
     out: list[Triplet] = []
     synsets = list(wn.all_synsets())
@@ -223,7 +223,7 @@ def write_triplets_tsv(triplets: Iterable[Triplet], path: str | os.PathLike) -> 
     def clean(x: str) -> str:
         return re.sub(r"[\t\r\n]+", " ", x)
 
-    from mirrorbert.safety import atomic_output_file
+    from mirrorbert.safeguards.writes import atomic_output_file
 
     # gloss-pretrain applied the write policy to --export-triplets before any work
     with atomic_output_file(path, overwrite=True, option="--export-triplets") as tmp, \

@@ -35,7 +35,7 @@ import torch
 from mirrorbert.errors import UserError
 
 if TYPE_CHECKING:
-    from mirrorbert.encoder import Encoder
+    from mirrorbert.encoder.model import Encoder
 
 REVISION_PREFIX = "weights-"
 
@@ -105,7 +105,7 @@ class MirrorBertMTEB:
                  device: str | None = None, batch_size: int | None = None, normalize: bool | None = None,
                  precision: str = "fp32", pooling: str | None = None, max_length: int | None = None,
                  name: str | None = None, trust_remote_code: bool = False, **kwargs: Any):
-        from mirrorbert.encoder import Encoder, _check_encode_arguments
+        from mirrorbert.encoder.model import Encoder, _check_encode_arguments
 
         if kwargs:
             raise UserError(f"MirrorBertMTEB: unknown argument(s) {', '.join(sorted(kwargs))}")
@@ -199,7 +199,7 @@ class MirrorBertMTEB:
 
     def model_name(self) -> str:
         """The metadata's name: given, else a hub id as it is, else `mirrorbert/<folder name>`."""
-        from mirrorbert.modelcard import public_name
+        from mirrorbert.publish.model_card import public_name
 
         if self._name:
             return self._name
@@ -211,7 +211,7 @@ class MirrorBertMTEB:
 
     def base_model(self) -> str | None:
         """The model this one was trained from (mirrorbert.json `base_model`), by hub id or folder name."""
-        from mirrorbert.modelcard import public_name
+        from mirrorbert.publish.model_card import public_name
 
         folder = self._local_folder()
         if folder is None or not (folder / "mirrorbert.json").is_file():

@@ -11,7 +11,7 @@
 What each piece does and why it is ours: sentence-transformers has no loss that makes the positive from the
 anchor itself (SimCSE-style `MultipleNegativesRankingLoss` on duplicated columns counts each string's own
 copy among the negatives' side and masks nothing). `MirrorBertLoss` embeds the two views of every string
-(with dropout on, as in training mode) and applies the very loss of `mirrorbert train` (`mirrorbert.loss`:
+(with dropout on, as in training mode) and applies the very loss of `mirrorbert train` (`mirrorbert.mirror.loss`:
 InfoNCE over the 2B views, the anchor excluded from its denominator, or the multi-similarity loss), gathering
 the views of every process first when the trainer runs on several (differentiable all-gather). With one text
 column and no collator the two views differ by dropout alone; `MirrorBertDataCollator` adds the masked second
@@ -28,11 +28,11 @@ from typing import Any, Iterable
 import torch
 
 from mirrorbert.errors import UserError
-from mirrorbert.loss import LOSSES, build_loss
-from mirrorbert.training.randomness import derived_generator
-from mirrorbert.config import MASK_UNITS
-from mirrorbert.views import char_span_starts, mask_chars, special_token_ids
-from mirrorbert.views import mask_span as mask_span_ids
+from mirrorbert.mirror.loss import LOSSES, build_loss
+from mirrorbert.runtime.randomness import derived_generator
+from mirrorbert.settings.choices import MASK_UNITS
+from mirrorbert.mirror.views import char_span_starts, mask_chars, special_token_ids
+from mirrorbert.mirror.views import mask_span as mask_span_ids
 
 STREAM_ST_MASK = 7  # the collator's own random stream (training.randomness.derived_generator)
 MIRROR_SUFFIX = "_mirror"

@@ -39,10 +39,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from mirrorbert import jsonio
-from mirrorbert.data import check_utf8_file
+import mirrorbert.jsonio as jsonio
+from mirrorbert.data.strings import check_utf8_file
 from mirrorbert.errors import UserError
-from mirrorbert.safety import remove_tree, write_error, write_errors, write_failure
+from mirrorbert.safeguards.writes import remove_tree, write_error, write_errors, write_failure
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ def _token_files() -> list[str]:
 
 
 def _content_sha256(path: Path) -> str:
-    from mirrorbert.index_store import file_sha256
+    from mirrorbert.safeguards.readback import file_sha256
 
     return file_sha256(path, what="--corpus")
 
@@ -280,7 +280,7 @@ def cache_problem(root: Path, key: str, vocab_size: int) -> str | None:
     """Why the cache folder `root` cannot be used, or None when it is complete and intact: meta.json a
     well-formed object of this key, every token file of the recorded size and SHA-256, ids in the vocabulary,
     document starts inside their stream and increasing."""
-    from mirrorbert.readback import parse_json, read_regular_bytes
+    from mirrorbert.safeguards.readback import parse_json, read_regular_bytes
 
     if root.is_symlink() or not root.is_dir():
         return "not a folder"
@@ -334,7 +334,7 @@ def _tokenize_into(
     batch_lines: int,
     show_progress: bool,
 ) -> dict[str, Any]:
-    from mirrorbert.progress import progress_bar
+    from mirrorbert.reporting.progress import progress_bar
 
     files = {s: open(out / f"{s}.tokens", "wb") for s in SPLITS}
     docs = {s: open(out / f"{s}.docs", "wb") for s in SPLITS}

@@ -26,20 +26,20 @@ import numpy as np
 import torch
 
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.config import SEED_RULE, seed_ok
+from mirrorbert.settings.seeds import SEED_RULE, seed_ok
 from mirrorbert.mlm.corpus import PackedSequences, check_corpus_files, epoch_order, prefetch, prepare_corpus
 from mirrorbert.mlm.masking import IGNORE_INDEX, MaskingConfig, MlmMasker
-from mirrorbert.safety import default_checkpoint_dir, write_json_atomic
-from mirrorbert.preflight import check_max_length, inspect_model, max_positions, weights_load_error
-from mirrorbert.safety import weights_size
+from mirrorbert.safeguards.writes import default_checkpoint_dir, write_json_atomic
+from mirrorbert.safeguards.preflight import check_max_length, inspect_model, max_positions, weights_load_error
+from mirrorbert.safeguards.writes import weights_size
 from mirrorbert.training.checkpoints import (
     CheckpointManager, check_resume_config, guard_training_run, load_checkpoint, restore_training_state,
 )
-from mirrorbert.training.device import autocast, make_grad_scaler, resolve_device, resolve_precision, set_threads
+from mirrorbert.runtime.device import autocast, make_grad_scaler, resolve_device, resolve_precision, set_threads
 from mirrorbert.training.engine import Engine
-from mirrorbert.training.metrics import MetricLogger, library_versions
+from mirrorbert.reporting.metrics import MetricLogger, library_versions
 from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
-from mirrorbert.training.randomness import derived_generator, seed_everything
+from mirrorbert.runtime.randomness import derived_generator, seed_everything
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class PretrainConfig:
     log_every: int = 50
     show_progress: bool = True
     prefetch_batches: int = 4
-    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
+    trust_remote_code: bool = False  # --trust-remote-code (safeguards/model_loading.py)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -126,7 +126,7 @@ class PretrainConfig:
 
 
 def validate(cfg: PretrainConfig) -> None:
-    from mirrorbert.typed_config import check_types
+    from mirrorbert.settings.typed import check_types
 
     check_types(cfg)
     def check(ok: bool, option: str, message: str) -> None:
@@ -177,7 +177,7 @@ class PretrainResult:
 
 # --------------------------------------------------------------------------- model / tokenizer
 def load_tokenizer(path: str, trust_remote_code: bool = False):
-    from mirrorbert.model_loading import load_tokenizer as load_tokenizer_checked
+    from mirrorbert.safeguards.model_loading import load_tokenizer as load_tokenizer_checked
 
     if not Path(path).exists():
         raise UserError(f"--tokenizer {path}: no such folder")
@@ -194,7 +194,7 @@ def architecture_config(architecture: str, tokenizer, seq_length: int):
     """A fresh config for a named size or a config JSON file, sized to the tokenizer's vocabulary."""
     from transformers import BertConfig
 
-    from mirrorbert.model_loading import config_for_model
+    from mirrorbert.safeguards.model_loading import config_for_model
 
     if architecture in ARCHITECTURES:
         size = ARCHITECTURES[architecture]
@@ -234,7 +234,7 @@ def architecture_config(architecture: str, tokenizer, seq_length: int):
 
 def build_model(cfg: PretrainConfig):
     """(model, tokenizer, description) for a fresh architecture or a pretrained MLM."""
-    from mirrorbert.model_loading import load_model, model_from_config
+    from mirrorbert.safeguards.model_loading import load_model, model_from_config
 
     if cfg.architecture is not None:
         tokenizer = load_tokenizer(cfg.tokenizer, cfg.trust_remote_code)
@@ -247,7 +247,7 @@ def build_model(cfg: PretrainConfig):
         except ValueError as exc:
             raise UserError(f"--architecture {cfg.architecture}: no masked-LM head for this config ({exc})") from None
         return model, tokenizer, f"{cfg.architecture} (from scratch)"
-    from mirrorbert.preflight import check_model_reachable, model_load_error
+    from mirrorbert.safeguards.preflight import check_model_reachable, model_load_error
 
     name = cfg.model
     if Path(name).is_dir() and not (Path(name) / "config.json").exists():
@@ -278,7 +278,7 @@ def build_model(cfg: PretrainConfig):
 
 
 def _auto_tokenizer(name: str, trust_remote_code: bool = False):
-    from mirrorbert.model_loading import load_tokenizer as load_tokenizer_checked
+    from mirrorbert.safeguards.model_loading import load_tokenizer as load_tokenizer_checked
 
     return load_tokenizer_checked(name, trust_remote_code=trust_remote_code)
 
@@ -593,7 +593,7 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
     plan, tokens_per_step, warmup, lr = _budget(cfg, len(packed))
 
     if resume is not None:  # weights come from the checkpoint; everything else was built identically
-        from mirrorbert.model_loading import load_model
+        from mirrorbert.safeguards.model_loading import load_model
 
         model = load_model(resume.model_dir, "AutoModelForMaskedLM", trust_remote_code=cfg.trust_remote_code,
                            option=f"--resume {resume.path}:")

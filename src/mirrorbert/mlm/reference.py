@@ -7,14 +7,15 @@ is sized to the machine: a few calibration steps measure tokens/s, and the run g
 in what is left of the time budget (default 10 minutes). The model is cached under the work folder, so
 a second quickstart reuses it.
 
-    python -m mirrorbert.mlm.reference --model bert-base-uncased --data-dir ../shared/data \
+    python -m mirrorbert.cli.reference_mlm --model bert-base-uncased --data-dir ../shared/data \
         --work runs/quickstart-reference-mlm --corpus-script scripts/build_reference_corpus.py
     # prints the model to use (the default if reachable, else the reference MLM's folder)
+
+(the command line is in `mirrorbert.cli.reference_mlm`; this module is the library part)
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import subprocess
 import sys
@@ -23,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mirrorbert import jsonio
+import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.safety import remove_tree
+from mirrorbert.safeguards.writes import remove_tree
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,7 @@ def ensure_reference_mlm(work: Path, data_dir: Path, build_corpus: Callable[[Pat
 def model_or_fallback(model: str, work: Path, data_dir: Path, build_corpus: Callable[[Path], None],
                       plan: ReferencePlan | None = None, say: Callable[[str], None] = print) -> str:
     """``model`` if it can be loaded here, else (in one line of ``say``) the offline reference MLM."""
-    from mirrorbert.preflight import check_model_reachable
+    from mirrorbert.safeguards.preflight import check_model_reachable
 
     try:
         check_model_reachable(model)
@@ -122,31 +123,3 @@ def model_or_fallback(model: str, work: Path, data_dir: Path, build_corpus: Call
         say(f"quickstart: {model} cannot be downloaded here (Hugging Face hub unreachable); using the offline "
             f"reference MLM {folder} instead ({'cached' if cached else f'a {plan.architecture} pre-trained now on the offline corpus, about {plan.budget_s / 60:.0f} min'})")
         return str(ensure_reference_mlm(work, data_dir, build_corpus, plan))
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mirrorbert.mlm.reference", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="bert-base-uncased", help="the model wanted (default bert-base-uncased)")
-    p.add_argument("--data-dir", required=True, help="data directory (corpora, WordNet, STS-B, tokenizer)")
-    p.add_argument("--work", default="runs/quickstart-reference-mlm", help="cache folder (default runs/quickstart-reference-mlm)")
-    p.add_argument("--corpus-script", default="scripts/build_reference_corpus.py", help="the corpus builder script")
-    p.add_argument("--architecture", default="bert-mini", help="bert-tiny | bert-mini | ... (default bert-mini)")
-    p.add_argument("--budget-s", type=float, default=600.0, help="time budget of corpus + pre-training (default 600)")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("mirrorbert.mlm.corpus").setLevel(logging.WARNING)
-    plan = ReferencePlan(architecture=args.architecture, budget_s=args.budget_s, threads=args.threads)
-    try:
-        chosen = model_or_fallback(args.model, Path(args.work), Path(args.data_dir),
-                                   script_corpus_builder(Path(args.corpus_script), Path(args.data_dir)), plan,
-                                   say=lambda line: print(line, file=sys.stderr, flush=True))
-    except UserError as exc:
-        print(f"mirrorbert: error: {exc}", file=sys.stderr)
-        return 2
-    print(chosen)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

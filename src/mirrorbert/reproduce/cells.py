@@ -361,7 +361,7 @@ def _bli_cells(ctx: "_Context", exp: str) -> None:
         if "data" in src:
             words += _lines(Path(src["data"]))[:per_lang]
         else:
-            from mirrorbert.data import top_words
+            from mirrorbert.data.strings import top_words
 
             words += top_words(per_lang, lang)
     train_file = _write_lines(derived / f"bli_words_{'_'.join(langs)}_{per_lang}.txt", list(dict.fromkeys(words)))
@@ -410,7 +410,7 @@ def _isotropy_cells(ctx: "_Context", exp: str) -> None:
         if texts_file:
             opts["texts_file"] = texts_file
         else:  # wordfreq words: written out so that the evaluation reads the same strings
-            from mirrorbert.data import top_words
+            from mirrorbert.data.strings import top_words
 
             opts["texts_file"] = str(_write_lines(derived / f"en_words_top_{n_strings}.txt", top_words(n_strings, "en")))
         spec = EvalSpec("isotropy", opts, keep=("is",), rename={"is": f"is_{level}"})
@@ -459,7 +459,7 @@ def _frequency_cells(ctx: "_Context", exp: str) -> None:
     n_buckets = quick.buckets if quick else FREQUENCY_BUCKETS
     size = quick.bucket_size if quick else FREQUENCY_BUCKET_SIZE
     try:
-        from mirrorbert.data import top_words
+        from mirrorbert.data.strings import top_words
 
         ranked = top_words(n_buckets * size, "en")
     except Exception as exc:  # wordfreq missing or without the list: the figure is skipped

@@ -77,7 +77,7 @@ def warm_up() -> None:
     that neither the first dry run's timing nor the first cells' times carry one-off costs."""
     import importlib
 
-    for name in ("mirrorbert.trainer", "mirrorbert.evaluation.runner", "scipy.stats", "matplotlib"):
+    for name in ("mirrorbert.mirror.train", "mirrorbert.evaluation.runner", "scipy.stats", "matplotlib"):
         try:
             importlib.import_module(name)
         except ImportError:
@@ -131,7 +131,7 @@ class Estimator:
 
     def train_prediction(self, train_cfg) -> float:
         """Steps x batch x views x passes at the measured per-text time of the cell's training strings."""
-        from mirrorbert.data import strings_for_config
+        from mirrorbert.data.strings import strings_for_config
 
         key = json.dumps(["train", train_cfg.data, train_cfg.words_top, train_cfg.random_strings, train_cfg.limit,  # key, not output
                           train_cfg.column, train_cfg.max_length], default=str)

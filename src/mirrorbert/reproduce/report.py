@@ -15,7 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mirrorbert import jsonio
+import mirrorbert.jsonio as jsonio
 from mirrorbert.reproduce.cells import EXPERIMENT_INFO
 from mirrorbert.reproduce.paper import load_paper_numbers, paper_value
 
@@ -252,7 +252,7 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
 
 
 def write_report(run: ReproduceResult, data_dir: Path, out: Path, versions: dict[str, str]) -> Path:
-    from mirrorbert.safety import REPRODUCE_KIND, claim_files, write_text_atomic
+    from mirrorbert.safeguards.writes import REPRODUCE_KIND, claim_files, write_text_atomic
 
     # named in the output's marker before they are written: an interrupted write stays mirrorbert's
     claim_files(out, ["plots/datasize.png", "plots/frequency.png", "plots/before_after.png", "results.json",

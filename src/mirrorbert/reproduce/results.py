@@ -34,10 +34,10 @@ class ReproduceConfig:
     report_only: bool = False  # write the report from the cached cells; list the others as not run
     overwrite: bool = False  # discard an earlier run in `output` (only a folder mirrorbert wrote) and start over
     command: str = ""  # the command line, for the report
-    trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
+    trust_remote_code: bool = False  # --trust-remote-code (safeguards/model_loading.py)
 
     def validate(self) -> list[str]:
-        from mirrorbert.typed_config import check_types
+        from mirrorbert.settings.typed import check_types
 
         check_types(self)
         if self.paper not in PAPERS:
@@ -49,17 +49,17 @@ class ReproduceConfig:
             raise UserError(f"--experiments: unknown experiment(s) {', '.join(unknown)}; known: {', '.join(known)}")
         if not self.seeds:
             raise UserError("--seeds: give at least one seed")
-        from mirrorbert.config import SEED_RULE, seed_ok
+        from mirrorbert.settings.seeds import SEED_RULE, seed_ok
 
         if any(not seed_ok(s) for s in self.seeds):
             raise UserError(f"--seeds {self.seeds!r}: every seed {SEED_RULE}")
-        from mirrorbert.training.device import check_device_and_precision
+        from mirrorbert.runtime.device import check_device_and_precision
 
         check_device_and_precision(self.device)
         bs = self.eval_batch_size
         if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
             raise UserError(f"--eval-batch-size {bs!r}: must be an integer >= 1")
-        from mirrorbert.config import FIELD_NAMES, resolve_config
+        from mirrorbert.mirror.config import FIELD_NAMES, resolve_config
 
         bad = sorted(set(self.train_options) - FIELD_NAMES)
         if bad:

@@ -22,13 +22,13 @@ from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
 
-from mirrorbert import jsonio
+import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.preflight import first_line
+from mirrorbert.safeguards.preflight import first_line
 from mirrorbert.reproduce.cells import Cell, QuickLimits, build_cells, quick_data_dir
 from mirrorbert.reproduce.results import CellResult, ReproduceConfig, ReproduceResult
 from mirrorbert.reproduce.paper import detect_base_model
-from mirrorbert.safety import REPRODUCE_KIND, remove_tree
+from mirrorbert.safeguards.writes import REPRODUCE_KIND, remove_tree
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class _Context:
         self._base_encoders: dict[str, Any] = {}
 
     def base_encoder(self, pooling: str):
-        from mirrorbert.encoder import Encoder
+        from mirrorbert.encoder.model import Encoder
 
         if pooling not in self._base_encoders:
             self._base_encoders[pooling] = Encoder.load(self.cfg.model, pooling=pooling, device=self.cfg.device,
@@ -146,7 +146,7 @@ class _Context:
 
 
 def cell_hash(ctx: _Context, cell: Cell, seed: int | None) -> str:
-    from mirrorbert import __version__
+    from mirrorbert._version import __version__
 
     data = {d: fingerprint(ctx.data_dir / d) for d in TASK_DATA.get(cell.evaluation.task, ())}
     train = ctx.train_overrides(cell, seed) if cell.train is not None else None
@@ -192,8 +192,8 @@ def _eval_command(model: str, cell: Cell, data_dir: Path) -> str:
 def _prepare_model(ctx: _Context, cell: Cell, seed: int | None) -> tuple[str, list[str], dict[str, str]]:
     """The model folder (or name) the cell evaluates, training it first when needed."""
     if cell.train is not None:
-        from mirrorbert.config import resolve_config
-        from mirrorbert.trainer import train
+        from mirrorbert.mirror.config import resolve_config
+        from mirrorbert.mirror.train import train
 
         overrides = ctx.train_overrides(cell, seed)
         folder = ctx.trained_model_dir(cell, seed)
@@ -230,9 +230,9 @@ def preflight(ctx: _Context, jobs: list[tuple[Cell, int | None]], config: Any) -
     max length against the model's `config`), each evaluation's options as `mirrorbert eval` takes them.
     (The model folder itself is checked by inspect_model before anything is written.)
     """
-    from mirrorbert.config import resolve_config
+    from mirrorbert.mirror.config import resolve_config
     from mirrorbert.evaluation.runner import TASKS, check_task_options
-    from mirrorbert.preflight import check_max_length, check_readable
+    from mirrorbert.safeguards.preflight import check_max_length, check_readable
 
     for cell, seed in jobs:
         try:
@@ -281,7 +281,7 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
         if cell.train is None and cell.gr_arch is None:
             encoder = ctx.base_encoder(ev.pooling or "mean")
         else:
-            from mirrorbert.encoder import Encoder
+            from mirrorbert.encoder.model import Encoder
 
             encoder = Encoder.load(model, pooling=ev.pooling, device=ctx.cfg.device,
                                    trust_remote_code=ctx.cfg.trust_remote_code)
@@ -300,7 +300,7 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    from mirrorbert.safety import replace_file
+    from mirrorbert.safeguards.writes import replace_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_file(path, jsonio.dumps(obj, indent=1, ensure_ascii=False, default=str) + "\n")
@@ -406,14 +406,14 @@ def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], p
     """Count each pending cell's work and measure this machine's throughput on it (a few seconds)."""
     if not todo:
         return _Plan(jobs, None, {})
-    from mirrorbert.config import resolve_config
+    from mirrorbert.mirror.config import resolve_config
     from mirrorbert.reproduce.estimate import Estimator, warm_up
 
     start = time.perf_counter()
     warm_up()
     encoder = ctx.base_encoder("mean")
     load_start = time.perf_counter()  # a second load: the first one pays for imports and caches
-    importlib.import_module("mirrorbert.encoder").Encoder.load(ctx.cfg.model, pooling="mean", device=ctx.cfg.device,
+    importlib.import_module("mirrorbert.encoder.model").Encoder.load(ctx.cfg.model, pooling="mean", device=ctx.cfg.device,
                                                                trust_remote_code=ctx.cfg.trust_remote_code)
     estimator = Estimator(encoder, ctx.cfg.eval_batch_size, load_s=time.perf_counter() - load_start)
     predictions: dict[int, list[tuple[str, float]]] = {}
@@ -455,7 +455,7 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
     _output_plan(cfg, data_dir).check()  # the output's path rules first, before anything is opened
     model_config = None
     if not cfg.report_only:  # the model folder (config, tokenizer, weights), before anything is written
-        from mirrorbert.preflight import inspect_model
+        from mirrorbert.safeguards.preflight import inspect_model
 
         model_config, _ = inspect_model(cfg.model, trust_remote_code=cfg.trust_remote_code)
     with output_folder(cfg, data_dir) as out:
@@ -463,7 +463,7 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
 
 
 def _output_plan(cfg: ReproduceConfig, data_dir: Path):
-    from mirrorbert.safety import WritePlan
+    from mirrorbert.safeguards.writes import WritePlan
 
     plan = WritePlan({"--model": cfg.model, "--data-dir": data_dir}, overwrite=cfg.overwrite)
     return plan.folder("--output", cfg.output, resume_kind=REPRODUCE_KIND)
@@ -478,7 +478,7 @@ def output_folder(cfg: ReproduceConfig, data_dir: Path) -> Iterator[Path]:
     anything else needs --overwrite, which replaces only a folder mirrorbert wrote. The marker lists
     the files written; it is brought up to date after every cell (see `safety.record_files`).
     """
-    from mirrorbert.safety import discard_folder, mark_folder, read_marker, record_files
+    from mirrorbert.safeguards.writes import discard_folder, mark_folder, read_marker, record_files
 
     with _output_plan(cfg, data_dir).locked() as paths:
         out = Path(cfg.output)
@@ -498,15 +498,15 @@ def output_folder(cfg: ReproduceConfig, data_dir: Path) -> Iterator[Path]:
 def _reproduce(cfg: ReproduceConfig, experiments: list[str], data_dir: Path, out: Path,
                progress: Callable[[str], None], model_config: Any = None) -> ReproduceResult:
     from mirrorbert.reproduce.report import write_report
-    from mirrorbert.training.metrics import library_versions
-    from mirrorbert.safety import claim_files, record_files
+    from mirrorbert.reporting.metrics import library_versions
+    from mirrorbert.safeguards.writes import claim_files, record_files
 
     quick = QuickLimits() if cfg.quick else None
     if quick:  # every evaluation set cut to its first lines: a smoke test, not the paper's numbers
         data_dir = quick_data_dir(data_dir, out / "data" / "quick", quick)
     ctx = _Context(cfg, data_dir, out, quick)
     if not Path(cfg.model).exists():
-        from mirrorbert.preflight import check_model_reachable
+        from mirrorbert.safeguards.preflight import check_model_reachable
 
         check_model_reachable(cfg.model)
     cells, skipped = build_cells(experiments, data_dir, out, _model_type(cfg.model), quick)

@@ -1,8 +1,8 @@
-"""The one training engine shared by Mirror-BERT, MLM pre-training and GR-BERT.
+"""The one training engine shared by Mirror-BERT, MLM pre-training and GR-BERT: a method supplies batches and a step.
 
 Modules: `engine` (the loop: steps, epochs, progress, checkpoints, resume, preemption, the final save),
-`device` (device and precision), `randomness` (seeds and RNG state), `checkpoints` (verified checkpoint
-folders), `optim` (optimiser, schedule, one update), `signals` (interrupts and preemption), `metrics`
-(TensorBoard scalars, library versions), `eval_after` (`--eval-after`). Nothing is imported here, so a
-low-level module may use `mirrorbert.training.device` without pulling in the engine.
+`checkpoints` (verified checkpoint folders, rotation, resume rules), `state_format` (training state as
+safetensors + JSON, no pickle), `optim` (optimiser, schedule, one update), `signals` (interrupts and
+preemption), `gradcache` (cached-gradient steps: big contrastive batches in small memory), `collapse` (did
+the embeddings collapse, and why). Device, precision, seeds and processes are `mirrorbert.runtime`, below.
 """

@@ -21,11 +21,11 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from mirrorbert import jsonio
+import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.safety import (MARKER, fix_folder_mode, guard_run, mark_folder, remove_tree, write_errors,
+from mirrorbert.safeguards.writes import (MARKER, fix_folder_mode, guard_run, mark_folder, remove_tree, write_errors,
                                write_json_atomic)
-from mirrorbert.training.randomness import rng_state, set_rng_state
+from mirrorbert.runtime.randomness import rng_state, set_rng_state
 from mirrorbert.training.state_format import load_legacy_pt, load_state, save_state
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.safety import atomic_output_dir, remove_tree
+from mirrorbert.safeguards.writes import atomic_output_dir, remove_tree
 from mirrorbert.training.checkpoints import CheckpointManager
 from mirrorbert.training.signals import NO_SIGNAL, SIGTERM_SEEN, InterruptFlag, signal_name
 
@@ -130,7 +130,7 @@ class Engine:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> Outcome:
-        from mirrorbert.progress import progress_bar
+        from mirrorbert.reporting.progress import progress_bar
 
         progress = progress_bar(total=self.total_steps, initial=self.step, show=self.show_progress and self.dist.is_main,
                                 desc=self.desc, unit="step")

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mirrorbert import jsonio
+import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
 
 FORMAT = "mirrorbert-training-state"

@@ -1,0 +1,153 @@
+"""`mirrorbert search`: nearest corpus entries for one or more queries, printed as JSON lines."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import mirrorbert.jsonio as jsonio
+from mirrorbert.cli import options
+from mirrorbert.cli.options import ENCODER, use
+from mirrorbert.cli.typed_options import FAISS_CHOICES, SearchOptions
+from mirrorbert.errors import UserError
+
+TEXT_FILES = ".txt (one per line), .csv/.tsv/.parquet/.arrow/saved datasets folder (--column) or .jsonl (--field)"
+HIT_IDS = "hit ids still name the corpus's lines"
+
+
+def add_search_parser(sub) -> None:
+    p = sub.add_parser(
+        "search", help="find the corpus entries nearest to queries (exact cosine top-k, JSON lines)",
+        description="Encode a corpus and queries with a model and print, per query, one JSON line "
+                    '{"query": ..., "hits": [{"id": ..., "text": ..., "score": ...}, ...]} (id = corpus line, from 0).',
+    )
+    options.add(p, use("model", required=True, note=ENCODER),
+                use("corpus", note=f"the entries to search: {TEXT_FILES}; with --index: the corpus the index was "
+                                   "built from, checked unchanged"))
+    p.add_argument("--index", help="answer from a folder written by `mirrorbert index` (no corpus encoding); refused "
+                                   "if --model or the corpus changed since")
+    options.add(p, use("column", note="also of a --queries file"), use("field", note="also of a --queries file"))
+    p.add_argument("--query", action="append", help="a query string (repeat for several)")
+    p.add_argument("--queries", help="file of queries, one per line (.txt; .csv/.tsv/.jsonl with --column/--field)")
+    p.add_argument("--top-k", type=int, default=10, help="hits per query (default 10)")
+    p.add_argument("--faiss", default="auto", help="use faiss IndexFlatIP: auto (when installed, default) | yes | no; "
+                                                  "results are the same either way")
+    options.add(p, "pooling", use("batch_size", note="strings per forward pass"), "max_length", "device",
+                use("quantize", note="int8 | ubinary: candidates from the quantised corpus, rescored with the float "
+                                     "query (scores are then not exact cosines); needs faiss"),
+                use("skip_bad_lines", note=HIT_IDS), "no_progress")
+    p.set_defaults(func=run_search)
+
+
+def _read_queries(opts: SearchOptions) -> list[str]:
+    from mirrorbert.data.strings import CSV_SUFFIXES, read_file
+    from mirrorbert.data.hf_datasets import is_table
+
+    if opts.query:
+        return list(opts.query)
+    # --column/--field name the corpus's text; a query file of the same kind uses the same name
+    suffix = Path(opts.queries).suffix.lower()
+    column = opts.column if suffix in CSV_SUFFIXES or is_table(Path(opts.queries)) else None
+    field = opts.field if suffix in (".jsonl", ".json") else None
+    queries, _ = read_file(opts.queries, column=column, field=field, skip_bad_lines=opts.skip_bad_lines,
+                           option="--queries")
+    if not any(q.strip() for q in queries):
+        raise UserError(f"--queries {opts.queries}: no queries in the file")
+    return queries
+
+
+def _corpus_rows(opts: SearchOptions):
+    """The corpus's non-blank rows: (texts, ids), ids being their records' places in the file."""
+    from mirrorbert.data.strings import read_rows
+
+    rows = read_rows(opts.corpus, column=opts.column, field=opts.field, skip_bad_lines=opts.skip_bad_lines,
+                     option="--corpus")
+    # blank and skipped lines keep their place in the numbering (a hit's id is its record's index in the
+    # file) but are never hits
+    kept = [i for i, text in enumerate(rows.texts) if text.strip()]
+    if not kept:
+        raise UserError(f"--corpus {opts.corpus}: no entries in the file")
+    return [rows.texts[i] for i in kept], [rows.ids[i] for i in kept]
+
+
+def run_search(args) -> int:
+    from mirrorbert.encoder.model import Encoder
+
+    opts = SearchOptions.from_args(args)  # every value checked here, as in Python
+    use_faiss = FAISS_CHOICES[opts.faiss]
+    from mirrorbert.runtime.device import check_device_and_precision
+
+    check_device_and_precision(opts.device)
+    if use_faiss or opts.quantize != "float32":
+        from mirrorbert.search.exact import wants_faiss
+
+        wants_faiss(True)  # fails now, not after encoding the corpus
+    if opts.quantize != "float32":
+        from mirrorbert.search.quantized import st_quantization
+
+        st_quantization()
+    queries = _read_queries(opts)
+    if opts.index:
+        from mirrorbert.search.index_store import check_index, load_index
+
+        manifest = check_index(Path(opts.index), opts.model, opts.corpus)  # before any weight loads
+        encoder = Encoder.load(opts.model, pooling=manifest.pooling, device=opts.device,
+                               max_length=manifest.max_length, trust_remote_code=opts.trust_remote_code, cli=True)
+        index, ids = load_index(Path(opts.index), manifest, use_faiss)
+    else:
+        texts, ids = _corpus_rows(opts)
+        encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
+                               trust_remote_code=opts.trust_remote_code, cli=True)
+        index = encoder.build_index(texts, batch_size=opts.batch_size, use_faiss=use_faiss,
+                                    show_progress=opts.show_progress)
+    results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
+                             quantize=opts.quantize)
+    for query, hits in zip(queries, results):
+        hits = [h._replace(corpus_id=ids[h.corpus_id]) for h in hits]
+        sys.stdout.write(jsonio.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")
+    return 0
+
+
+# ----------------------------------------------------------------------------- index
+def add_index_parser(sub) -> None:
+    p = sub.add_parser(
+        "index", help="encode a corpus once into a search index folder (for search --index)",
+        description="Encode a corpus with a model and write a folder `mirrorbert search --index DIR --model M` "
+                    "answers from: vectors, texts, line ids, a faiss index when installed, and a manifest with "
+                    "the model's fingerprint and the corpus's SHA-256 (a changed model or corpus is refused).",
+    )
+    options.add(p, use("model", required=True, note=ENCODER),
+                use("corpus", required=True, note=f"the entries to index: {TEXT_FILES}"),
+                use("output", required=True, note="the index folder"), "overwrite", "column", "field",
+                use("pooling", note="recorded in the index"), use("batch_size", note="strings per forward pass"),
+                "max_length", "device", use("skip_bad_lines", note=HIT_IDS), "no_progress")
+    p.set_defaults(func=run_index)
+
+
+def run_index(args) -> int:
+    from mirrorbert.cli.typed_options import IndexOptions
+    from mirrorbert.encoder.model import Encoder
+    from mirrorbert.search.index_store import Manifest, corpus_size, count_lines, file_sha256, model_fingerprint, write_index
+    from mirrorbert.safeguards.writes import WritePlan, atomic_output_dir
+    from mirrorbert.runtime.device import check_device_and_precision
+
+    opts = IndexOptions.from_args(args)
+    check_device_and_precision(opts.device)
+    plan = WritePlan({"--corpus": opts.corpus, "--model": opts.model}, overwrite=opts.overwrite)
+    with plan.folder("--output", opts.output).locked():
+        texts, ids = _corpus_rows(opts)
+        fingerprint = model_fingerprint(opts.model)  # before encoding: the files the vectors come from
+        encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
+                               trust_remote_code=opts.trust_remote_code, cli=True)
+        vectors = encoder.build_index(texts, batch_size=opts.batch_size, use_faiss=False,
+                                      show_progress=opts.show_progress).vectors
+        manifest = Manifest(
+            model=opts.model, model_sha256=fingerprint, pooling=encoder.pooling, max_length=encoder.max_length,
+            corpus=str(Path(opts.corpus).resolve()), corpus_sha256=file_sha256(Path(opts.corpus)),
+            corpus_lines=count_lines(Path(opts.corpus)), rows=len(texts), dim=int(vectors.shape[1]),
+            column=opts.column, field=opts.field, corpus_bytes=corpus_size(Path(opts.corpus)))
+        with atomic_output_dir(opts.output, overwrite=opts.overwrite, kind="index") as tmp:
+            write_index(tmp, vectors, texts, ids, manifest)
+    print(jsonio.dumps({"output": str(opts.output), "rows": manifest.rows, "dim": manifest.dim,
+                        "pooling": manifest.pooling, "faiss": manifest.faiss}))
+    return 0

@@ -1,0 +1,14 @@
+"""Data in: training strings from text, CSV/TSV, JSONL and Hugging Face tables, and the WordNet files GR-BERT reads.
+
+Modules: `strings` (read, clean, deduplicate, fingerprint training strings), `tabular` (Parquet, Arrow, saved
+datasets, `hf:` Hub datasets, a column at a time), `wordnet` (WordNet's own data files, read without nltk).
+"""
+
+
+def __getattr__(name):
+    # `from mirrorbert.data import strings_from_dataset` keeps working without importing every reader up front.
+    if name in {"strings_from_dataset", "read_rows", "read_file", "TrainingStrings"}:
+        from mirrorbert.data import strings
+
+        return getattr(strings, name)
+    raise AttributeError(name)

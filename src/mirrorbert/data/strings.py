@@ -1,0 +1,378 @@
+"""Training strings: read from files or built-in sources, cleaned, deduplicated, fingerprinted.
+
+Mirror-BERT needs nothing but raw strings, so this module's job is to get them right: every line a user
+gave is either used, reported as a duplicate/blank, or rejected with the file and line named.
+"""
+
+from __future__ import annotations
+
+import bisect
+import codecs
+import csv
+import hashlib
+import io
+import json
+import logging
+import random
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+from mirrorbert.errors import UserError
+from mirrorbert.data.hf_datasets import is_hub_dataset, is_table, iter_hub_column, read_table_column
+
+logger = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = {".txt", ".text", ""}
+CSV_SUFFIXES = {".csv": ",", ".tsv": "\t"}
+JSONL_SUFFIXES = {".jsonl", ".ndjson"}
+
+
+@dataclass
+class TrainingStrings:
+    strings: list[str]
+    source: str
+    n_read: int
+    n_blank: int
+    n_duplicates: int
+    n_bad_lines: int
+    fingerprint: str
+
+    def summary(self) -> dict:
+        return {
+            "source": self.source,
+            "strings": len(self.strings),
+            "read": self.n_read,
+            "blank": self.n_blank,
+            "duplicates_removed": self.n_duplicates,
+            "bad_lines_skipped": self.n_bad_lines,
+            "sha256": self.fingerprint,
+        }
+
+
+def fingerprint(strings: list[str]) -> str:
+    digest = hashlib.sha256()
+    for s in strings:
+        digest.update(s.encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def check_utf8_file(path: str | Path, option: str, hint: str = "fix the file") -> None:
+    """The one UTF-8 rule of every reader (training data, MLM corpus, triplets): a line that is not UTF-8
+    is an error naming the file and line. Scans in large chunks (C speed); on a failure finds the line."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            decoder = codecs.getincrementaldecoder("utf-8")()
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                decoder.decode(chunk)
+            decoder.decode(b"", final=True)
+        return
+    except PermissionError:
+        raise UserError(f"{option} {path}: permission denied (the file is not readable)") from None
+    except UnicodeDecodeError:
+        pass
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}); {hint}") from None
+    raise UserError(f"{path}: not valid UTF-8 (the file ends inside a character); {hint}")
+
+
+def split_lines(raw: bytes) -> list[bytes]:
+    """One line read up to `\n`, cut at lone CRs too: LF, CRLF and CR all end a line (as Python's universal
+    newlines read them), so a file saved with old Mac line endings is not one long string."""
+    raw = raw[:-1] if raw.endswith(b"\n") else raw
+    raw = raw[:-1] if raw.endswith(b"\r") else raw
+    return raw.split(b"\r")
+
+
+def read_text_lines(path: str | Path, hint: str = "fix the file") -> list[str]:
+    """Every line of a UTF-8 text file without its line ending (LF, CRLF or CR), a leading BOM dropped; a line
+    that is not UTF-8 is one error naming the file and line. The reader of every evaluation set."""
+    path = Path(path)
+    lines: list[str] = []
+    try:
+        with path.open("rb") as fh:
+            for raw in fh:
+                for piece in split_lines(raw):
+                    try:
+                        lines.append(piece.decode("utf-8"))
+                    except UnicodeDecodeError as exc:
+                        raise UserError(f"{path}:{len(lines) + 1}: not valid UTF-8 (byte {exc.start}); {hint}") from None
+    except PermissionError:
+        raise UserError(f"{path}: permission denied (the file is not readable)") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a folder, expected a file") from None
+    if lines:
+        lines[0] = lines[0].lstrip("\ufeff")
+    return lines
+
+
+@dataclass
+class Rows:
+    """The strings of a file with where each came from: `ids[i]` is the 0-based position of `texts[i]` among
+    the file's records (lines of .txt/.jsonl, data rows of .csv/.tsv), counting skipped lines, so ids and
+    output rows can always be traced back to the input; `skipped` lists the skipped lines' numbers (1-based)."""
+    texts: list[str]
+    ids: list[int]
+    skipped: list[int]
+
+
+def _decoded_lines(path: Path, skip_bad_lines: bool) -> tuple[list[tuple[int, str]], list[int]]:
+    """(line number, text) pairs and the numbers of skipped lines; a line that is not UTF-8 is an error naming
+    it, or skipped on request."""
+    out, skipped, lineno = [], [], 0
+    with path.open("rb") as fh:
+        for raw in fh:
+            for piece in split_lines(raw):
+                lineno += 1
+                try:
+                    text = piece.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    if skip_bad_lines:
+                        skipped.append(lineno)
+                        logger.warning("%s:%d: skipped, not valid UTF-8", path, lineno)
+                        continue
+                    raise UserError(
+                        f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}); fix the file or pass --skip-bad-lines"
+                    ) from None
+                if lineno == 1:
+                    text = text.lstrip("\ufeff")
+                out.append((lineno, text))
+    return out, skipped
+
+
+def _read_csv(path: Path, lines: list[tuple[int, str]], delimiter: str, column: str | None,
+              skipped: list[int]) -> tuple[list[str], list[int]]:
+    if not column:
+        raise UserError(f"{path}: a {path.suffix} file needs --column NAME to say which column holds the text")
+    text = "\n".join(text for _, text in lines)
+    # the whole file is in memory already, so a field may be as long as the file (csv's default limit of
+    # 131,072 characters would stop a long document with a traceback); the limit is put back afterwards
+    previous_limit = csv.field_size_limit()
+    csv.field_size_limit(max(previous_limit, min(len(text) + 1, 2**31 - 1)))
+    try:
+        return _parse_csv(path, lines, text, delimiter, column, skipped)
+    finally:
+        csv.field_size_limit(previous_limit)
+
+
+def _file_line(lines: list[tuple[int, str]], index: int) -> int:
+    """The file's line number of the `index`-th kept line (0-based), or of the last one past the end."""
+    if not lines:
+        return 1
+    return lines[min(max(index, 0), len(lines) - 1)][0]
+
+
+def _parse_csv(path: Path, lines: list[tuple[int, str]], text: str, delimiter: str, column: str,
+               skipped: list[int]) -> tuple[list[str], list[int]]:
+    reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
+    try:
+        fieldnames = reader.fieldnames
+    except csv.Error as exc:
+        raise UserError(f"{path}:{_file_line(lines, reader.line_num - 1)}: not valid CSV ({exc})") from None
+    if fieldnames is None or column not in fieldnames:
+        found = ", ".join(fieldnames or [])
+        raise UserError(f"{path}: --column {column!r} not in the header (columns: {found})")
+    if fieldnames.count(column) > 1:
+        raise UserError(f"{path}: the header names column {column!r} {fieldnames.count(column)} times; "
+                        "which one holds the text is ambiguous: rename the others")
+    header_line = lines[reader.line_num - 1][0] if reader.line_num else 1
+    texts, ids, start = [], [], reader.line_num
+    try:
+        for index, row in enumerate(reader):
+            first_line = lines[start][0] if start < len(lines) else lines[-1][0]  # the file line this row starts on
+            texts.append(row.get(column) or "")
+            # a skipped line counts as the data row it was, so ids stay the rows' places in the file
+            ids.append(index + bisect.bisect_left(skipped, first_line) - bisect.bisect_left(skipped, header_line))
+            last_start, start = start, reader.line_num
+    except csv.Error as exc:
+        raise UserError(f"{path}:{_file_line(lines, reader.line_num - 1)}: not valid CSV ({exc})") from None
+    if texts and start - last_start > 1:
+        # the last row spans several lines: csv (non-strict) ends a quoted field left open at the end of the
+        # file without a word, swallowing every line after the quote into one row; read it again strictly
+        tail = "\n".join(t for _, t in lines[last_start:])
+        try:
+            for _ in csv.reader(io.StringIO(tail), delimiter=delimiter, strict=True):
+                pass
+        except csv.Error as exc:
+            if "unexpected end of data" in str(exc):
+                raise UserError(f"{path}:{_file_line(lines, last_start)}: a quoted field opens here and is never "
+                                "closed (it would swallow the rest of the file); fix the quotes") from None
+    return texts, ids
+
+
+def _encodable(text: str) -> bool:
+    """False for a string holding a lone surrogate (JSON's "\\ud800" decodes to one; no UTF-8 can hold it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _read_jsonl(path: Path, lines: list[tuple[int, str]], field: str | None) -> list[str]:
+    if not field:
+        raise UserError(f"{path}: a JSONL file needs --field NAME to say which field holds the text")
+    out = []
+    for lineno, text in lines:
+        if not text.strip():
+            out.append("")
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise UserError(f"{path}:{lineno}: invalid JSON (nested too deeply)") from None
+        if not isinstance(record, dict) or field not in record:
+            raise UserError(f"{path}:{lineno}: no field {field!r}")
+        value = record[field]
+        if not isinstance(value, str):
+            raise UserError(f"{path}:{lineno}: field {field!r} is not a string")
+        if not _encodable(value):
+            raise UserError(f"{path}:{lineno}: field {field!r} holds a lone surrogate escape (e.g. \\ud800), "
+                            "which is not text; fix the file")
+        out.append(value)
+    return out
+
+
+def read_rows(path: str | Path, column: str | None = None, field: str | None = None,
+              skip_bad_lines: bool = False, option: str = "--data") -> Rows:
+    """The strings of a .txt/.csv/.tsv/.jsonl file (one per line or row), each with its record id; also of a
+    Parquet/Arrow file, a saved dataset folder or a Hub dataset (`hf:OWNER/NAME[/CONFIG][:SPLIT]`)."""
+    if is_hub_dataset(path):
+        if field:
+            raise UserError(f"{option} {path}: --field applies to .jsonl files; a Hub dataset takes --column")
+        texts = [text for chunk in iter_hub_column(str(path), column, option) for text in chunk]
+        return Rows(texts, list(range(len(texts))), [])
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{option} {path}: no such file")
+    if is_table(path):  # Parquet/Arrow files, saved dataset folders (data/hf_datasets.py); a row's id is its place
+        if field:
+            raise UserError(f"{path}: --field applies to .jsonl files; tabular data takes --column")
+        texts = read_table_column(path, column, option)
+        return Rows(texts, list(range(len(texts))), [])
+    if path.is_dir():
+        raise UserError(f"{option} {path}: is a folder, expected a file")
+    if path.stat().st_size == 0:
+        raise UserError(f"{option} {path}: the file is empty")
+    suffix = path.suffix.lower()
+    try:
+        lines, skipped = _decoded_lines(path, skip_bad_lines)
+    except PermissionError:
+        raise UserError(f"{option} {path}: permission denied (the file is not readable)") from None
+    except OSError as exc:
+        raise UserError(f"{option} {path}: cannot read the file ({exc.strerror or type(exc).__name__})") from None
+    if suffix in CSV_SUFFIXES:
+        texts, ids = _read_csv(path, lines, CSV_SUFFIXES[suffix], column, skipped)
+        return Rows(texts, ids, skipped)
+    if suffix in JSONL_SUFFIXES:
+        return Rows(_read_jsonl(path, lines, field), [lineno - 1 for lineno, _ in lines], skipped)
+    if column or field:
+        raise UserError(f"{path}: --column/--field only apply to .csv/.tsv/.jsonl/.parquet/.arrow files")
+    return Rows([text for _, text in lines], [lineno - 1 for lineno, _ in lines], skipped)
+
+
+def read_file(path: str | Path, column: str | None = None, field: str | None = None,
+              skip_bad_lines: bool = False, option: str = "--data") -> tuple[list[str], int]:
+    """Raw strings of a .txt/.csv/.tsv/.jsonl file (one string per line or row) and the bad-line count."""
+    rows = read_rows(path, column=column, field=field, skip_bad_lines=skip_bad_lines, option=option)
+    return rows.texts, len(rows.skipped)
+
+
+def top_words(n: int, lang: str) -> list[str]:
+    """The paper's word-level training data: the N most frequent words of a language."""
+    import wordfreq
+
+    if not isinstance(lang, str) or not lang.strip():
+        raise UserError(f"--lang {lang!r}: expected a language tag such as en, fr or zh")
+    try:
+        words = wordfreq.top_n_list(lang, n)
+    except LookupError:
+        raise UserError(f"--lang {lang!r}: wordfreq has no word list for this language") from None
+    except ValueError as exc:  # langcodes' LanguageTagError: not a language tag at all
+        raise UserError(f"--lang {lang!r}: not a language tag ({exc}); use e.g. en, fr or zh") from None
+    if not words:
+        raise UserError(f"--lang {lang!r}: wordfreq has no word list for this language")
+    return words
+
+
+def random_strings(n: int, seed: int, min_len: int = 3, max_len: int = 12) -> list[str]:
+    """The paper's zero-semantics control: strings of random lowercase letters and digits."""
+    rng = random.Random(seed)
+    alphabet = string.ascii_lowercase + string.digits
+    return ["".join(rng.choices(alphabet, k=rng.randint(min_len, max_len))) for _ in range(n)]
+
+
+def strings_for_config(cfg) -> "TrainingStrings":
+    """The training strings a TrainConfig asks for (read before any model is loaded)."""
+    return load_training_strings(
+        data=cfg.data, column=cfg.column, field=cfg.field, words_top=cfg.words_top, lang=cfg.lang,
+        random_count=cfg.random_strings, limit=cfg.limit, seed=cfg.seed, skip_bad_lines=cfg.skip_bad_lines,
+    )
+
+
+def load_training_strings(
+    data: str | None = None,
+    column: str | None = None,
+    field: str | None = None,
+    words_top: int | None = None,
+    lang: str = "en",
+    random_count: int | None = None,
+    limit: int | None = None,
+    seed: int = 42,
+    skip_bad_lines: bool = False,
+) -> TrainingStrings:
+    bad = 0
+    if data is not None:
+        raw, bad = read_file(data, column=column, field=field, skip_bad_lines=skip_bad_lines)
+        source = str(data)
+    elif words_top is not None:
+        raw, source = top_words(words_top, lang), f"wordfreq:{lang}:top{words_top}"
+    elif random_count is not None:
+        raw, source = random_strings(random_count, seed), f"random-strings:{random_count}:seed{seed}"
+    else:
+        raise UserError("no training data: give --data FILE, --words-top N or --random-strings N")
+
+    return training_strings(raw, source, bad, limit, seed)
+
+
+def strings_from_dataset(dataset, column: str | None = None, limit: int | None = None,
+                         seed: int = 42) -> TrainingStrings:
+    """Training strings from a `datasets.Dataset` column (the only column when it has one), for
+    `train(cfg, strings_from_dataset(ds, "text"))`: blanks and duplicates dropped as for a file."""
+    from mirrorbert.data.hf_datasets import dataset_strings
+
+    raw = dataset_strings(dataset, column)
+    fingerprint_of_source = getattr(dataset, "_fingerprint", None)
+    source = f"datasets.Dataset:{column or 'only column'}" + (f":{fingerprint_of_source}" if fingerprint_of_source else "")
+    return training_strings(raw, source, 0, limit, seed)
+
+
+def training_strings(raw: list[str], source: str, bad: int, limit: int | None, seed: int) -> TrainingStrings:
+    """Strip, drop blanks and duplicates (first occurrence kept), then sample `limit` in file order."""
+    stripped = [s.strip() for s in raw]
+    n_blank = sum(1 for s in stripped if not s)
+    seen: set[str] = set()
+    unique = []
+    for s in stripped:
+        if s and s not in seen:
+            seen.add(s)
+            unique.append(s)
+    n_dup = len(stripped) - n_blank - len(unique)
+    if limit is not None and limit < len(unique):
+        keep = sorted(random.Random(seed).sample(range(len(unique)), limit))
+        unique = [unique[i] for i in keep]
+    if len(unique) < 2:
+        raise UserError(f"{source}: needs at least 2 distinct non-blank strings, found {len(unique)}")
+    logger.info(
+        "training strings from %s: %d used (%d read, %d blank, %d duplicates removed, %d bad lines skipped)",
+        source, len(unique), len(raw), n_blank, n_dup, bad,
+    )
+    return TrainingStrings(unique, source, len(raw), n_blank, n_dup, bad, fingerprint(unique))

@@ -1,0 +1,27 @@
+"""Batching of tokenised views: padding (this module) or packing (`mirrorbert.encoder.packing`).
+
+Sits between views and the encoder: it turns lists of token ids into model inputs and knows nothing
+about the model beyond a pad id.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad only to the longest sequence of this batch."""
+    longest = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[row, : len(seq)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def pair_batch(first: Sequence[Sequence[int]], second: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Both views in one tensor: rows [x_1..x_B, xbar_1..xbar_B], so one forward pass encodes all 2B."""
+    return pad_batch(list(first) + list(second), pad_id)

@@ -1,0 +1,323 @@
+"""Export an encoder for serving: ONNX and OpenVINO, laid out as sentence-transformers' backends read them.
+
+`mirrorbert export --model M --format onnx --output DIR` writes DIR as a complete saved model (the
+sentence-transformers folder mirrorbert always writes) plus `onnx/model.onnx` (and, with `openvino`,
+`openvino/openvino_model.xml`), so DIR loads with `SentenceTransformer(DIR, backend="onnx")` where
+optimum is installed, with onnxruntime or OpenVINO directly (`ExportedEncoder`), and still in PyTorch.
+
+Why a thin exporter of our own: sentence-transformers exports through optimum, whose releases pin
+transformers < 5 (installing optimum-onnx 0.1 here would downgrade transformers to 4.57). So the tracing is
+left to the libraries made for it, `torch.onnx.export` (the dynamo exporter) and `openvino.convert_model`;
+this module only chooses the graph's inputs and outputs, lays out the files, and refuses to write an export
+whose vectors differ from PyTorch's (cosine below `EXPORT_MIN_COSINE` on probe strings).
+
+The graph takes `input_ids` and `attention_mask` (int64, any batch and length; token type ids stay zero,
+as in `Encoder.encode`) and returns `last_hidden_state` (what sentence-transformers' backends pool) and
+`sentence_embedding` (the model's own pooling, cls | mean | first-last, computed in the graph, so a server
+needs only the tokenizer and onnxruntime).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+import mirrorbert.jsonio as jsonio
+from mirrorbert.settings.choices import DEFAULT_ONNX_OPSET, EXPORT_FORMATS, EXPORT_MIN_COSINE
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+ONNX_FILE = "onnx/model.onnx"  # where sentence-transformers' ONNX backend looks
+OPENVINO_FILE = "openvino/openvino_model.xml"  # and its OpenVINO backend (weights in openvino_model.bin)
+EXPORT_RECORD = "mirrorbert-export.json"
+INPUT_NAMES = ("input_ids", "attention_mask")
+OUTPUT_NAMES = ("last_hidden_state", "sentence_embedding")
+BACKENDS = {"onnx": ONNX_FILE, "openvino": OPENVINO_FILE}
+# The packages each format needs at export time (import name, pip name).
+FORMAT_PACKAGES = {
+    "onnx": (("onnx", "onnx"), ("onnxscript", "onnxscript"), ("onnxruntime", "onnxruntime")),
+    "openvino": (("onnx", "onnx"), ("onnxscript", "onnxscript"), ("openvino", "openvino")),
+}
+# Strings the parity check encodes both ways: short and long, cased, accented, non-Latin, a truncated one.
+PROBE_STRINGS = (
+    "a", "bank", "river bank", "The cat sat on the mat.", "Ünïcödé façade, naïve café",
+    "東京は日本の首都です。", "3.14159 and 2,718 are numbers", "  leading and trailing spaces  ",
+    "A man is playing a guitar on a stage while the audience claps along to the music.",
+    " ".join(["a long sentence that goes on"] * 40),
+)
+LARGE_MODEL_BYTES = 1_500_000_000  # above this the ONNX weights go to an external data file (protobuf's 2 GB cap)
+
+
+def parse_formats(value: str | Sequence[str], option: str = "--format") -> tuple[str, ...]:
+    """`onnx`, `openvino` or both (`onnx,openvino`), in a fixed order, each once."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(item).strip().lower() for item in items]
+    unknown = [repr(name) if not name else name for name in names if name not in EXPORT_FORMATS]
+    if unknown or not names:
+        raise UserError(f"{option}: unknown format {', '.join(unknown) or repr(value)}; "
+                        f"choose {' | '.join(EXPORT_FORMATS)} (or both, comma-separated)")
+    return tuple(name for name in EXPORT_FORMATS if name in names)
+
+
+def check_export_packages(formats: Sequence[str], option: str = "--format") -> None:
+    """Every package the formats need, checked before the model loads (one line naming what to install)."""
+    import importlib.util
+
+    missing = sorted({pip for name in formats for module, pip in FORMAT_PACKAGES[name]
+                      if importlib.util.find_spec(module) is None})
+    if missing:
+        raise UserError(f"{option} {','.join(formats)}: needs {' '.join(missing)} "
+                        f"(pip install {' '.join(missing)}, or pip install 'mirrorbert[export]')")
+
+
+# ------------------------------------------------------------------------------------------ the graph
+def _serving_graph(encoder):
+    """The encoder as a module of two int64 inputs and the two named outputs (eval mode, no dropout)."""
+    import torch
+
+    from mirrorbert.encoder.pooling import needs_hidden_states, pool
+
+    class ServingGraph(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = encoder.model
+
+        def forward(self, input_ids, attention_mask):
+            outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True,
+                                 output_hidden_states=needs_hidden_states(encoder.pooling))
+            return outputs.last_hidden_state, pool(outputs, attention_mask, encoder.pooling)
+
+    return ServingGraph().eval()
+
+
+def export_onnx(encoder, path: Path, opset: int = DEFAULT_ONNX_OPSET) -> Path:
+    """Trace the encoder into `path` with torch.onnx's dynamo exporter, batch and length left dynamic."""
+    import torch
+
+    graph = _serving_graph(encoder)
+    example = encoder.tokenizer(["a short example", "a second, slightly longer example string"], padding=True,
+                                return_tensors="pt")
+    # the example inputs go where the weights are: an encoder on CUDA (the Python API allows it; the command
+    # loads on the CPU) would otherwise be traced with CPU inputs against CUDA weights and fail
+    device = next(encoder.model.parameters()).device
+    args = (example["input_ids"].to(device=device, dtype=torch.long),
+            example["attention_mask"].to(device=device, dtype=torch.long))
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    dynamic = {name: {0: batch, 1: length} for name in INPUT_NAMES}
+    size = sum(p.numel() * p.element_size() for p in encoder.model.parameters())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The exporter prints its progress to stdout, logs each graph rewrite and warns about renamed axes and
+    # a missing torchvision: none of it is for our user (-v shows the log)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_exporter_logs(), \
+            torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(graph, args, str(path), input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
+                          dynamic_shapes=dynamic, opset_version=opset, dynamo=True,
+                          external_data=size > LARGE_MODEL_BYTES, verbose=False)
+    return path
+
+
+@contextlib.contextmanager
+def _quiet_exporter_logs():
+    names = ("torch.onnx", "onnxscript", "onnx_ir")
+    if logging.getLogger("mirrorbert").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    levels = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def export_openvino(onnx_path: Path, path: Path) -> Path:
+    """Convert the ONNX graph with OpenVINO's own converter; weights kept in fp32 (no fp16 compression)."""
+    import openvino
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    openvino.save_model(openvino.convert_model(str(onnx_path)), str(path), compress_to_fp16=False)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ serving
+class ExportedEncoder:
+    """Encode with an exported folder through onnxruntime or OpenVINO: no torch, no transformers needed.
+
+    Tokenises with the folder's `tokenizer.json` (the `tokenizers` library, what transformers' fast
+    tokenizers run), batches strings sorted by length, and returns the graph's `sentence_embedding`
+    rows in input order, L2-normalised when the saved model normalises (a Normalize module) or asked to.
+    """
+
+    def __init__(self, folder: str | Path, backend: str = "onnx", threads: int | None = None):
+        folder = Path(folder)
+        if backend not in BACKENDS:
+            raise UserError(f"backend: unknown value {backend!r}; choose one of {', '.join(BACKENDS)}")
+        graph_file = folder / BACKENDS[backend]
+        if not graph_file.is_file():
+            raise UserError(f"{folder}: no {BACKENDS[backend]} (export it with mirrorbert export --format {backend})")
+        self.folder, self.backend = folder, backend
+        self.tokenizer, self.pad_id, self.max_length = _load_tokenizer(folder)
+        self.normalize_default = _saved_normalize(folder)
+        self._run = _onnxruntime_runner(graph_file, threads) if backend == "onnx" else \
+            _openvino_runner(graph_file, threads)
+
+    @classmethod
+    def load(cls, folder: str | Path, backend: str = "onnx", threads: int | None = None) -> "ExportedEncoder":
+        return cls(folder, backend, threads)
+
+    def encode(self, texts: str | Sequence[str], batch_size: int = 64, normalize: bool | None = None) -> np.ndarray:
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        if not all(isinstance(t, str) for t in texts):
+            raise UserError("texts: expected strings")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise UserError(f"batch_size {batch_size!r}: must be an integer >= 1")
+        ids = [encoding.ids for encoding in self.tokenizer.encode_batch(texts)] if texts else []
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # length-sorted: little padding
+        rows: list[np.ndarray | None] = [None] * len(ids)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            longest = max(len(ids[i]) for i in chunk)
+            input_ids = np.full((len(chunk), longest), self.pad_id, dtype=np.int64)
+            attention_mask = np.zeros((len(chunk), longest), dtype=np.int64)
+            for row, i in enumerate(chunk):
+                input_ids[row, :len(ids[i])] = ids[i]
+                attention_mask[row, :len(ids[i])] = 1
+            pooled = self._run(input_ids, attention_mask)
+            for row, i in enumerate(chunk):
+                rows[i] = pooled[row]
+        width = rows[0].shape[0] if rows else 0
+        vectors = np.stack(rows).astype(np.float32) if rows else np.zeros((0, width), np.float32)
+        if self.normalize_default if normalize is None else normalize:
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return vectors[0] if single else vectors
+
+
+def _load_tokenizer(folder: Path):
+    """The folder's fast tokenizer, truncating at the saved maximum length; (tokenizer, pad id, max length)."""
+    from tokenizers import Tokenizer
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise UserError(f"{folder}: no tokenizer.json (only fast tokenizers can be exported)")
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()  # we pad per batch; the saved file may carry a padding setting
+    max_length = _read_json(folder / "sentence_bert_config.json").get("max_seq_length") or 512
+    tokenizer.enable_truncation(int(max_length))
+    pad_token = _read_json(folder / "tokenizer_config.json").get("pad_token")
+    if isinstance(pad_token, dict):
+        pad_token = pad_token.get("content")
+    pad_id = tokenizer.token_to_id(pad_token) if isinstance(pad_token, str) else None
+    return tokenizer, (pad_id if pad_id is not None else 0), int(max_length)
+
+
+def _saved_normalize(folder: Path) -> bool:
+    from mirrorbert.encoder.pooling import pooling_from_sentence_transformers
+
+    try:
+        return pooling_from_sentence_transformers(folder)[1]
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: damaged (not valid JSON: {exc})") from None
+    return value if isinstance(value, dict) else {}
+
+
+def _onnxruntime_runner(path: Path, threads: int | None):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda input_ids, attention_mask: session.run(
+        ["sentence_embedding"], {"input_ids": input_ids, "attention_mask": attention_mask})[0]
+
+
+def _openvino_runner(path: Path, threads: int | None):
+    import openvino
+
+    config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}  # no silent bf16 on CPUs that have it
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    compiled = openvino.Core().compile_model(str(path), "CPU", config)
+    output = compiled.output("sentence_embedding")
+    return lambda input_ids, attention_mask: compiled(
+        {"input_ids": input_ids, "attention_mask": attention_mask})[output]
+
+
+# ------------------------------------------------------------------------------------------ the folder
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
+    b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
+    return float(np.min(np.sum(a * b, axis=1)))
+
+
+def write_export(encoder, folder: Path, formats: Sequence[str], opset: int = DEFAULT_ONNX_OPSET,
+                 probe: Sequence[str] = PROBE_STRINGS) -> dict[str, Any]:
+    """Write the saved model, the requested graphs and `mirrorbert-export.json` into `folder` (a fresh one).
+
+    Raises RuntimeError, and the caller's atomic folder is discarded, when a graph's vectors differ from
+    PyTorch's (minimum cosine over `probe` below EXPORT_MIN_COSINE).
+    """
+    import shutil
+
+    encoder.eval()
+    encoder.write(folder)
+    onnx_path = export_onnx(encoder, folder / ONNX_FILE, opset)
+    if "openvino" in formats:
+        export_openvino(onnx_path, folder / OPENVINO_FILE)
+    if "onnx" not in formats:
+        shutil.rmtree(folder / Path(ONNX_FILE).parent)
+    reference = encoder.encode(list(probe), batch_size=len(probe), normalize=False, packing=False)
+    parity = {}
+    for backend in formats:
+        vectors = ExportedEncoder(folder, backend).encode(list(probe), batch_size=4, normalize=False)
+        parity[backend] = min_cosine(reference, vectors)
+        if not parity[backend] >= EXPORT_MIN_COSINE:
+            raise RuntimeError(f"the {backend} export's vectors differ from PyTorch's: minimum cosine "
+                               f"{parity[backend]:.6f} < {EXPORT_MIN_COSINE} on {len(probe)} probe strings")
+    record = {
+        "formats": list(formats), "files": [BACKENDS[f] for f in formats], "opset": opset,
+        "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES), "pooling": encoder.pooling,
+        "normalize": encoder.normalize_default, "max_length": encoder.max_length, "dim": encoder.dim,
+        "parity_min_cosine": parity, "parity_strings": len(probe),
+        # sentence-transformers' backends pool `last_hidden_state` with the saved modules; its ONNX/OpenVINO
+        # models return no per-layer states, which first-last pooling (WeightedLayerPooling) needs
+        "sentence_transformers_backend": encoder.pooling != "first-last",
+        "versions": _versions(formats),
+    }
+    (folder / EXPORT_RECORD).write_text(jsonio.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record
+
+
+def _versions(formats: Sequence[str]) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for name in ("torch", "onnx", "onnxscript", "onnxruntime", "openvino"):
+        if name == "openvino" and "openvino" not in formats:
+            continue
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return versions

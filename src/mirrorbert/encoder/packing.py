@@ -1,0 +1,265 @@
+"""Padding-free execution layouts: packed rows (several views share one row) and length groups.
+
+Length groups (`grouped`: what models that cannot be packed run) sort the views by length and run small
+padded batches of similar lengths in one autograd graph: no model support needed and little padding.
+Packed rows (`on`, the default wherever supported) are described next.
+
+Padding each view to the batch's longest wastes about two thirds of the compute on Mirror-BERT batches
+(random STS-B strings: 2.94 padded tokens per real token). Here the views are placed into rows of
+`ROW_BUDGET` tokens by first-fit-decreasing; a view longer than the budget gets a row of its own. Each
+view attends only to its own tokens (a block-diagonal mask: 4D on transformers 5, whose mask builders pass
+it through unchanged to the model's SDPA or eager attention; 3D on transformers 4.x, whose
+`get_extended_attention_mask` makes it additive for both), its position ids restart at the model's own
+first position (after the padding index for RoBERTa/XLM-R), token type ids are zero, and pooling is
+per view. The result equals padded execution up to float rounding (tests/encoder/test_packing.py). A model that
+cannot be packed on the installed version (DistilBERT on 4.x: no `position_ids`) runs length groups,
+saying why in one line.
+
+Dropout masks are drawn over the packed tensor; DropHead draws one head mask per view (see
+`views.drophead_groups`). Controlled dropout keeps working because the layout depends only on the
+view lengths, which are the same for x and x-bar, so both replayed passes see the same layout.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import weakref
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from mirrorbert.compat import transformers_takes_4d_mask
+from mirrorbert.settings.choices import PACKING_MODES
+from mirrorbert.errors import UserError
+from mirrorbert.encoder.pooling import needs_hidden_states, pool_views
+from mirrorbert.encoder.dropout import drophead_groups
+
+logger = logging.getLogger(__name__)
+
+# Tokens per packed row. The block-masked attention of a row costs far more on CPU than its FLOPs
+# (4*W*d per token) suggest: softmax, mask and attention-dropout work on (heads, W, W) per row and are
+# memory-bound. Measured on the 2-core CPU (train step of 200 STS-B strings, one thread): rows of 128
+# run 1.12x (L4/H512) and 1.26x (BERT-base) faster than rows of 256, and 64..128 are within 1%; 128
+# still holds ~8 typical sentences, so the partly filled rows waste little. A longer view gets its own row.
+ROW_BUDGET = 128
+
+# Model types whose embeddings take explicit position ids and whose attention takes a prepared 4D mask,
+# verified equal to padded execution in tests/encoder/test_packing.py. The value: the first position id.
+FIRST_POSITION_ZERO = ("bert", "electra", "distilbert")
+FIRST_POSITION_AFTER_PAD = ("roberta", "xlm-roberta", "camembert")
+PACKABLE_MODEL_TYPES = FIRST_POSITION_ZERO + FIRST_POSITION_AFTER_PAD
+# Attention implementations reading a dense 4D mask: sdpa takes a boolean one, eager an additive one.
+PACKABLE_ATTENTION = ("sdpa", "eager")
+
+_fallback_logged: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
+def packing_flag(mode: str | bool | None) -> bool | str | None:
+    """'auto' | 'on' | 'grouped' | 'off' (the CLI/config spelling) -> None | True | 'grouped' | False (the API's)."""
+    if mode is None or isinstance(mode, bool):
+        return mode
+    if mode not in PACKING_MODES:
+        raise UserError(f"--packing: unknown mode {mode!r}; choose one of {', '.join(PACKING_MODES)}")
+    return {"auto": None, "on": True, "grouped": "grouped", "off": False}[mode]
+
+
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model inside a DistributedDataParallel wrapper (whose forward takes *args)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why this model cannot run packed, or None when it can."""
+    model = unwrapped(model)
+    config = model.config
+    model_type = getattr(config, "model_type", type(model).__name__)
+    if model_type not in PACKABLE_MODEL_TYPES:
+        return f"model type {model_type!r} is not one of the packable ones ({', '.join(PACKABLE_MODEL_TYPES)})"
+    attention = getattr(config, "_attn_implementation", None) or "eager"
+    if attention not in PACKABLE_ATTENTION:
+        return f"attention implementation {attention!r} takes no block-diagonal mask (packable: sdpa, eager)"
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return f"{type(model).__name__}.forward takes no position_ids"
+    return None
+
+
+# Padded slots per length group (the `grouped` layout). On the 2-core CPU (training steps of BERT-base and
+# L4/H512, two threads) groups of 512 ran at 0.87-0.96x the speed of packed rows of 128 while holding
+# 14-19% less peak memory; with one thread they were 3-8% faster. 768 and 1024 were close behind.
+GROUP_BUDGET = 512
+
+
+def choose_layout(model: torch.nn.Module, requested: bool | str | None,
+                  sequences: Sequence[Sequence[int]] | None = None) -> str:
+    """'packed', 'grouped' or 'padded' for this model and batch; an unpackable model logs why, once.
+
+    Auto: packed rows wherever the model supports them and they cost fewer FLOPs than padding this batch
+    (not for `encode`'s length-sorted batches, which pad almost nothing); a model that cannot be packed
+    runs length groups (as does `packing=True` on it, with a warning saying why).
+    """
+    if requested is False:
+        return "padded"
+    if requested == "grouped":
+        return _grouped_unless_one_group(sequences)
+    reason = unsupported_reason(model)
+    if reason is None:
+        if requested is True or sequences is None or packing_is_cheaper(model.config, sequences):
+            return "packed"
+        return "padded"
+    if model not in _fallback_logged:
+        _fallback_logged.add(model)
+        log = logger.warning if requested else logger.info
+        log("packing off, running length-grouped padded batches: %s", reason)
+    return _grouped_unless_one_group(sequences)
+
+
+def _grouped_unless_one_group(sequences: Sequence[Sequence[int]] | None) -> str:
+    """One length group is exactly the padded batch."""
+    if sequences is not None and len(length_groups([len(s) for s in sequences])) <= 1:
+        return "padded"
+    return "grouped"
+
+
+def length_groups(lengths: Sequence[int], budget: int | None = None) -> list[list[int]]:
+    """View indices sorted by length and cut so that each group's padded size (views x its longest) stays
+    within `budget` slots (default GROUP_BUDGET); a longer view is a group of its own. Depends only on the
+    lengths."""
+    budget = budget or GROUP_BUDGET
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def grouped_embed(embed_padded: Callable[[Sequence[Sequence[int]]], torch.Tensor],
+                  sequences: Sequence[Sequence[int]], budget: int | None = None) -> torch.Tensor:
+    """Pooled vectors, in input order, from padded forward passes over length groups (one autograd graph,
+    so a loss over all of them backpropagates as through one padded batch)."""
+    groups = length_groups([len(s) for s in sequences], budget)
+    vectors = torch.cat([embed_padded([sequences[i] for i in group]) for group in groups])
+    order = torch.tensor([i for group in groups for i in group], device=vectors.device)
+    return vectors[torch.argsort(order)]
+
+
+def packing_is_cheaper(config, sequences: Sequence[Sequence[int]]) -> bool:
+    """Compare the FLOPs of a layer (projections and FFN ~ 24 d^2 per token, attention ~ 4 d x row width
+    per token) over the padded (views, longest) batch and over the packed (rows, width) one."""
+    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "dim", 0) or 768)
+    lengths = [len(s) for s in sequences]
+    rows = plan_rows(lengths, ROW_BUDGET)
+    width = max(sum(lengths[i] for i in row) for row in rows)
+
+    def cost(n_rows: int, row_width: int) -> int:
+        return n_rows * row_width * (6 * hidden + row_width)
+
+    return cost(len(rows), width) < cost(len(lengths), max(lengths))
+
+
+def plan_rows(lengths: Sequence[int], budget: int = ROW_BUDGET) -> list[list[int]]:
+    """First-fit-decreasing bin packing of view indices into rows of `budget` tokens.
+
+    Depends only on the lengths (ties keep input order), so equal-length batches get equal layouts.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    rows: list[list[int]] = []
+    room: list[int] = []
+    first_open = 0  # rows before this one are full for every remaining (shorter or equal) view
+    for i in order:
+        size = lengths[i]
+        while first_open < len(room) and room[first_open] <= 0:
+            first_open += 1
+        for r in range(first_open, len(room)):
+            if room[r] >= size:
+                rows[r].append(i)
+                room[r] -= size
+                break
+        else:
+            rows.append([i])
+            room.append(budget - size)
+    return rows
+
+
+@dataclass
+class PackedBatch:
+    """Model inputs of packed views plus where each view's tokens lie."""
+
+    input_ids: torch.Tensor  # (rows, width)
+    position_ids: torch.Tensor  # (rows, width)
+    view_of_token: torch.Tensor  # (rows, width): index of the view owning the token, -1 for padding
+    first_token: torch.Tensor  # (views,): flat index (row * width + column) of each view's first token
+    n_views: int
+
+    def to(self, device: torch.device) -> "PackedBatch":
+        return PackedBatch(self.input_ids.to(device), self.position_ids.to(device), self.view_of_token.to(device),
+                           self.first_token.to(device), self.n_views)
+
+    def attention_mask(self, attention: str, dtype: torch.dtype, prepared: bool = True) -> torch.Tensor:
+        """A token sees the tokens of its own view; padding sees padding only. `prepared` (transformers 5):
+        (rows, 1, width, width), boolean for sdpa, additive for eager; else (transformers 4.x) the
+        (rows, width, width) 1/0 mask the model turns into an additive one itself."""
+        segment = self.view_of_token
+        allowed = (segment[:, :, None] == segment[:, None, :]).unsqueeze(1)
+        if not prepared:
+            return allowed[:, 0].to(dtype)
+        if attention == "sdpa":
+            return allowed
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+            ~allowed, torch.finfo(dtype).min)
+
+
+def pack(sequences: Sequence[Sequence[int]], pad_id: int, first_position: int = 0,
+         budget: int = ROW_BUDGET) -> PackedBatch:
+    """Lay the sequences out in rows; built as flat Python lists and converted once (fast on CPU)."""
+    lengths = [len(s) for s in sequences]
+    rows = plan_rows(lengths, budget)
+    width = max(sum(lengths[i] for i in row) for row in rows)
+    ids = [pad_id] * (len(rows) * width)
+    positions = [first_position] * (len(rows) * width)
+    owner = [-1] * (len(rows) * width)
+    first = [0] * len(sequences)
+    for r, row in enumerate(rows):
+        offset = r * width
+        for i in row:
+            size = lengths[i]
+            ids[offset:offset + size] = sequences[i]
+            positions[offset:offset + size] = range(first_position, first_position + size)
+            owner[offset:offset + size] = [i] * size
+            first[i] = offset
+            offset += size
+    shape = (len(rows), width)
+    return PackedBatch(
+        torch.tensor(ids, dtype=torch.long).view(shape), torch.tensor(positions, dtype=torch.long).view(shape),
+        torch.tensor(owner, dtype=torch.long).view(shape), torch.tensor(first, dtype=torch.long), len(sequences),
+    )
+
+
+def first_position_id(config) -> int:
+    """RoBERTa-style models count positions from padding_idx + 1; BERT-style ones from 0."""
+    if config.model_type in FIRST_POSITION_AFTER_PAD:
+        return int(config.pad_token_id) + 1
+    return 0
+
+
+def packed_embed(model: torch.nn.Module, sequences: Sequence[Sequence[int]], pooling: str,
+                 pad_id: int) -> torch.Tensor:
+    """Pooled vectors of the sequences, in order, from one packed forward pass."""
+    device = next(model.parameters()).device
+    packed = pack(sequences, pad_id, first_position_id(model.config), ROW_BUDGET).to(device)
+    attention = getattr(model.config, "_attn_implementation", None) or "eager"
+    inputs = {
+        "input_ids": packed.input_ids,
+        "position_ids": packed.position_ids,
+        "attention_mask": packed.attention_mask(attention, next(model.parameters()).dtype,
+                                                prepared=transformers_takes_4d_mask()),
+    }
+    if "token_type_ids" in inspect.signature(unwrapped(model).forward).parameters:
+        inputs["token_type_ids"] = torch.zeros_like(packed.input_ids)
+    with drophead_groups(packed.view_of_token, packed.n_views):
+        outputs = model(**inputs, output_hidden_states=needs_hidden_states(pooling), return_dict=True)
+    return pool_views(outputs, packed.view_of_token, packed.first_token, packed.n_views, pooling)

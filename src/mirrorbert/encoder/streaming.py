@@ -1,0 +1,93 @@
+"""`encode` for inputs larger than memory: the rows in chunks, the vectors straight into the .npy on disk.
+
+The vector matrix is what outgrows memory first (384 float32 dimensions are 1.5 kB per row, ten times a
+typical sentence), so `encode` always writes it through a memory-mapped .npy (`numpy.lib.format.open_memmap`)
+one chunk of `STREAM_ROWS` strings at a time; Parquet files are also read one record batch at a time and Arrow
+files and dataset folders are memory-mapped (data/hf_datasets.py), so their text is never held whole either. Each chunk
+is sorted by length inside `Encoder.encode`, as a whole input would be: the vectors equal an in-memory
+encode's. Text, CSV and JSONL files are read whole (their strings, not their vectors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from mirrorbert.errors import UserError
+
+STREAM_ROWS = 65536  # strings per chunk: the tokenised chunk and its vectors stay well under a gigabyte
+
+
+@dataclass
+class ChunkedInput:
+    """An input's row count and a way to walk its strings chunk by chunk (`rows`: what read_rows gave, when the
+    file was read whole, for --skip-bad-lines' row ids)."""
+    count: int
+    chunks: Callable[[], Iterator[list[str]]]
+    rows: object | None = None
+
+
+def chunked_input(path: str, column: str | None, field: str | None, skip_bad_lines: bool,
+                  option: str = "--input", chunk_rows: int | None = None) -> ChunkedInput:
+    """Tables (Parquet, Arrow, dataset folders) stream; other inputs are read whole, then cut into chunks."""
+    chunk_rows = chunk_rows or STREAM_ROWS
+    from mirrorbert.data.strings import read_rows
+    from mirrorbert.data.hf_datasets import count_rows, is_hub_dataset, is_table, iter_table_column
+
+    if not is_hub_dataset(path) and Path(path).exists() and is_table(Path(path)):
+        if field:
+            raise UserError(f"{path}: --field applies to .jsonl files; tabular data takes --column")
+        count = count_rows(path, option)
+        first = next(iter_table_column(path, column, option, chunk_rows=1), None)  # column checked before work
+        if count == 0 or first is None:
+            raise UserError(f"{option} {path}: no rows in the data")
+        return ChunkedInput(count, lambda: iter_table_column(path, column, option, chunk_rows))
+    rows = read_rows(path, column=column, field=field, skip_bad_lines=skip_bad_lines, option=option)
+    texts = rows.texts
+    if not any(t.strip() for t in texts):
+        raise UserError(f"{option} {path}: no text in the file (every line is blank)")
+    return ChunkedInput(len(texts), lambda: (texts[i:i + chunk_rows] for i in range(0, len(texts), chunk_rows)),
+                        rows)
+
+
+def encode_to_npy(encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, dim: int, path: Path,
+                  show_progress: bool = False, what: str = "--input", target: Path | None = None,
+                  option: str = "--output") -> int:
+    """Encode `source` chunk by chunk into a float32 .npy at `path` (memory-mapped); the rows written.
+
+    The file's blocks are reserved before the first row is written (`safety.preallocate`): a full disk is one
+    error naming `target` (the output `path` becomes) and the bytes needed, not a SIGBUS halfway.
+    """
+    import os
+
+    from mirrorbert.reporting.progress import progress_bar
+    from mirrorbert.safeguards.writes import preallocate
+
+    out = np.lib.format.open_memmap(str(path), mode="w+", dtype=np.float32, shape=(source.count, dim))
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        preallocate(fd, os.fstat(fd).st_size, target or path, option)
+    except BaseException:
+        del out
+        raise
+    finally:
+        os.close(fd)
+    written, any_text = 0, False
+    with progress_bar(total=source.count, show=show_progress, desc="encode", unit="string") as bar:
+        for chunk in source.chunks():
+            if written + len(chunk) > source.count:
+                raise UserError(f"{what}: the input grew while it was read (more than {source.count} rows)")
+            any_text = any_text or any(t.strip() for t in chunk)
+            out[written:written + len(chunk)] = encode(chunk)
+            written += len(chunk)
+            bar.update(len(chunk))
+    if written != source.count:
+        raise UserError(f"{what}: the input changed while it was read ({written} rows, {source.count} expected)")
+    if not any_text:
+        raise UserError(f"{what}: no text in the data (every row is blank)")
+    out.flush()
+    del out
+    return written

@@ -1,0 +1,104 @@
+"""The Mirror-BERT losses over the 2B views of a batch: InfoNCE (paper eq. 1) and SapBERT's multi-similarity.
+
+Both take the full embedding matrix with rows [f(x_1)..f(x_B), f(xbar_1)..f(xbar_B)] and are computed in
+at least fp32 with autocast switched off, whatever the training precision: at tau = 0.04 a bf16 similarity
+matmul alone moves the InfoNCE loss by about 1e-2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from mirrorbert.settings.choices import LOSSES
+
+# SapBERT (Liu et al. 2021) settings of the multi-similarity loss and its online triplet miner.
+MS_ALPHA, MS_BETA, MS_BASE, MS_MINER_MARGIN = 1.0, 60.0, 0.5, 0.2
+
+
+@contextlib.contextmanager
+def full_precision(embeddings: torch.Tensor):
+    """Autocast off around the loss; half-precision embeddings are upcast to fp32 (fp64 stays fp64)."""
+    with torch.autocast(device_type=embeddings.device.type, enabled=False):
+        yield embeddings.float() if embeddings.dtype in (torch.float16, torch.bfloat16) else embeddings
+
+
+def _unit_rows(embeddings: torch.Tensor) -> torch.Tensor:
+    n = embeddings.shape[0]
+    if n % 2 or n < 4:
+        raise ValueError("the Mirror-BERT losses need an even number of rows, from at least 2 strings")
+    return F.normalize(embeddings, dim=-1)
+
+
+def _mirror_index(n: int, device: torch.device) -> torch.Tensor:
+    half = n // 2
+    return torch.cat([torch.arange(half, n), torch.arange(0, half)]).to(device)
+
+
+def mirror_infonce(embeddings: torch.Tensor, temperature: float) -> torch.Tensor:
+    """InfoNCE over the 2B views.
+
+    For each of the 2B anchors the positive is its mirror view (i <-> i+B) and the negatives are the
+    other 2B-2 views (both views of every other string); the anchor itself is excluded from the
+    denominator. Similarity is cosine / temperature; the loss is the mean over all 2B anchors.
+    """
+    with full_precision(embeddings) as emb:
+        z = _unit_rows(emb)
+        n = z.shape[0]
+        logits = z @ z.T / temperature
+        logits = logits.masked_fill(torch.eye(n, dtype=torch.bool, device=z.device), float("-inf"))
+        return F.cross_entropy(logits, _mirror_index(n, z.device))
+
+
+def mirror_multi_similarity(embeddings: torch.Tensor, alpha: float = MS_ALPHA, beta: float = MS_BETA,
+                            base: float = MS_BASE, margin: float = MS_MINER_MARGIN) -> torch.Tensor:
+    """Multi-similarity loss (Wang et al. 2019) on triplets mined online, as SapBERT trains.
+
+    The two views of a string are the only positives of each other; every other view is a negative.
+    Mining keeps the triplets (a, p, n) with d(a, n) - d(a, p) <= margin, d the Euclidean distance of the
+    unit vectors (pytorch-metric-learning's TripletMarginMiner, type "all", with its default distance, as
+    SapBERT uses it); the loss then uses the cosines of the pairs (a, p) and (a, n) of those triplets:
+    per anchor (1/alpha) log(1 + sum_p e^{-alpha (cos - base)}) + (1/beta) log(1 + sum_n e^{beta (cos - base)}),
+    averaged over all 2B anchors; zero (with zero gradients) when nothing is mined.
+    Written here rather than taken from pytorch-metric-learning: with one positive per anchor the miner
+    reduces to O(B^2) masks instead of the library's O(B^3) triplet list, and the library stays a
+    test-only dependency. (One deliberate difference: the library returns zero when exactly one triplet
+    is mined; here that triplet counts.)
+    """
+    with full_precision(embeddings) as emb:
+        z = _unit_rows(emb)
+        n = z.shape[0]
+        sim = z @ z.T
+        mirror = _mirror_index(n, z.device)
+        positive = torch.zeros(n, n, dtype=torch.bool, device=z.device)
+        positive[torch.arange(n, device=z.device), mirror] = True
+        negative = ~positive & ~torch.eye(n, dtype=torch.bool, device=z.device)
+        with torch.no_grad():
+            # the miner measures Euclidean distance between the unit vectors (the library's default)
+            dist = torch.cdist(z, z, p=2)
+            pos_dist = dist.gather(1, mirror[:, None])  # [n, 1]: to the anchor's one positive
+            # a triplet (a, mirror(a), m) is mined when d(a, m) - d(a, mirror) <= margin
+            neg_mined = negative & (dist - pos_dist <= margin)
+            pos_mined = positive & neg_mined.any(dim=1, keepdim=True)
+        if not bool(neg_mined.any()):
+            return (embeddings * 0).sum().to(emb.dtype)
+        zero = torch.zeros(n, 1, dtype=sim.dtype, device=sim.device)
+        pos_terms = torch.cat([(alpha * (base - sim)).masked_fill(~pos_mined, float("-inf")), zero], dim=1)
+        neg_terms = torch.cat([(beta * (sim - base)).masked_fill(~neg_mined, float("-inf")), zero], dim=1)
+        per_anchor = torch.logsumexp(pos_terms, dim=1) / alpha + torch.logsumexp(neg_terms, dim=1) / beta
+        return per_anchor.mean()
+
+
+def build_loss(name: str, temperature: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The training loss as one callable of the full [2B, d] embedding matrix (views in mirror order).
+
+    `temperature` is InfoNCE's; the multi-similarity loss has its own fixed SapBERT constants.
+    """
+    if name == "infonce":
+        return lambda embeddings: mirror_infonce(embeddings, temperature)
+    if name == "ms":
+        return mirror_multi_similarity
+    raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}")

@@ -1,0 +1,174 @@
+"""The Mirror-BERT step: a batch's two views, embedded with dropout on, InfoNCE over the pair, one update.
+
+`MirrorMethod` is what `mirror.train` hands the training engine: the epoch's batches (a seeded order and
+second views drawn per epoch) and `train_step`; the engine owns the loop, checkpoints and preemption.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from mirrorbert.encoder.model import Encoder
+from mirrorbert.mirror.config import TrainConfig
+from mirrorbert.mirror.loss import build_loss, mirror_infonce
+from mirrorbert.mirror.views import SecondViews
+from mirrorbert.reporting.metrics import MetricLogger
+from mirrorbert.reporting.timing import PhaseTimer
+from mirrorbert.runtime.device import autocast, make_grad_scaler
+from mirrorbert.runtime.randomness import derived_generator, replay_rng
+from mirrorbert.training.gradcache import cached_embeddings
+from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
+
+logger = logging.getLogger(__name__)
+
+# Random streams derived from the seed, one per purpose, so that resuming can regenerate them.
+STREAM_ORDER, STREAM_MASK = 1, 2
+
+
+@dataclass
+class _Plan:
+    """How the strings are cut into batches; a pure function of the data, batch size and seed."""
+
+    n: int
+    batch_size: int
+    total_steps: int
+    seed: int
+
+    @property
+    def batches_per_epoch(self) -> int:
+        # A trailing batch of one string has no negatives, so it is dropped.
+        return self.n // self.batch_size + (1 if self.n % self.batch_size >= 2 else 0)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        order = torch.randperm(self.n, generator=derived_generator(self.seed, STREAM_ORDER, epoch)).tolist()
+        return [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)][: self.batches_per_epoch]
+
+
+def planned_steps(cfg: TrainConfig, n_strings: int) -> int:
+    """The optimiser steps a run makes: --steps, or the epochs' batches (known before any model loads)."""
+    return cfg.steps or cfg.epochs * _Plan(n_strings, min(cfg.batch_size, n_strings), 0, cfg.seed).batches_per_epoch
+
+
+def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]], controlled_dropout: bool,
+                device: torch.device, precision: str) -> torch.Tensor:
+    """Rows [f(x_1)..f(x_B), f(xbar_1)..f(xbar_B)]; normally one forward pass over both views.
+
+    With controlled dropout the views run as two passes that replay the same random state, so every
+    dropout (and drophead) mask is identical for x and x-bar: f(x) = f(x-bar) when the inputs are equal.
+    """
+    with autocast(device, precision):
+        if controlled_dropout:
+            with replay_rng():
+                a = encoder.embed(first)
+            b = encoder.embed(second)
+            return torch.cat([a, b])
+        return encoder.embed(first + second)
+
+
+def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
+                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str,
+                     loss_fn=None, gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                     grad_cache_chunk: int | None = None) -> torch.Tensor:
+    """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own).
+
+    `loss_fn` (from `loss.build_loss`) maps the [2B, d] embeddings to the loss; default InfoNCE at
+    `temperature`. `gather` turns this process's rows into the global batch's (several processes), so the
+    loss is eq. 1 over the global batch. With `grad_cache_chunk` the views are embedded that many at a
+    time with cached gradients (training/gradcache.py): same loss and gradients at the activation memory of one chunk.
+    """
+    if grad_cache_chunk:
+        embeddings = cached_embeddings(lambda chunk: embed_views(encoder, chunk, [], False, device, precision),
+                                       first + second, grad_cache_chunk)
+    else:
+        embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
+    if gather is not None:
+        embeddings = gather(embeddings)
+    return loss_fn(embeddings) if loss_fn is not None else mirror_infonce(embeddings, temperature)
+
+
+class MirrorMethod:
+    """Mirror-BERT for the engine: batches of the epoch's order, two views each, InfoNCE over the pair."""
+
+    def __init__(self, cfg: TrainConfig, encoder: Encoder, token_ids: list[list[int]], views: SecondViews,
+                 plan: _Plan, dist_ctx, device: torch.device, precision: str, fingerprint: str, timer: PhaseTimer):
+        self.timer = timer  # wall time per phase (reporting/timing.py): span masking is its own phase
+        self.cfg, self.encoder, self.token_ids, self.views, self.plan = cfg, encoder, token_ids, views, plan
+        self.dist, self.device, self.precision, self.fingerprint = dist_ctx, device, precision, fingerprint
+        self.pad_id = encoder.tokenizer.pad_token_id if encoder.tokenizer.pad_token_id is not None else 0
+        self.loss_fn = build_loss(cfg.loss, cfg.temperature)
+        self.optimizer = build_optimizer(encoder, cfg.lr, cfg.weight_decay)
+        self.scheduler = build_scheduler(self.optimizer, cfg.schedule, cfg.warmup_steps, plan.total_steps)
+        self.scaler = make_grad_scaler(device, precision)
+        self.metrics = MetricLogger(cfg.log_dir if dist_ctx.is_main else None)
+        self.epoch, self.next_batch, self.loss_value, self.epoch_done = 0, 0, None, False
+        # final_loss is one (possibly short) batch; the epoch mean is the number to compare runs by
+        self.epoch_losses: list[float] = []
+        self.first_loss: float | None = None  # for the collapse check after training
+        self.mean_loss_last_epoch: float | None = None
+        self.seen_strings, self.seen_tokens, self.start = 0, 0, time.time()
+        self.step_log: list[tuple[float, int, int]] = []
+
+    def batches(self):
+        while True:  # the engine stops at the budget
+            order = self.plan.epoch_batches(self.epoch)
+            with self.timer.phase("mask"):
+                second = self.views.draw(derived_generator(self.cfg.seed, STREAM_MASK, self.epoch))
+            for index in order[self.next_batch:]:
+                yield index, second
+
+    def train_step(self, batch, engine) -> dict[str, str]:
+        index, second_views = batch  # the global batch; this process embeds its shard
+        started, local = time.perf_counter(), self.dist.shard(index)
+        self.dist.seed_step(self.cfg.seed, engine.step)
+        loss = mirror_step_loss(self.encoder, [self.token_ids[i] for i in local], [second_views[i] for i in local],
+                                self.pad_id, self.cfg.temperature, self.cfg.controlled_dropout, self.device,
+                                self.precision, self.loss_fn, lambda rows: self.dist.gather_views(rows, len(index)),
+                                self.cfg.grad_cache_chunk)
+        engine.check_finite(loss)
+        backward_and_step(loss, self.optimizer, self.scheduler, self.scaler, max_grad_norm=self.cfg.max_grad_norm)
+        self.loss_value = loss.item()
+        self.epoch_losses.append(self.loss_value)
+        if self.first_loss is None:
+            self.first_loss = self.loss_value
+        tokens = sum(len(self.token_ids[i]) + len(second_views[i]) for i in index)
+        self.seen_strings, self.seen_tokens = self.seen_strings + len(index), self.seen_tokens + tokens
+        self.step_log.append((time.perf_counter() - started, len(index), tokens))
+        self.next_batch += 1
+        return {"loss": f"{self.loss_value:.4f}", "strings_s": f"{self.seen_strings / self.elapsed():.1f}"}
+
+    def after_step(self, step: int) -> bool:
+        if step % self.cfg.log_every == 0 or step == self.plan.total_steps:
+            self.metrics.log(step, loss=self.loss_value, lr=self.scheduler.get_last_lr()[0],
+                             strings_per_s=self.seen_strings / self.elapsed())
+            logger.debug("step %d loss %.8f", step, self.loss_value)
+        if self.next_batch >= self.plan.batches_per_epoch:  # the next epoch gets its own order and masks
+            self.epoch, self.next_batch = self.epoch + 1, 0
+            self.mean_loss_last_epoch, self.epoch_losses = sum(self.epoch_losses) / len(self.epoch_losses), []
+        return False
+
+    def finish(self) -> None:
+        if self.epoch_losses:  # stopped inside an epoch (--steps): the mean of that epoch's batches so far
+            self.mean_loss_last_epoch = sum(self.epoch_losses) / len(self.epoch_losses)
+
+    def elapsed(self) -> float:
+        return max(time.time() - self.start, 1e-9)
+
+    def save_model(self, folder: Path) -> None:
+        self.encoder.write(folder)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        # the losses travel with the checkpoint: a run resumed at its last step still reports them
+        return {"epoch": self.epoch, "next_batch": self.next_batch, "loss": self.loss_value,
+                "first_loss": self.first_loss, "mean_loss_last_epoch": self.mean_loss_last_epoch}
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        return {"data_sha256": self.fingerprint, "config": self.cfg.to_dict(), "world_size": self.dist.world_size}
+
+
+__all__ = ["MirrorMethod", "embed_views", "mirror_step_loss", "planned_steps"]

@@ -1,0 +1,427 @@
+"""Several processes (torchrun, accelerate launch): process group, batch shards, gathered negatives, DDP.
+
+Mirror-BERT's loss (paper eq. 1) takes every other view of the batch as a negative, so splitting a batch
+across devices must not split the loss: each process embeds its shard of the GLOBAL batch, the rows of
+all processes are all-gathered WITH gradients into the global order [x_1..x_B, xbar_1..xbar_B], and every
+process computes the same loss over the whole global batch. The launchers themselves (torchrun,
+`accelerate launch`) start the processes; this module only reads their environment variables.
+
+Gradient factor: every process holds the same loss L over the same gathered matrix, so the gradient
+that reaches its own rows, dL/dz_i, is already the full-batch one; the other processes' rows need no
+gradient sent back (unlike `torch.distributed.nn.functional.all_gather`, whose backward sums W identical
+copies with one more collective). Each process's parameter gradient is then its own rows' share of the
+full-batch gradient; DDP averages (divides the sum by W), so the own rows' gradient is multiplied by W
+in backward. The result is exactly the gradient of one process holding the whole batch (checked
+numerically in tests/runtime/test_distributed.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import inspect
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from mirrorbert.errors import UserError
+from mirrorbert.runtime.device import resolve_device
+from mirrorbert.runtime.randomness import derived_generator
+
+logger = logging.getLogger(__name__)
+
+# Seconds a collective may wait for the other processes before the job fails (instead of hanging
+# forever when one process died); override with this environment variable.
+TIMEOUT_ENV = "MIRRORBERT_DIST_TIMEOUT"
+DEFAULT_TIMEOUT_S = 600
+# Random stream for per-step, per-rank dropout seeds (mirror/step.py uses 1 and 2).
+STREAM_DROPOUT = 3
+
+T = TypeVar("T")
+
+
+def launched_world_size() -> int:
+    """Processes started by torchrun / accelerate (1 when started directly)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def launched_rank() -> int:
+    """This process's global rank from the launcher's environment; cheap (no collective)."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+@dataclass
+class DistContext:
+    """Where this process stands in the job; a single process is world_size 1 and every helper is a no-op."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    # ------------------------------------------------------------------ sharding
+    def shard_sizes(self, n: int) -> list[int]:
+        """Sizes of the contiguous shards of n items: the first n % W processes take one more."""
+        base, extra = divmod(n, self.world_size)
+        return [base + (1 if r < extra else 0) for r in range(self.world_size)]
+
+    def shard(self, items: Sequence[T]) -> list[T]:
+        """This process's contiguous part of a global batch (a pure function of the batch and W).
+
+        Contiguous shards keep the gathered rows in the global batch's order; both views of a string are
+        built from the same index, so they stay on the same process. A process whose part is empty (a
+        batch with fewer strings than processes) gets the batch's first item as a stand-in: it must still
+        run the forward and backward that DDP's gradient all-reduce waits for; `gather_views` drops it.
+        """
+        sizes = self.shard_sizes(len(items))
+        start = sum(sizes[: self.rank])
+        return list(items[start:start + sizes[self.rank]]) or list(items[:1])
+
+    # ------------------------------------------------------------------ gathering
+    def gather_views(self, local: torch.Tensor, n_strings: int) -> torch.Tensor:
+        """All-gather the local rows [x.., xbar..] (own rows keep their gradient) into the global [x_1..x_B, xbar_1..xbar_B].
+
+        Shards may differ in size by one, so each half is padded to the largest shard before the gather
+        (all_gather needs equal shapes) and the padding rows are dropped again afterwards. Reordering into
+        the global order means the loss's labels (i <-> i+B) stay correct; sentence-transformers' first
+        cross-device version concatenated per-rank blocks and mislabelled the positives.
+        """
+        if not self.enabled:
+            return local
+        sizes = self.shard_sizes(n_strings)
+        width = max(sizes)
+        own = sizes[self.rank]
+        if local.shape[0] != 2 * max(own, 1):
+            raise ValueError(f"rank {self.rank}: expected {2 * max(own, 1)} local rows, got {local.shape[0]}")
+        half = local.shape[0] // 2
+        padded = torch.cat([_pad_rows(local[:own], width), _pad_rows(local[half:half + own], width)])
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded.detach().contiguous())
+        parts[self.rank] = _ScaleGrad.apply(padded, float(self.world_size))  # own rows carry the gradient
+        firsts = [part[:size] for part, size in zip(parts, sizes)]
+        seconds = [part[width:width + size] for part, size in zip(parts, sizes)]
+        gathered = torch.cat(firsts + seconds)
+        if own == 0:  # a stand-in row: zero gradient, but DDP sees every parameter take part
+            gathered = gathered + 0.0 * local.sum()
+        return gathered
+
+    def any(self, flag: bool) -> bool:
+        """True on every process when it is true on any (e.g. a Ctrl-C seen by one process only)."""
+        if not self.enabled:
+            return bool(flag)
+        value = torch.tensor([1 if flag else 0], device=self._collective_device())
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    def agree(self, code: int) -> int:
+        """The largest of every process's `code` (one all-reduce), on every process.
+
+        The engine's stop agreement at each step boundary: 0 nothing, 1 Ctrl-C, 2 SIGTERM (see
+        training/signals.py), so one signalled process stops them all at the same step and a SIGTERM
+        anywhere makes it a preemption. A failed process makes this collective fail instead.
+        """
+        if not self.enabled:
+            return int(code)
+        value = torch.tensor([int(code)], device=self._collective_device())
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value.item())
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def on_main(self, work: Callable[[], T], others: T) -> T:
+        """Run `work` (writing files) on rank 0 only; the others wait and get `others`.
+
+        Rank 0 tells the others whether it succeeded, so a failed write ends every process at once
+        instead of leaving them waiting for the collective timeout.
+        """
+        if not self.enabled:
+            return work()
+        outcome: list[Any] = [None]
+        result = others
+        if self.is_main:
+            try:
+                result = work()
+                outcome[0] = ("ok", None)
+            except BaseException as exc:
+                outcome[0] = ("error", f"{type(exc).__name__}: {exc}")
+                dist.broadcast_object_list(outcome, src=0)
+                raise
+        dist.broadcast_object_list(outcome, src=0)
+        status, message = outcome[0]
+        if status != "ok":
+            raise UserError(f"rank {self.rank}: rank 0 failed ({message}); stopping")
+        return result
+
+    # ------------------------------------------------------------------ randomness
+    def seed_step(self, seed: int, step: int) -> None:
+        """Per-step, per-rank dropout seed under several processes.
+
+        Each process must draw different dropout masks for its rows, and a resumed run must draw the same
+        ones again without per-rank RNG files: a seed derived from (seed, step, rank) does both. A single
+        process keeps the usual saved RNG state (nothing happens here).
+        """
+        if self.enabled:
+            torch.manual_seed(derived_generator(seed, STREAM_DROPOUT, step, self.rank).initial_seed())
+
+    # ------------------------------------------------------------------ DDP
+    def wrap(self, encoder: torch.nn.Module) -> None:
+        """Put the encoder's Hugging Face model under DDP in place (gradient averaging during backward).
+
+        The inner model is wrapped, not the Encoder, so `Encoder.embed` (padding, packing, chunks) keeps
+        going through DDP's forward unchanged.
+        """
+        if not self.enabled or isinstance(encoder.model, _ModelDDP):
+            return
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        # The buffers (position ids) are constants, so they need no broadcast each forward.
+        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_OPTIONS
+                          else {"broadcast_buffers": False})
+        encoder.model = _ModelDDP(encoder.model, device_ids=device_ids, **no_buffer_sync)
+
+    @staticmethod
+    def unwrap(encoder: torch.nn.Module) -> None:
+        if isinstance(encoder.model, _ModelDDP):
+            encoder.model = encoder.model.module
+
+    @staticmethod
+    def no_sync(encoder: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Skip DDP's gradient all-reduce for a backward that is not the last of a step (cached gradients)."""
+        if isinstance(encoder.model, _ModelDDP):
+            return encoder.model.no_sync()
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ failures
+    @contextlib.contextmanager
+    def failure_guard(self, last_checkpoint: Callable[[], Any], interrupt: Any = None) -> Iterator[None]:
+        """End this process with one clear line naming the last good checkpoint when the job breaks.
+
+        A failure is a collective that fails: gloo sees a peer's closed connection, or the
+        MIRRORBERT_DIST_TIMEOUT expires (a process crashed or was killed). A SIGTERM is not one by
+        itself: under the engine (`interrupt`, its InterruptFlag) SIGTERM is a preemption flag that every
+        process agrees on at the next step boundary; only if that agreement or a step's collective fails
+        (torchrun SIGTERMs the survivors after one process crashed) is the stop a failure, and the line
+        says that a signal had arrived. Without `interrupt` (a caller outside the training loop) a
+        SIGTERM raises here at once. Both become a UserError; single-process runs are left untouched.
+        """
+        if not self.enabled:
+            yield
+            return
+
+        def on_terminate(signum, frame):
+            raise _LauncherStop()
+
+        previous = None
+        if interrupt is None:
+            try:
+                previous = signal.signal(signal.SIGTERM, on_terminate)
+            except ValueError:  # not the main thread
+                previous = None
+        try:
+            yield
+        except (_LauncherStop, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and not _is_collective_failure(exc):
+                raise
+            where = last_checkpoint()
+            where = f"last good checkpoint: {where}" if where else "no checkpoint was written (use --save-every N)"
+            if isinstance(exc, _LauncherStop):
+                why = "stopped by the launcher (another process failed or the job was cancelled)"
+            else:
+                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+                why = f"another process of the job failed or timed out ({first})"
+                if interrupt is not None and interrupt.raised:
+                    name = signal.Signals(interrupt.signal).name if interrupt.signal else "a signal"
+                    why = f"{name} received, but the processes could not agree to stop: {why}"
+            raise UserError(f"rank {self.rank}: {why}; {where}") from None
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+
+    def _collective_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+
+_DDP_OPTIONS = set(inspect.signature(DistributedDataParallel.__init__).parameters)
+
+
+class _ModelDDP(DistributedDataParallel):
+    """DDP that still looks like the wrapped model to Encoder code (config, save_pretrained, state_dict keys).
+
+    Saving while wrapped (checkpoints) must write the inner model's keys, not `module.`-prefixed ones,
+    or a checkpoint would not load back into a plain model.
+    """
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":
+                raise
+            return getattr(self.module, name)
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args, **kwargs):
+        return self.module.load_state_dict(*args, **kwargs)
+
+
+def _pad_rows(rows: torch.Tensor, width: int) -> torch.Tensor:
+    if rows.shape[0] == width:
+        return rows
+    return torch.cat([rows, rows.new_zeros((width - rows.shape[0], *rows.shape[1:]))])
+
+
+class _LauncherStop(Exception):
+    """SIGTERM under `failure_guard` without the engine's flag (a caller outside the training loop)."""
+
+
+# Words in the errors of failed collectives (gloo, NCCL, the store, DDP's backward all-reduce).
+_COLLECTIVE_FAILURE_MARKERS = ("gloo", "nccl", "connection closed", "connection reset", "timed out", "timeout",
+                               "process group", "broken pipe")
+
+
+def _is_collective_failure(exc: BaseException) -> bool:
+    return isinstance(exc, dist.DistError) or any(m in str(exc).lower() for m in _COLLECTIVE_FAILURE_MARKERS)
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by a constant (undoes DDP's 1/W, see the module doc)."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.factor = factor
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor, None
+
+
+# ---------------------------------------------------------------------- setup / teardown
+def _device_for(name: str | None, local_rank: int) -> torch.device:
+    """One device per local rank: `auto`/`cuda` become cuda:<local rank>; MPS is not used by several processes."""
+    if name in (None, "", "auto"):
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    if device.type == "mps":
+        raise UserError("--device mps cannot be shared by several processes; use --device cpu under torchrun")
+    return device
+
+
+def timeout_seconds() -> int:
+    raw = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        value = int(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise UserError(f"{TIMEOUT_ENV}={raw!r}: expected a whole number of seconds") from None
+    if value < 1:
+        raise UserError(f"{TIMEOUT_ENV}={raw!r}: must be >= 1")
+    return value
+
+
+def init_from_env(device: str | None = "auto") -> DistContext:
+    """The context of this process: from torchrun/accelerate's RANK, WORLD_SIZE, LOCAL_RANK (MASTER_ADDR/PORT).
+
+    Started directly (WORLD_SIZE unset or 1) it is a single process on `device` and no process group is
+    created. Otherwise it joins the job's process group (NCCL on GPUs, gloo on CPU; a timeout on every
+    collective) unless the caller already did, and quietens the library's logging on ranks other than 0.
+    """
+    if not dist.is_initialized() and launched_world_size() <= 1:
+        return DistContext(device=resolve_device(device))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    target = _device_for(device, local_rank)
+    if not dist.is_initialized():
+        if target.type == "cuda":
+            torch.cuda.set_device(target)
+        backend = "nccl" if target.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_seconds()))
+    ctx = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=target)
+    if not ctx.is_main:
+        logging.getLogger("mirrorbert").setLevel(logging.ERROR)
+    logger.info("distributed: %d processes (%s backend), rank 0 on %s", ctx.world_size, dist.get_backend(), target)
+    return ctx
+
+
+def shutdown(synchronize: bool = False) -> None:
+    """Leave the process group cleanly (NCCL warns otherwise); a no-op when none was created.
+
+    With `synchronize` (a command that finished normally) every process first meets the others at a
+    barrier: tearing gloo down while a peer is still finishing its last collective aborted a process
+    ("terminate called without an active exception") now and then. After an error there is no barrier,
+    since a failed peer would never arrive.
+    """
+    if dist.is_available() and dist.is_initialized():
+        if synchronize:
+            try:
+                dist.barrier()
+            except Exception as exc:  # noqa: BLE001  a peer already gone: leave anyway
+                logger.warning("distributed: no barrier before leaving the process group (%s)", exc)
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------- sharded encoding
+_ENCODING: DistContext | None = None
+
+
+@contextlib.contextmanager
+def sharded_encoding(ctx: DistContext) -> Iterator[None]:
+    """Within this block `Encoder.encode` splits its inputs across the processes and returns all rows.
+
+    Opt-in (the encode and eval commands), because a sharded encode is a collective: every process must
+    call it with the same texts, which is not true of, say, an evaluation run on rank 0 only.
+    """
+    global _ENCODING
+    previous, _ENCODING = _ENCODING, (ctx if ctx.enabled else None)
+    try:
+        yield
+    finally:
+        _ENCODING = previous
+
+
+def encoding_rows(n: int) -> list[int]:
+    """The input rows this process encodes: all of them, or a strided share while sharded encoding is on.
+
+    Strided (r, r+W, ...) rather than contiguous so that long and short inputs spread evenly.
+    """
+    if _ENCODING is None:
+        return list(range(n))
+    return list(range(_ENCODING.rank, n, _ENCODING.world_size))
+
+
+def combine_rows(local: torch.Tensor, n: int) -> torch.Tensor:
+    """Every process's `encoding_rows` results gathered back into one [n, d] matrix in input order."""
+    ctx = _ENCODING
+    if ctx is None:
+        return local
+    width = -(-n // ctx.world_size)
+    device = ctx._collective_device()
+    padded = _pad_rows(local.to(device), width).contiguous()
+    parts = [torch.empty_like(padded) for _ in range(ctx.world_size)]
+    dist.all_gather(parts, padded)
+    out = local.new_empty((n, *local.shape[1:]))
+    for rank, part in enumerate(parts):
+        rows = range(rank, n, ctx.world_size)
+        out[list(rows)] = part[: len(rows)].to(out.device)
+    return out
+
+
+__all__ = ["DistContext", "init_from_env", "shutdown", "sharded_encoding", "encoding_rows", "combine_rows",
+           "launched_rank", "launched_world_size"]

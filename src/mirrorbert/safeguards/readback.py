@@ -1,0 +1,105 @@
+"""Reading back files mirrorbert did not just write (index folders, caches, manifests): one place for the
+low-level rules every reader of such a file follows.
+
+* `open_regular`: a path must be a regular file, checked on the opened descriptor (opened non-blocking, so a
+  FIFO cannot stall the open; no race between a check and the open): a device such as /dev/zero, a FIFO or a
+  folder is one `UserError` naming it, never an endless read.
+* `read_regular_bytes`: the bytes of such a file, its size bounded before anything is read.
+* `parse_json`: JSON of an untrusted file, its nesting bounded before `json` recurses into it (a file of
+  100,000 opening brackets would otherwise end in a RecursionError traceback).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from mirrorbert.errors import UserError
+
+MAX_JSON_DEPTH = 64  # JSON nested deeper than this is refused before the parser recurses
+
+
+def open_regular(path: Path, what: str) -> int:
+    """A read-only descriptor of `path`, which must be a regular file: opened non-blocking (a FIFO cannot
+    stall the open) and checked with fstat on the descriptor itself (no race between a check and the open),
+    so a device (/dev/zero), a FIFO or a folder is one error naming it, never an endless read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise UserError(f"{what} {path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {path}: is a folder, expected a file") from None
+    except PermissionError:
+        raise UserError(f"{what} {path}: permission denied (the file is not readable)") from None
+    except OSError as exc:
+        raise UserError(f"{what} {path}: cannot open it ({exc.strerror or type(exc).__name__})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+        raise UserError(f"{what} {path}: is {kind}, expected a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def read_regular_bytes(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (a bigger one is refused before reading it)."""
+    fd = open_regular(path, what)
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise UserError(f"{what} {path}: {size} bytes, more than the {limit} this file can hold; "
+                            "damaged or not written by mirrorbert")
+        return fh.read(limit + 1)
+
+
+def json_depth_ok(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """False when brackets nest deeper than `limit` (checked by a count, before `json` recurses into them);
+    brackets inside strings count too, which can only make this stricter."""
+    if isinstance(text, str):
+        text = text.encode("utf-8", "surrogatepass")
+    depth = 0
+    for byte in text:
+        if byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > limit:
+                return False
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return True
+
+
+def parse_json(raw: bytes, what: str, path: Path) -> Any:
+    """JSON of an untrusted file: UTF-8, nesting bounded, one error naming the file otherwise."""
+    if not json_depth_ok(raw):
+        raise UserError(f"{what} {path}: damaged (JSON nested deeper than {MAX_JSON_DEPTH} levels)")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise UserError(f"{what} {path}: damaged (not valid JSON: {reason})") from None
+
+
+__all__ = ["MAX_JSON_DEPTH", "json_depth_ok", "open_regular", "parse_json", "read_regular_bytes"]
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22, what: str = "--corpus") -> str:
+    """SHA-256 of a regular file's bytes (a device or FIFO is refused, never read without end); of a folder
+    (a saved dataset), over its regular files' names and checksums."""
+    path = Path(path)
+    if path.is_dir():
+        digest = hashlib.sha256()
+        for member in sorted(p for p in path.rglob("*") if p.is_file()):
+            digest.update(member.relative_to(path).as_posix().encode("utf-8") + b"\0"
+                          + file_sha256(member, chunk, what).encode("ascii") + b"\n")
+        return digest.hexdigest()
+    digest = hashlib.sha256()
+    with os.fdopen(open_regular(path, what), "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()

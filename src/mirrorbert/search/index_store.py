@@ -1,0 +1,364 @@
+"""A search index on disk: encode a corpus once, answer `search --index` from it afterwards.
+
+The folder holds the L2-normalised vectors (`vectors.npy`), the texts (`texts.jsonl`), each row's id in the
+corpus file (`ids.json`: the line or record number, as `search --corpus` reports it), a faiss index when faiss
+is installed (`faiss.index`, an exact IndexFlatIP), and `manifest.json`: the model's fingerprint (SHA-256 of
+its config, tokenizer and weight files), the pooling and maximum length used, and the corpus's path, SHA-256
+and line count. Answers are refused, in one line, when the model or the corpus has changed since: hits from
+another model's vectors, or ids pointing into an edited file, would be silently wrong.
+
+Read back as untrusted (a folder may come from someone else): every field of the manifest is type-checked;
+each file's SHA-256 recorded in the manifest (`files`) is matched before the file is parsed; the .npy
+header is read without pickles and its dtype and shape must be the manifest's; vectors must be finite;
+`ids.json` must be a flat list of the expected length of increasing line numbers (its size is bounded
+before parsing); `faiss.index` must hold `rows` vectors of `dim` dimensions; the corpus named in the
+manifest must be a regular file of the recorded size before it is hashed (never a device or a FIFO).
+Any mismatch is one `UserError` naming the file. An index written before checksums were recorded is
+still checked for structure, with a warning.
+
+Why not only `SearchIndex.save`: that keeps the vectors for Python users; this adds the identity checks a
+command line needs (a folder outlives the shell session that knew which model built it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mirrorbert.jsonio as jsonio
+from mirrorbert.errors import UserError
+from mirrorbert.safeguards.readback import file_sha256, open_regular, parse_json, read_regular_bytes
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+FORMAT = "mirrorbert-index/1"
+# Files whose bytes decide what a model computes; the rest (README, mirrorbert.json, training logs) do not.
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")
+IGNORED_MODEL_FILES = {"README.md", "mirrorbert.json", "manifest.json", ".mirrorbert-output"}
+INDEX_FILES = ("vectors.npy", "texts.jsonl", "ids.json", "faiss.index")
+MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few hundred bytes; a bigger one is not ours
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def corpus_size(path: Path) -> int:
+    """Bytes of a corpus file, or of a dataset folder's regular files together."""
+    path = Path(path)
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def model_fingerprint(model: str) -> str:
+    """SHA-256 over the model folder's weight, config and tokenizer files (names and bytes), or `hub:<id>` for
+    a hub id (its local files are not ours to hash; the id names the model)."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return f"hub:{model}"
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if path.name in IGNORED_MODEL_FILES or path.suffix not in MODEL_FILE_SUFFIXES or rel.startswith("."):
+            continue
+        digest.update(rel.encode("utf-8") + b"\0" + file_sha256(path).encode("ascii") + b"\n")
+    return digest.hexdigest()
+
+
+def count_lines(path: Path) -> int:
+    """Lines as every reader counts them (LF, CRLF or CR), whatever their encoding; rows of tabular data."""
+    from mirrorbert.data.strings import split_lines
+    from mirrorbert.data.hf_datasets import count_rows, is_table
+
+    if is_table(Path(path)):
+        return count_rows(path)
+
+    with open(path, "rb") as fh:
+        return sum(len(split_lines(raw)) for raw in fh)
+
+
+@dataclass
+class Manifest:
+    model: str
+    model_sha256: str
+    pooling: str
+    max_length: int
+    corpus: str
+    corpus_sha256: str
+    corpus_lines: int
+    rows: int
+    dim: int
+    column: str | None = None
+    field: str | None = None
+    faiss: bool = False
+    format: str = FORMAT
+    corpus_bytes: int | None = None  # size of the corpus when built: checked before hashing it
+    files: dict[str, str] | None = None  # SHA-256 of each index file (None: written before checksums)
+
+    @classmethod
+    def read(cls, folder: Path, option: str = "--index") -> "Manifest":
+        path = folder / MANIFEST
+        if not folder.is_dir():
+            raise UserError(f"{option} {folder}: no such folder (build one with `mirrorbert index`)")
+        if not path.is_file():
+            raise UserError(f"{option} {folder}: not a mirrorbert index (no {MANIFEST}; build one with `mirrorbert index`)")
+        data = parse_json(read_regular_bytes(path, option, MAX_MANIFEST_BYTES), option, path)
+        if not isinstance(data, dict):
+            raise UserError(f"{option} {path}: damaged (expected a JSON object)")
+        if data.get("format") != FORMAT:
+            raise UserError(f"{option} {path}: damaged (format {str(data.get('format'))[:40]!r}, expected {FORMAT!r})")
+        problem = _manifest_problem(data)
+        if problem:
+            raise UserError(f"{option} {path}: damaged ({problem}); rebuild the index with `mirrorbert index`")
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def _is_int(value: Any, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+_OPTIONAL_STR = (str, type(None))
+_FIELDS: dict[str, tuple[Any, bool]] = {  # name: (check, required)
+    "model": (lambda v: isinstance(v, str) and bool(v), True),
+    "model_sha256": (lambda v: isinstance(v, str) and bool(v), True),
+    "pooling": (lambda v: isinstance(v, str) and bool(v), True),
+    "max_length": (lambda v: _is_int(v, 1), True),
+    "corpus": (lambda v: isinstance(v, str) and bool(v) and "\0" not in v, True),
+    "corpus_sha256": (lambda v: isinstance(v, str) and bool(_HEX64.match(v)), True),
+    "corpus_lines": (lambda v: _is_int(v, 1), True),
+    "rows": (lambda v: _is_int(v, 1), True),
+    "dim": (lambda v: _is_int(v, 1) and v <= 1 << 16, True),
+    "column": (lambda v: isinstance(v, _OPTIONAL_STR), False),
+    "field": (lambda v: isinstance(v, _OPTIONAL_STR), False),
+    "faiss": (lambda v: isinstance(v, bool), False),
+    "corpus_bytes": (lambda v: v is None or _is_int(v, 0), False),
+    "files": (lambda v: v is None or (isinstance(v, dict) and set(v) <= set(INDEX_FILES)
+                                      and all(isinstance(h, str) and _HEX64.match(h) for h in v.values())), False),
+}
+
+
+def _manifest_problem(data: dict) -> str | None:
+    """The first field of a manifest that is missing or of the wrong type or range, as a phrase."""
+    for name, (check, required) in _FIELDS.items():
+        if name not in data:
+            if required:
+                return f"no field {name!r}"
+            continue
+        if not check(data[name]):
+            return f"field {name!r} has a wrong type or value ({str(data[name])[:40]!r})"
+    if data["rows"] > data["corpus_lines"]:
+        return f"{data['rows']} rows but the corpus has {data['corpus_lines']} lines"
+    return None
+
+
+def write_index(folder: Path, vectors, texts: list[str], ids: list[int], manifest: Manifest) -> None:
+    """Everything into `folder` (a temporary folder of the write policy, renamed into place by the caller);
+    the manifest records each file's SHA-256, checked before the file is read back."""
+    import numpy as np
+
+    from mirrorbert.search.exact import build_faiss_index, faiss_available
+
+    np.save(folder / "vectors.npy", np.ascontiguousarray(vectors, dtype=np.float32), allow_pickle=False)
+    with open(folder / "texts.jsonl", "w", encoding="utf-8") as fh:
+        for text in texts:
+            fh.write(jsonio.dumps(text, ensure_ascii=False) + "\n")
+    (folder / "ids.json").write_text(jsonio.dumps([int(i) for i in ids]) + "\n", encoding="utf-8")
+    if faiss_available():
+        import faiss
+
+        faiss.write_index(build_faiss_index(vectors), str(folder / "faiss.index"))
+        manifest.faiss = True
+    manifest.files = {name: file_sha256(folder / name, what="--output") for name in INDEX_FILES
+                      if (folder / name).is_file()}
+    (folder / MANIFEST).write_text(jsonio.dumps(manifest.__dict__, indent=2) + "\n", encoding="utf-8")
+
+
+def check_index(folder: Path, model: str, corpus: str | None = None, option: str = "--index") -> Manifest:
+    """The manifest, after checking that `model` is the model that built the index and the corpus file is
+    unchanged (the one given, or the one the manifest names when it is still there). Before any weight loads.
+
+    The corpus is hashed only when it is a regular file (or a dataset folder) of the size the manifest
+    recorded: a manifest naming /dev/zero, a FIFO or a huge file is refused at once, not read forever."""
+    manifest = Manifest.read(folder, option)
+    if model_fingerprint(model) != manifest.model_sha256:
+        raise UserError(f"{option} {folder}: built by another model ({manifest.model}); --model {model} differs "
+                        "(its files' SHA-256 do not match): rebuild the index with `mirrorbert index`")
+    path = Path(corpus) if corpus is not None else Path(manifest.corpus)
+    what = "--corpus" if corpus is not None else f"{option} {folder}: {MANIFEST} names the corpus"
+    if corpus is not None or os.path.lexists(path):
+        if not os.path.lexists(path):
+            raise UserError(f"--corpus {path}: no such file")
+        if not path.is_dir() or not _is_dataset_folder(path):
+            os.close(open_regular(path, what))  # a device, FIFO, folder, dangling link: one line, no read
+        if manifest.corpus_bytes is not None and corpus_size(path) != manifest.corpus_bytes:
+            raise UserError(f"{option} {folder}: the corpus {path} changed since the index was built "
+                            f"({corpus_size(path)} bytes, {manifest.corpus_bytes} when built): rebuild it with "
+                            "`mirrorbert index`")
+        if file_sha256(path, what=what) != manifest.corpus_sha256:
+            raise UserError(f"{option} {folder}: the corpus {path} changed since the index was built "
+                            f"(SHA-256 differs; the index has {manifest.corpus_lines} lines): rebuild it with "
+                            "`mirrorbert index`")
+    else:
+        logger.warning("%s: the corpus %s is gone; answering from the texts stored in the index", folder,
+                       manifest.corpus)
+    return manifest
+
+
+def _is_dataset_folder(path: Path) -> bool:
+    from mirrorbert.data.hf_datasets import is_dataset_folder
+
+    return is_dataset_folder(path)
+
+
+def _damaged(folder: Path, name: str, problem: str) -> UserError:
+    return UserError(f"--index {folder / name}: damaged ({problem}); rebuild the index with `mirrorbert index`")
+
+
+def _read_checked(folder: Path, name: str, manifest: Manifest, limit: int) -> bytes:
+    """A file of the index, its size bounded, its SHA-256 matched against the manifest's when recorded."""
+    raw = read_regular_bytes(folder / name, "--index", limit)
+    expected = (manifest.files or {}).get(name)
+    if expected is not None and hashlib.sha256(raw).hexdigest() != expected:
+        raise _damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
+    return raw
+
+
+def _read_vectors(folder: Path, manifest: Manifest):
+    """vectors.npy as float32 [rows, dim]: header read without pickles, dtype, shape and size checked before
+    the data is read, every value finite."""
+    import numpy as np
+
+    name = "vectors.npy"
+    limit = 4096 + manifest.rows * manifest.dim * 4
+    raw = _read_checked(folder, name, manifest, limit)
+    import io
+
+    buffer = io.BytesIO(raw)
+    try:
+        version = np.lib.format.read_magic(buffer)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(buffer)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(buffer)
+        else:
+            raise ValueError(f"unknown .npy version {version}")
+    except (ValueError, SyntaxError, TypeError, OverflowError) as exc:
+        raise _damaged(folder, name, f"not a .npy file: {str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}") from None
+    if dtype.hasobject or dtype != np.dtype("<f4"):
+        raise _damaged(folder, name, f"dtype {dtype}, expected float32 (an index holds no objects)")
+    if fortran or tuple(shape) != (manifest.rows, manifest.dim):
+        raise _damaged(folder, name, f"shape {tuple(shape)}, manifest.json says {(manifest.rows, manifest.dim)}")
+    offset = buffer.tell()
+    if len(raw) - offset != manifest.rows * manifest.dim * 4:
+        raise _damaged(folder, name, f"{len(raw) - offset} bytes of data, the header needs "
+                                     f"{manifest.rows * manifest.dim * 4}")
+    vectors = np.frombuffer(raw, dtype="<f4", offset=offset).reshape(manifest.rows, manifest.dim).copy()
+    if not np.isfinite(vectors).all():
+        bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
+        raise _damaged(folder, name, f"row {bad} is not finite (NaN or infinity)")
+    return vectors
+
+
+def _read_texts(folder: Path, manifest: Manifest) -> list[str]:
+    name = "texts.jsonl"
+    raw = _read_checked(folder, name, manifest, 1 << 34)
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if len(lines) != manifest.rows:
+        raise _damaged(folder, name, f"{len(lines)} lines, manifest.json says {manifest.rows} rows")
+    texts = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.startswith(b'"'):  # a JSON string, nothing nested
+            raise _damaged(folder, f"{name}:{lineno}", "expected a JSON string")
+        try:
+            text = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise _damaged(folder, f"{name}:{lineno}", f"not a JSON string: {str(exc)[:80]}") from None
+        if not isinstance(text, str):
+            raise _damaged(folder, f"{name}:{lineno}", "expected a JSON string")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate escape: not text, and unprintable as a hit
+            raise _damaged(folder, f"{name}:{lineno}", "a lone surrogate escape, not text") from None
+        texts.append(text)
+    return texts
+
+
+def _read_ids(folder: Path, manifest: Manifest) -> list[int]:
+    """ids.json: a flat list of `rows` increasing line numbers below the corpus's line count; its size
+    bounded (21 bytes an id) and its nesting checked before parsing."""
+    name = "ids.json"
+    raw = _read_checked(folder, name, manifest, 64 + 24 * manifest.rows)
+    ids = parse_json(raw, "--index", folder / name)
+    if not isinstance(ids, list):
+        raise _damaged(folder, name, f"expected a list of line numbers, found {type(ids).__name__}")
+    if len(ids) != manifest.rows:
+        raise _damaged(folder, name, f"{len(ids)} ids, manifest.json says {manifest.rows} rows")
+    previous = -1
+    for position, value in enumerate(ids):
+        if not _is_int(value, 0) or value >= manifest.corpus_lines:
+            raise _damaged(folder, name, f"entry {position} is {str(value)[:40]!r}, not a line number of the "
+                                         f"corpus (0 to {manifest.corpus_lines - 1})")
+        if value <= previous:
+            raise _damaged(folder, name, f"entry {position} ({value}) is not after the one before it")
+        previous = value
+    return ids
+
+
+def _read_faiss(folder: Path, manifest: Manifest, vectors):
+    """The stored faiss index, read after its checksum matched, holding exactly the rows of vectors.npy."""
+    import faiss
+
+    name = "faiss.index"
+    raw = _read_checked(folder, name, manifest, 4096 + manifest.rows * manifest.dim * 4)
+    import numpy as np
+
+    try:
+        index = faiss.deserialize_index(np.frombuffer(raw, dtype=np.uint8))
+    except Exception as exc:  # noqa: BLE001  faiss raises RuntimeError with a C++ trace for a damaged file
+        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        raise _damaged(folder, name, f"faiss cannot read it: {reason}") from None
+    if index.ntotal != manifest.rows or index.d != manifest.dim:
+        raise _damaged(folder, name, f"{index.ntotal} vectors of dimension {index.d}, manifest.json says "
+                                     f"{manifest.rows} of {manifest.dim}")
+    # faiss 1.7 reads back the generic class, later ones the concrete one; the downcast view does not own the
+    # index, so `index` (which does) is what is kept and returned
+    concrete = faiss.downcast_index(index)
+    if not (isinstance(concrete, faiss.IndexFlat) and concrete.metric_type == faiss.METRIC_INNER_PRODUCT):
+        raise _damaged(folder, name, f"a {type(concrete).__name__}, expected an exact IndexFlatIP")
+    if not np.array_equal(index.reconstruct_n(0, index.ntotal), vectors):  # proposes candidates: must be ours
+        raise _damaged(folder, name, "its vectors are not those of vectors.npy")
+    return index
+
+
+def load_index(folder: Path, manifest: Manifest, use_faiss: bool | None):
+    """(SearchIndex, ids) from the folder, every file checked against the manifest first; the stored faiss
+    index is used when faiss is wanted and present."""
+    from mirrorbert.search.exact import SearchIndex, wants_faiss
+
+    if manifest.files is None:
+        logger.warning("%s: an index written before mirrorbert recorded checksums; its files are checked for "
+                       "structure only (rebuild it with `mirrorbert index` to have them checked fully)", folder)
+    else:
+        for name in ("vectors.npy", "texts.jsonl", "ids.json"):
+            if name not in manifest.files:
+                raise UserError(f"--index {folder / MANIFEST}: damaged (no checksum for {name})")
+    vectors = _read_vectors(folder, manifest)
+    texts = _read_texts(folder, manifest)
+    ids = _read_ids(folder, manifest)
+    index = SearchIndex(vectors, texts, meta={"model": manifest.model, "pooling": manifest.pooling})
+    faiss_file = folder / "faiss.index"
+    if manifest.faiss and wants_faiss(use_faiss) and os.path.lexists(faiss_file):
+        if manifest.files is not None and "faiss.index" not in manifest.files:
+            raise UserError(f"--index {folder / MANIFEST}: damaged (no checksum for faiss.index)")
+        index.faiss_index = _read_faiss(folder, manifest, vectors)
+    return index, ids
+
+
+__all__ = ["Manifest", "check_index", "file_sha256", "load_index", "model_fingerprint", "open_regular", "write_index"]

@@ -1,0 +1,119 @@
+"""Quantised embeddings: int8/uint8 (4x smaller) and binary (32x smaller) vectors for `encode`, and search over
+int8 or binary corpus vectors with float32 rescoring of the candidates.
+
+The quantisers and the faiss search are sentence-transformers' own (`quantize_embeddings`,
+`semantic_search_faiss`): what is ours is the calibration choice (ranges from the corpus, not from the
+queries), the cache of the quantised faiss index per `SearchIndex`, and the checks that come before any work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mirrorbert.settings.choices import ENCODE_QUANTIZATIONS, SEARCH_QUANTIZATIONS
+from mirrorbert.errors import UserError
+
+DEFAULT_RESCORE_MULTIPLIER = 4
+
+
+def st_quantization():
+    try:
+        from sentence_transformers.util import quantization  # sentence-transformers >= 5.2
+    except ImportError:
+        try:
+            from sentence_transformers import quantization
+        except ImportError:
+            raise UserError('quantised embeddings need sentence-transformers: pip install "mirrorbert[st]"') from None
+    return quantization
+
+
+def check_quantization(precision: Any, option: str, choices=ENCODE_QUANTIZATIONS) -> None:
+    if precision not in choices:
+        raise UserError(f"{option}: unknown value {precision!r}; choose one of {', '.join(choices)}")
+
+
+def quantize(vectors: np.ndarray, precision: str, calibration: np.ndarray | None = None) -> np.ndarray:
+    """`vectors` in `precision`: int8/uint8 with per-dimension ranges from `calibration` (default: the vectors
+    themselves), binary/ubinary packed 8 dimensions per byte (sign bits)."""
+    check_quantization(precision, "--quantize")
+    if precision == "float32":
+        return np.asarray(vectors, dtype=np.float32)
+    quantization = st_quantization()
+    vectors = np.asarray(vectors, dtype=np.float32)
+    calibration = vectors if calibration is None else np.asarray(calibration, dtype=np.float32)
+    return quantization.quantize_embeddings(vectors, precision=precision, calibration_embeddings=calibration)
+
+
+def quantized_topk(queries: np.ndarray, corpus: np.ndarray, precision: str, top_k: int, cache: dict,
+                   rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) of the `top_k` nearest corpus rows: `rescore_multiplier * top_k` candidates from the
+    quantised corpus (exact search over the codes), re-ranked by the float32 query against the dequantised
+    candidates (int8: the per-dimension ranges of the corpus; ubinary: the 0/1 bits), as sentence-transformers
+    rescores. `cache` (the caller's, per corpus) keeps the codes and the faiss binary index between calls.
+    """
+    check_quantization(precision, "--quantize", SEARCH_QUANTIZATIONS)
+    queries = np.asarray(queries, dtype=np.float32)
+    if precision == "int8":
+        return _int8_topk(queries, corpus, top_k, cache, rescore_multiplier)
+    quantization = st_quantization()
+    index = cache.get(("index", precision))
+    codes = None if index is not None else quantization.quantize_embeddings(corpus, precision=precision)
+    results, _, index = quantization.semantic_search_faiss(
+        queries, corpus_embeddings=codes, corpus_index=index, corpus_precision=precision, top_k=top_k,
+        rescore=True, rescore_multiplier=rescore_multiplier, exact=True, output_index=True)
+    cache[("index", precision)] = index
+    return hits_as_arrays(results, len(queries), min(top_k, len(corpus)))
+
+
+def _int8_topk(queries: np.ndarray, corpus: np.ndarray, top_k: int, cache: dict, rescore_multiplier: int,
+               query_block: int = 256, corpus_block: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    quantization = st_quantization()
+    if ("index", "int8") not in cache:
+        ranges = np.vstack([corpus.min(axis=0), corpus.max(axis=0)])
+        cache[("index", "int8")] = (quantization.quantize_embeddings(corpus, "int8", ranges=ranges), ranges)
+    codes, ranges = cache[("index", "int8")]
+    steps = (ranges[1] - ranges[0]) / 255
+    n, dim = codes.shape
+    k, m = min(top_k, n), min(n, top_k * rescore_multiplier)
+    # Integer dot products through float32 BLAS, a corpus slice at a time: every product and partial sum is an
+    # integer below 2**24 while dim * 128 * 128 < 2**24, so the float32 result is the exact integer (int32
+    # matmul in numpy has no BLAS and ran ~4x slower). Wider vectors take the int32 path.
+    exact_in_float32 = dim * 128 * 128 < 2 ** 24
+    scores, ids = np.empty((len(queries), k)), np.empty((len(queries), k), dtype=np.int64)
+    for start in range(0, len(queries), query_block):
+        block = queries[start:start + query_block]
+        block_codes = quantization.quantize_embeddings(block, "int8", ranges=ranges)
+        coarse = np.empty((len(block), n), dtype=np.float32 if exact_in_float32 else np.int64)
+        for lo in range(0, n, corpus_block):
+            part = codes[lo:lo + corpus_block]
+            if exact_in_float32:
+                coarse[:, lo:lo + len(part)] = block_codes.astype(np.float32) @ part.astype(np.float32).T
+            else:
+                coarse[:, lo:lo + len(part)] = block_codes.astype(np.int64) @ part.astype(np.int64).T
+        candidates = np.argpartition(-coarse, m - 1, axis=1)[:, :m] if m < n else np.tile(np.arange(n), (len(block), 1))
+        dequantised = (codes[candidates].astype(np.float32) + 128) * steps + ranges[0]  # [b, m, d]
+        fine = np.einsum("bd,bmd->bm", block, dequantised)
+        order = np.lexsort((candidates, -fine), axis=1)[:, :k]  # best first; ties: the smaller id
+        scores[start:start + len(block)] = np.take_along_axis(fine, order, 1)
+        ids[start:start + len(block)] = np.take_along_axis(candidates, order, 1)
+    return scores, ids
+
+
+def hits_as_arrays(results: list[list[dict]], n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    scores = np.full((n_queries, k), -np.inf, dtype=np.float64)
+    ids = np.full((n_queries, k), -1, dtype=np.int64)
+    for row, hits in enumerate(results):
+        for col, hit in enumerate(hits[:k]):
+            scores[row, col], ids[row, col] = hit["score"], hit["corpus_id"]
+    return scores, ids
+
+
+def recall_at_k(reference_ids: np.ndarray, ids: np.ndarray) -> float:
+    """Mean share of the reference top-k found in the approximate top-k (order ignored)."""
+    shares = [len(set(r.tolist()) & set(a.tolist())) / max(1, len(r)) for r, a in zip(reference_ids, ids)]
+    return float(np.mean(shares)) if shares else 0.0
+
+
+__all__ = ["hits_as_arrays", "quantize", "quantized_topk", "recall_at_k", "st_quantization"]

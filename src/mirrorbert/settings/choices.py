@@ -1,0 +1,22 @@
+"""Allowed values and defaults of the options several layers share, so each is spelled in one place.
+
+Standard library only: the encoder, search, export and the commands all check against these.
+"""
+
+POOLINGS = ("cls", "mean", "first-last")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+SCHEDULES = ("constant", "linear")
+PACKING_MODES = ("auto", "on", "grouped", "off")  # --packing (encoder/packing.py)
+MASK_UNITS = ("char", "token")
+LOSSES = ("infonce", "ms")
+# encode --quantize / search --quantize (search/quantized.py)
+ENCODE_QUANTIZATIONS = ("float32", "int8", "uint8", "binary", "ubinary")
+# int8: ours (centred codes, integer dot products); ubinary: sentence-transformers' faiss binary search. Not
+# sentence-transformers' faiss "uint8": it ranks unsigned codes by inner product without centring them, which
+# kept 0.74 of the exact top-10 on MiniLM/Wikipedia where int8 here keeps 0.99 (docs/benchmarks/quantized_recall.json).
+SEARCH_QUANTIZATIONS = ("float32", "int8", "ubinary")
+DEFAULT_MODEL = "bert-base-uncased"
+# mirrorbert export (encoder/export.py): the serving formats, in the folder layout sentence-transformers' backends read
+EXPORT_FORMATS = ("onnx", "openvino")
+DEFAULT_ONNX_OPSET = 18  # torch.onnx's exporter default; onnxruntime >= 1.14 and OpenVINO read it
+EXPORT_MIN_COSINE = 0.9999  # an export whose vectors fall below this cosine to PyTorch's is not written

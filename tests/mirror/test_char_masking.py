@@ -1,0 +1,130 @@
+"""Character span masking as the authors ran Mirror-BERT, and the masking shares reported after training."""
+
+import json
+from collections import Counter
+
+import pytest
+from transformers import AutoTokenizer
+
+from mirrorbert.mirror.config import TrainConfig, resolve_config
+from mirrorbert.data.strings import load_training_strings
+from mirrorbert.runtime.randomness import derived_generator
+from mirrorbert.mirror.step import STREAM_MASK
+from mirrorbert.mirror.train import train
+from mirrorbert.mirror.views import SecondViews, char_span_starts, mask_chars, special_token_ids, tokenize_once
+
+LONG = [
+    "a man is playing a guitar on the stage tonight",
+    "two children are playing football in the garden",
+    "scientists discovered a new species of frog",
+    "the quick brown fox jumps over the lazy dog",
+    "she read a book about ancient history",
+]
+
+
+@pytest.mark.parametrize("which,mask_text", [("tiny_bert", "[MASK]"), ("tiny_roberta", "<mask>")])
+@pytest.mark.parametrize("k", [2, 5])
+def test_one_mask_token_of_the_models_own_tokenizer_at_the_drawn_span(request, which, mask_text, k, corpus):
+    tok = AutoTokenizer.from_pretrained(request.getfixturevalue(which))
+    assert tok.mask_token == mask_text
+    strings = list(corpus) + LONG
+    ids = tokenize_once(tok, strings, 50)
+    views = SecondViews(tok, strings, ids, "char", k, 30, 50).draw(derived_generator(3, STREAM_MASK, 0))
+    starts = char_span_starts(strings, k, 30, derived_generator(3, STREAM_MASK, 0))  # the same draw
+    assert sum(s is not None for s in starts) >= 5
+    for text, original, view, start in zip(strings, ids, views, starts):
+        if start is None:
+            assert len(text) <= 30 and view == original
+            continue
+        masked = mask_chars(text, start, k, tok.mask_token)
+        assert masked[:start] == text[:start] and masked[start + len(mask_text):] == text[start + k:]
+        assert view.count(tok.mask_token_id) == 1
+        assert view == tokenize_once(tok, [masked], 50)[0]
+        if which == "tiny_roberta":  # byte-level BPE is lossless: the view decodes to the masked string
+            # (transformers 4.x gives RoBERTa's <mask> lstrip: it takes the space before it, as in pre-training)
+            if getattr(tok.added_tokens_decoder.get(tok.mask_token_id), "lstrip", False):
+                masked = masked.replace(" " + mask_text, mask_text)
+            assert tok.decode(view, skip_special_tokens=False) == "<s>" + masked + "</s>"
+
+
+def test_never_masks_strings_up_to_the_minimum(corpus):
+    strings = ["x" * 30, "y" * 31, "short", "z" * 12]
+    starts = char_span_starts(strings * 50, 5, 30, derived_generator(0, STREAM_MASK, 0))
+    assert all(s is None for i, s in enumerate(starts) if i % 4 != 1)
+    assert all(s is not None and 0 <= s <= 26 for i, s in enumerate(starts) if i % 4 == 1)
+    # with no minimum, a string must still be longer than the span
+    assert char_span_starts(["abcde", "abcdef"], 5, 0, derived_generator(0, STREAM_MASK, 0))[0] is None
+    assert char_span_starts(["abc"], 0, 0, derived_generator(0, STREAM_MASK, 0)) == [None]
+
+
+def test_span_start_is_uniform_over_all_valid_starts():
+    """Pearson chi-square over the 36 starts of a 40-character string (k = 5), fixed seed."""
+    from scipy.stats import chi2
+
+    text, k, per_start = "0123456789" * 4, 5, 300
+    n_starts = len(text) - k + 1
+    draws = char_span_starts([text] * (n_starts * per_start), k, 30, derived_generator(11, STREAM_MASK, 0))
+    counts = Counter(draws)
+    assert set(counts) == set(range(n_starts))  # the last start (len - k) included, nothing beyond it
+    statistic = sum((counts[s] - per_start) ** 2 / per_start for s in range(n_starts))
+    assert statistic < chi2.ppf(0.999, n_starts - 1)
+
+
+def test_token_unit_is_unchanged_and_reports_k_per_masked_string(tiny_bert, corpus):
+    from mirrorbert.mirror.views import masked_views
+
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    ids = tokenize_once(tok, corpus, 50)
+    views = SecondViews(tok, corpus, ids, "token", 2, 30, 50)
+    drawn = views.draw(derived_generator(5, STREAM_MASK, 0))
+    special = special_token_ids(tok)
+    assert drawn == masked_views(ids, 2, tok.mask_token_id, special, derived_generator(5, STREAM_MASK, 0))
+    masked = sum(v != o for v, o in zip(drawn, ids))
+    real = sum(t not in special for row in ids for t in row)
+    assert views.stats.shares() == {"masked_token_share": round(2 * masked / real, 6),
+                                    "masked_string_share": round(masked / len(corpus), 6)}
+
+
+def test_char_unit_counts_the_original_tokens_the_span_overlaps(tiny_bert):
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    text = "the cat sat on the mat and the dog ran in the park"
+    ids = tokenize_once(tok, [text, "dog"], 50)
+    views = SecondViews(tok, [text, "dog"], ids, "char", 5, 30, 50)
+    views.draw(derived_generator(0, STREAM_MASK, 0))
+    start = char_span_starts([text, "dog"], 5, 30, derived_generator(0, STREAM_MASK, 0))[0]
+    offsets = tok(text, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
+    expected = sum(1 for a, b in offsets if a < start + 5 and b > start)
+    real = len(ids[0]) - 2 + len(ids[1]) - 2
+    assert expected >= 1
+    assert (views.stats.masked_tokens, views.stats.masked_strings, views.stats.real_tokens) == (expected, 1, real)
+
+
+def test_sentence_preset_hides_what_the_authors_procedure_hides(shared_data):
+    """On the paper's 10k STS-B training sentences: 10-16% of real tokens, 80-92% of strings."""
+    cfg = resolve_config({"preset": "sentence"})
+    strings = load_training_strings(data=str(shared_data / "corpora" / "stsbenchmark_train_10k_sents_random_sampled.txt"))
+    tok = AutoTokenizer.from_pretrained(shared_data / "tokenizers" / "bert-base-uncased")
+    ids = tokenize_once(tok, strings.strings, cfg.max_length)
+    views = SecondViews(tok, strings.strings, ids, cfg.mask_unit, cfg.mask_span, cfg.mask_min_chars, cfg.max_length)
+    drawn = views.draw(derived_generator(cfg.seed, STREAM_MASK, 0))
+    shares = views.stats.shares()
+    assert 0.10 <= shares["masked_token_share"] <= 0.16, shares
+    assert 0.80 <= shares["masked_string_share"] <= 0.92, shares
+    assert max(v.count(tok.mask_token_id) for v in drawn) == 1
+
+
+def test_train_writes_the_masking_shares_of_every_epoch(tiny_bert, corpus, tmp_path):
+    data = tmp_path / "s.txt"
+    data.write_text("\n".join(corpus + LONG) + "\n", encoding="utf-8")
+    cfg = TrainConfig(model=str(tiny_bert), data=str(data), output=str(tmp_path / "out"), batch_size=6,
+                      max_length=16, epochs=2, mask_span=3, mask_unit="char", seed=4, show_progress=False)
+    result = train(cfg)
+    meta = json.loads((tmp_path / "out" / "mirrorbert.json").read_text())["training"]
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    strings = load_training_strings(data=str(data)).strings
+    expected = SecondViews(tok, strings, tokenize_once(tok, strings, 16), "char", 3, 30, 16)
+    for epoch in range(2):
+        expected.draw(derived_generator(4, STREAM_MASK, epoch))
+    assert result.info["masked_token_share"] == meta["masked_token_share"] == expected.stats.shares()["masked_token_share"]
+    assert meta["masked_string_share"] == expected.stats.shares()["masked_string_share"]
+    assert 0 < meta["masked_token_share"] < 1 and 0 < meta["masked_string_share"] < 1

@@ -1,0 +1,226 @@
+"""Trainer: dropout views, controlled dropout, determinism, exact resume, interruption, NaN handling."""
+
+import json
+
+import pytest
+import torch
+
+from mirrorbert.mirror.config import TrainConfig
+from mirrorbert.encoder.model import Encoder
+from mirrorbert.errors import UserError
+from mirrorbert.training.signals import InterruptFlag
+from mirrorbert.mirror.step import mirror_step_loss
+from mirrorbert.mirror.train import train
+from mirrorbert.encoder.batching import pad_batch
+from mirrorbert.mirror.views import tokenize_once
+from support import assert_same_weights, cfg_for
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory, corpus):
+    path = tmp_path_factory.mktemp("data") / "strings.txt"
+    path.write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    return path
+
+
+def _views(encoder, texts, controlled):
+    ids = tokenize_once(encoder.tokenizer, texts, 16)
+    batch = pad_batch(ids + ids, encoder.tokenizer.pad_token_id)
+    encoder.train()
+    if controlled:
+        from mirrorbert.runtime.randomness import replay_rng
+
+        half = len(texts)
+        with replay_rng():
+            a = encoder(**{k: v[:half] for k, v in batch.items()})
+        b = encoder(**{k: v[half:] for k, v in batch.items()})
+        return a, b
+    out = encoder(**batch)
+    return out[: len(texts)], out[len(texts):]
+
+
+@pytest.mark.parametrize("which", ["tiny_bert", "tiny_roberta"])
+def test_views_differ_with_dropout_and_match_under_controlled_dropout(request, which, corpus):
+    enc = Encoder.load(request.getfixturevalue(which), pooling="cls",
+                       config_overrides={"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1})
+    with torch.no_grad():
+        a, b = _views(enc, corpus[:4], controlled=False)
+        assert (a - b).abs().max() > 1e-4
+        a, b = _views(enc, corpus[:4], controlled=True)
+        assert torch.equal(a, b)
+
+
+def test_controlled_dropout_loss_equals_one_with_identical_inputs(tiny_bert, corpus):
+    """With identical inputs and identical masks, every positive pair has cosine 1."""
+    enc = Encoder.load(tiny_bert, pooling="cls")
+    enc.train()
+    ids = tokenize_once(enc.tokenizer, corpus[:4], 16)
+    with torch.no_grad():
+        loss_ctrl = mirror_step_loss(enc, ids, ids, 0, 0.05, True, torch.device("cpu"), "fp32")
+        loss_free = mirror_step_loss(enc, ids, ids, 0, 0.05, False, torch.device("cpu"), "fp32")
+    assert loss_ctrl < loss_free
+
+
+def test_training_reduces_loss_and_saves_metadata(tiny_bert, data_file, tmp_path, monkeypatch):
+    import mirrorbert.mirror.step as trainer_module
+
+    losses, real = [], trainer_module.mirror_step_loss
+
+    def spy(*args):
+        loss = real(*args)
+        losses.append(loss.item())
+        return loss
+
+    monkeypatch.setattr(trainer_module, "mirror_step_loss", spy)
+    train(cfg_for(tiny_bert, data_file, tmp_path / "b", steps=30))
+    # one batch's loss is noisy (4 strings); the first and the last two epochs cover the same strings
+    assert len(losses) == 30 and sum(losses[-6:]) < sum(losses[:6])
+    meta = json.loads((tmp_path / "b" / "mirrorbert.json").read_text())
+    assert meta["training"]["steps"] == 30
+    assert meta["training"]["data"]["strings"] == 12
+    assert meta["training"]["config"]["temperature"] == 0.05
+    assert len(meta["training"]["data"]["sha256"]) == 64
+    assert not list(tmp_path.glob(".b.tmp-*"))
+
+
+def test_same_seed_same_weights(tiny_bert, data_file, tmp_path):
+    kw = dict(steps=4, drophead=0.2)
+    train(cfg_for(tiny_bert, data_file, tmp_path / "r1", **kw))
+    train(cfg_for(tiny_bert, data_file, tmp_path / "r2", **kw))
+    assert_same_weights(tmp_path / "r1", tmp_path / "r2")
+    train(cfg_for(tiny_bert, data_file, tmp_path / "r3", seed=7, **kw))
+    with pytest.raises(AssertionError):
+        assert_same_weights(tmp_path / "r1", tmp_path / "r3")
+
+
+def test_python_preset_is_what_trains_and_what_is_recorded(tiny_bert, data_file, tmp_path):
+    """`TrainConfig(preset="word")` trains with the word settings (not the sentence defaults): the same
+    weights as the CLI's `--preset word`, and mirrorbert.json records the values that were used."""
+    from mirrorbert.cli.app import main
+
+    common = dict(model=str(tiny_bert), data=str(data_file), batch_size=4, steps=3, show_progress=False)
+    train(TrainConfig(preset="word", output=str(tmp_path / "py"), **common))
+    argv = ["train", "--model", str(tiny_bert), "--data", str(data_file), "--preset", "word", "--batch-size", "4",
+            "--steps", "3", "--no-progress", "--output", str(tmp_path / "cli")]
+    assert main(argv) == 0
+    assert_same_weights(tmp_path / "py", tmp_path / "cli")
+    recorded = json.loads((tmp_path / "py" / "mirrorbert.json").read_text())["training"]["config"]
+    assert (recorded["preset"], recorded["temperature"], recorded["max_length"], recorded["mask_span"]) == \
+        ("word", 0.2, 25, 0)
+    # and the sentence settings really give another model, so the comparison above can fail
+    train(TrainConfig(preset="sentence", output=str(tmp_path / "sent"), **common))
+    with pytest.raises(AssertionError):
+        assert_same_weights(tmp_path / "py", tmp_path / "sent")
+
+
+@pytest.mark.parametrize("which,mask_unit", [("tiny_bert", "char"), ("tiny_roberta", "char"), ("tiny_bert", "token")])
+def test_resume_is_exact(request, which, mask_unit, data_file, tmp_path):
+    """N steps, checkpoint, resume for N more == 2N steps straight.
+
+    12 strings in batches of 4 make 3 batches per epoch: the checkpoint at step 4 lies inside epoch 1,
+    so the resumed run rebuilds epoch 1's order and masks, which the straight run must also have used.
+    """
+    model = request.getfixturevalue(which)
+    kw = dict(steps=8, schedule="linear", warmup_steps=1, max_grad_norm=1.0, mask_span=2, mask_unit=mask_unit)
+    train(cfg_for(model, data_file, tmp_path / "straight", save_every=4, keep_checkpoints=3, **kw))
+    ckpt = tmp_path / "straight.checkpoints" / "step-4"
+    assert (ckpt / "training_state.safetensors").exists() and (ckpt / "training_state.json").exists()
+    train(cfg_for(model, data_file, tmp_path / "resumed", resume=str(ckpt), **kw))
+    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+
+
+def test_each_epoch_uses_its_own_order(tiny_bert, data_file, tmp_path, monkeypatch):
+    import mirrorbert.mirror.step as trainer_module
+
+    seen = []
+    real = trainer_module.mirror_step_loss
+
+    def spy(encoder, first, second, *args):
+        seen.append(sorted(map(tuple, first)))
+        return real(encoder, first, second, *args)
+
+    monkeypatch.setattr(trainer_module, "mirror_step_loss", spy)
+    train(cfg_for(tiny_bert, data_file, tmp_path / "ep", epochs=2))
+    assert len(seen) == 6
+    assert seen[:3] != seen[3:]  # epoch 1 is reshuffled, not a replay of epoch 0
+    flat = lambda batches: sorted(x for b in batches for x in b)  # noqa: E731
+    assert flat(seen[:3]) == flat(seen[3:])  # and each epoch covers every string once
+
+
+def test_interrupt_writes_checkpoint_then_resume_finishes(tiny_bert, data_file, tmp_path, monkeypatch):
+    class InterruptAtOnce(InterruptFlag):
+        def __enter__(self):
+            super().__enter__()
+            self.raised = True
+            return self
+
+    monkeypatch.setattr("mirrorbert.training.engine.InterruptFlag", InterruptAtOnce)
+    result = train(cfg_for(tiny_bert, data_file, tmp_path / "int", steps=3))
+    assert result.interrupted and result.steps == 1 and not (tmp_path / "int").exists()
+    assert result.checkpoint.name == "step-1"
+    monkeypatch.setattr("mirrorbert.training.engine.InterruptFlag", InterruptFlag)
+    done = train(cfg_for(tiny_bert, data_file, tmp_path / "int", steps=3, resume=str(result.checkpoint.parent)))
+    assert done.steps == 3 and (tmp_path / "int" / "model.safetensors").exists()
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tiny_bert, data_file, tmp_path, monkeypatch):
+    import mirrorbert.mirror.loss as loss_module
+
+    real = loss_module.mirror_infonce
+    calls = {"n": 0}
+
+    def poisoned(emb, tau):
+        calls["n"] += 1
+        loss = real(emb, tau)
+        return loss * float("nan") if calls["n"] >= 3 else loss
+
+    monkeypatch.setattr(loss_module, "mirror_infonce", poisoned)
+    with pytest.raises(UserError, match=r"loss is nan at step 3.*step-2"):
+        train(cfg_for(tiny_bert, data_file, tmp_path / "nan", steps=5, save_every=1))
+    assert not (tmp_path / "nan").exists()
+    assert (tmp_path / "nan.checkpoints" / "step-2").exists()
+
+
+def test_batch_larger_than_data_is_clamped(tiny_bert, data_file, tmp_path, caplog):
+    with caplog.at_level("WARNING"):
+        result = train(cfg_for(tiny_bert, data_file, tmp_path / "clamp", batch_size=500, epochs=1))
+    assert "larger than the data" in caplog.text
+    assert result.steps == 1 and result.info["config"]["batch_size"] == 12
+
+
+def test_bf16_training_runs_on_cpu(tiny_bert, data_file, tmp_path):
+    result = train(cfg_for(tiny_bert, data_file, tmp_path / "bf16", steps=2, precision="bf16"))
+    assert result.final_loss == result.final_loss  # finite, not NaN
+
+
+def test_fp16_on_cpu_is_refused(tiny_bert, data_file, tmp_path):
+    with pytest.raises(UserError, match="fp16 needs a CUDA GPU"):
+        train(cfg_for(tiny_bert, data_file, tmp_path / "fp16", steps=1, precision="fp16", device="cpu"))
+
+
+def test_output_folder_is_protected(tiny_bert, data_file, tmp_path):
+    (tmp_path / "exists").mkdir()
+    (tmp_path / "exists" / "keep.txt").write_text("mine")
+    with pytest.raises(UserError, match="already exists"):
+        train(cfg_for(tiny_bert, data_file, tmp_path / "exists", steps=1))
+    assert (tmp_path / "exists" / "keep.txt").read_text() == "mine"
+    with pytest.raises(UserError, match="only replaces a folder mirrorbert wrote"):  # not ours: never replaced
+        train(cfg_for(tiny_bert, data_file, tmp_path / "exists", steps=1, overwrite=True))
+    assert (tmp_path / "exists" / "keep.txt").read_text() == "mine"
+    train(cfg_for(tiny_bert, data_file, tmp_path / "ours", steps=1))
+    (tmp_path / "ours" / "extra.txt").write_text("old")
+    with pytest.raises(UserError, match="extra.txt, which mirrorbert did not write"):  # a file mirrorbert never wrote
+        train(cfg_for(tiny_bert, data_file, tmp_path / "ours", steps=1, overwrite=True))
+    assert (tmp_path / "ours" / "extra.txt").read_text() == "old"
+    (tmp_path / "ours" / "extra.txt").unlink()
+    train(cfg_for(tiny_bert, data_file, tmp_path / "ours", steps=1, overwrite=True))  # all of it ours: replaced
+    assert (tmp_path / "ours" / "mirrorbert.json").is_file()
+
+
+def test_tensorboard_scalars_are_written(tiny_bert, data_file, tmp_path):
+    train(cfg_for(tiny_bert, data_file, tmp_path / "tb", steps=2, log_dir=str(tmp_path / "logs"), log_every=1))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "logs"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2]

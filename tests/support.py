@@ -1,0 +1,89 @@
+"""Helpers several test packages share (tests/ is on sys.path: `from support import ...`): configs, weight comparisons, GR-BERT rows, WordNet and STS-B fixtures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from mirrorbert.mirror.config import TrainConfig
+
+ROWS = [
+    ("cat", "the cat sat on the mat", "a small domestic animal"),
+    ("mat", "the cat sat on the mat", "a floor covering"),
+    ("dog", "a dog ran in the park", "a domestic animal that barks"),
+    ("park", "a dog ran in the park", "a public garden in a town"),
+    ("fox", "the quick brown fox jumps over the lazy dog", "a wild animal with a bushy tail"),
+    ("dog", "the quick brown fox jumps over the lazy dog", "an unattractive or boring thing"),
+    ("guitar", "a man is playing a guitar", "a string instrument"),
+    ("man", "a man is playing a guitar", "an adult male person"),
+    ("woman", "a woman is slicing an onion", "an adult female person"),
+    ("onion", "a woman is slicing an onion", "a bulb used as a vegetable"),
+    ("football", "two children are playing football in the garden", "a ball game"),
+    ("garden", "two children are playing football in the garden", "a plot of land for plants"),
+    ("market", "the stock market fell sharply today", "a place where things are traded"),
+    ("frog", "scientists discovered a new species of frog", "a small amphibian"),
+    ("species", "scientists discovered a new species of frog", "a group of similar organisms"),
+    ("bank", "the bank raised interest rates again", "a financial institution"),
+    ("book", "she read a book about ancient history", "a written work"),
+    ("history", "she read a book about ancient history", "the study of past events"),
+    ("rain", "rain is expected tomorrow in the north", "water falling from clouds"),
+    ("north", "rain is expected tomorrow in the north", "a direction on a compass"),
+]
+
+
+LICENCE = "  1 This software and database is being provided to you, the LICENSEE, by  \n"
+
+
+HEAVY = ("torch", "transformers", "numpy", "scipy", "sentence_transformers", "tokenizers", "faiss", "sklearn")
+
+
+def cfg_for(model, data, out, **kw) -> TrainConfig:
+    base = dict(model=str(model), data=str(data), output=str(out), batch_size=4, max_length=16,
+                show_progress=False, lr=1e-3, temperature=0.05, mask_span=1, pooling="cls")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def cpu_cfg_for(model, data, out, **kw) -> TrainConfig:
+    return cfg_for(model, data, out, **{"device": "cpu", **kw})
+
+
+def weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def assert_same_weights(a, b):
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+def write_stsb(root: Path, n_train: int = 24) -> Path:
+    d = root / "sts" / "STSBenchmark"
+    d.mkdir(parents=True)
+    pairs = [("a man is playing a guitar", "a man is playing a guitar", 5.0),
+             ("a dog ran in the park", "the cat sat on the mat", 0.4),
+             ("a woman is slicing an onion", "a woman is slicing an onion", 4.8),
+             ("the stock market fell sharply today", "rain is expected tomorrow in the north", 0.0),
+             ("the cat sat on the mat", "a cat sat on a mat", 4.2),
+             ("two children are playing football", "children are playing in the garden", 3.1)]
+    for name, n in (("train", n_train), ("dev", 6), ("test", 6)):
+        rows = [pairs[i % len(pairs)] for i in range(n)]
+        (d / f"sts-{name}.csv").write_text(
+            "".join(f"g\tf\t2012\t{i}\t{s:.1f}\t{a}\t{b}\n" for i, (a, b, s) in enumerate(rows)), encoding="utf-8")
+    return root
+
+
+def heavy_modules_after(code: str) -> list[str]:
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    probe = code + f"\nimport sys, json\nprint(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
