@@ -87,3 +87,25 @@ def heavy_modules_after(code: str) -> list[str]:
                           env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def index_as_format_1(folder: Path) -> Path:
+    """Turn an exact index folder of format /2 into the /1 layout (ids.json instead of ids.npy) with its
+    checksums, as `mirrorbert index` wrote it before /2: the /1 reader is still checked."""
+    import hashlib
+
+    import numpy as np
+
+    folder = Path(folder)
+    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["index_type"] == "exact", "only an exact index has a /1 form"
+    ids = np.load(folder / "ids.npy", allow_pickle=False).tolist()
+    (folder / "ids.npy").unlink()
+    (folder / "ids.json").write_text(json.dumps(ids) + "\n", encoding="utf-8")
+    manifest["format"] = "mirrorbert-index/1"
+    for key in ("index_type", "ivf"):
+        manifest.pop(key, None)
+    manifest["files"].pop("ids.npy")
+    manifest["files"]["ids.json"] = hashlib.sha256((folder / "ids.json").read_bytes()).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    return folder

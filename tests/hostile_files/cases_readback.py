@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from hostile_files.harness import REFUSED, WORKS, Context, FileCase
+from support import index_as_format_1
 
 QUIET = ["--no-progress"]
 
@@ -39,9 +40,19 @@ def _base_index(env) -> Path:
     return base
 
 
-def _index(ctx: Context, name: str = "index") -> Path:
+def _base_ivf_index(env) -> Path:
+    """An approximate (IVF) index of the same strings, built once."""
+    base = Path(env["root"]) / "readback-base-ivf-index"
+    if not (base / "manifest.json").is_file():
+        code = _cli(["index", "--model", env["tiny"], "--corpus", env["data"], "--output", base,
+                     "--index-type", "ivf", *QUIET])
+        assert code == 0, "building the base IVF index failed"
+    return base
+
+
+def _index(ctx: Context, name: str = "index", base=_base_index) -> Path:
     dest = ctx.folder / name
-    shutil.copytree(_base_index(ctx.env), dest)
+    shutil.copytree(base(ctx.env), dest)
     return dest
 
 
@@ -53,10 +64,13 @@ def _write_manifest(folder: Path, data: dict) -> None:
     (folder / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
 
 
-def _tamper(ctx: Context, name: str, content: bytes | str, rehash: bool = True) -> Path:
+def _tamper(ctx: Context, name: str, content: bytes | str, rehash: bool = True, base=_base_index) -> Path:
     """Replace one index file; with `rehash` the manifest's checksum is updated too (a tamperer who knows the
-    format), so the structural checks are what must catch it."""
-    folder = _index(ctx)
+    format), so the structural checks are what must catch it. ids.json is a format /1 index's file: the
+    folder is turned into one first."""
+    folder = _index(ctx, base=base)
+    if name == "ids.json":
+        index_as_format_1(folder)
     path = folder / name
     path.write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
     if rehash and "files" in _manifest(folder):
@@ -66,8 +80,8 @@ def _tamper(ctx: Context, name: str, content: bytes | str, rehash: bool = True) 
     return folder
 
 
-def _edit_manifest(ctx: Context, **changes) -> Path:
-    folder = _index(ctx)
+def _edit_manifest(ctx: Context, base=_base_index, **changes) -> Path:
+    folder = _index(ctx, base=base)
     data = _manifest(folder)
     for key, value in changes.items():
         if value is _DROP:
@@ -131,6 +145,106 @@ def _hits_ok(ctx: Context, result) -> str | None:
     return None if result.rc == 0 else f"rc {result.rc}"
 
 
+# ----------------------------------------------------------------------------- ids.npy and IVF cases
+def _ids_npy_cases(env, refused) -> list[FileCase]:
+    """ids.npy (format /2): an int64 array of increasing corpus line numbers."""
+    import numpy as np
+
+    ids = lambda ctx: np.load(_base_index(ctx.env) / "ids.npy")  # noqa: E731
+    N = ("ids.npy",)
+    refused("ids-npy-reversed", lambda ctx: _tamper(ctx, "ids.npy", _npy(ids(ctx)[::-1].copy())), N)
+    refused("ids-npy-past-the-corpus", lambda ctx: _tamper(ctx, "ids.npy", _npy(ids(ctx) + 10**6)), N)
+    refused("ids-npy-negative", lambda ctx: _tamper(ctx, "ids.npy", _npy(-1 - ids(ctx))), N)
+    refused("ids-npy-one-short", lambda ctx: _tamper(ctx, "ids.npy", _npy(ids(ctx)[:-1])), N)
+    refused("ids-npy-float", lambda ctx: _tamper(ctx, "ids.npy", _npy(ids(ctx).astype(np.float64))), N)
+    refused("ids-npy-object-pickle-canary", lambda ctx: _tamper(ctx, "ids.npy", _pickled_vectors(ctx)), N)
+    refused("ids-npy-truncated", lambda ctx: _tamper(ctx, "ids.npy", _npy(ids(ctx))[:-4]), N)
+    refused("ids-npy-stale-checksum", lambda ctx: _tamper(ctx, "ids.npy", _npy(ids(ctx)[::-1].copy()),
+                                                          rehash=False), N)
+
+    def ids_npy_fifo(ctx):
+        folder = _index(ctx)
+        (folder / "ids.npy").unlink()
+        os.mkfifo(folder / "ids.npy")
+
+    refused("ids-npy-is-a-fifo", ids_npy_fifo, N, timeout=30)
+    return []
+
+
+def _ivf_cases(env, refused) -> list[FileCase]:
+    """An approximate index's parts (ivf_centroids.npy, ivf_sq.npy, ivf_lists.npy) and its manifest entry."""
+    import numpy as np
+
+    ivf = lambda ctx, name: np.load(_base_ivf_index(ctx.env) / name)  # noqa: E731
+    meta = lambda ctx: _manifest(_base_ivf_index(ctx.env))["ivf"]  # noqa: E731
+
+    def tamper(name, make, rehash=True):
+        return lambda ctx: _tamper(ctx, name, make(ctx), rehash=rehash, base=_base_ivf_index)
+
+    C, S, L, M = ("ivf_centroids.npy",), ("ivf_sq.npy",), ("ivf_lists.npy",), ("manifest.json",)
+    refused("ivf-lists-past-nlist", tamper(L[0], lambda ctx: _npy(ivf(ctx, L[0]) + meta(ctx)["nlist"])), L)
+    refused("ivf-lists-negative", tamper(L[0], lambda ctx: _npy(ivf(ctx, L[0]) - 1 - meta(ctx)["nlist"])), L)
+    refused("ivf-lists-int64", tamper(L[0], lambda ctx: _npy(ivf(ctx, L[0]).astype(np.int64))), L)
+    refused("ivf-lists-one-short", tamper(L[0], lambda ctx: _npy(ivf(ctx, L[0])[:-1])), L)
+    refused("ivf-centroids-nan", tamper(C[0], lambda ctx: _npy(ivf(ctx, C[0]) * np.float32(np.nan))), C)
+    refused("ivf-centroids-wrong-nlist", tamper(C[0], lambda ctx: _npy(np.vstack([ivf(ctx, C[0])] * 2))), C)
+    refused("ivf-centroids-wrong-dimension", tamper(C[0], lambda ctx: _npy(ivf(ctx, C[0])[:, :-1].copy())), C)
+    refused("ivf-centroids-pickle-canary", tamper(C[0], _pickled_vectors), C)
+    refused("ivf-centroids-garbage", tamper(C[0], lambda ctx: os.urandom(256)), C)
+    refused("ivf-sq-wrong-size", tamper(S[0], lambda ctx: _npy(ivf(ctx, S[0])[:-1].copy())), S)
+    refused("ivf-sq-infinite", tamper(S[0], lambda ctx: _npy(ivf(ctx, S[0]) + np.float32(np.inf))), S)
+    refused("ivf-sq-stale-checksum", tamper(S[0], lambda ctx: _npy(ivf(ctx, S[0]) * 2), rehash=False), S)
+
+    def checksum_dropped(ctx):
+        folder = _index(ctx, base=_base_ivf_index)
+        data = _manifest(folder)
+        data["files"].pop("ivf_lists.npy")
+        _write_manifest(folder, data)
+
+    refused("ivf-checksum-dropped-from-manifest", checksum_dropped, L)
+    edit = lambda **changes: lambda ctx: _edit_manifest(ctx, base=_base_ivf_index, **changes)  # noqa: E731
+    refused("manifest-unknown-index-kind", edit(index_type="hnsw"), M)
+    refused("manifest-ivf-wrong-nlist", lambda ctx: _edit_manifest(
+        ctx, base=_base_ivf_index, ivf={**meta(ctx), "nlist": meta(ctx)["nlist"] + 1}), C)
+    refused("manifest-ivf-nprobe-above-nlist", lambda ctx: _edit_manifest(
+        ctx, base=_base_ivf_index, ivf={**meta(ctx), "nprobe": meta(ctx)["nlist"] + 1}), M)
+    refused("manifest-ivf-metric-l2", lambda ctx: _edit_manifest(
+        ctx, base=_base_ivf_index, ivf={**meta(ctx), "metric": "l2"}), M)
+    refused("manifest-ivf-codes-unknown", lambda ctx: _edit_manifest(
+        ctx, base=_base_ivf_index, ivf={**meta(ctx), "codes": "pq64"}), M)
+    refused("manifest-ivf-extra-key", lambda ctx: _edit_manifest(
+        ctx, base=_base_ivf_index, ivf={**meta(ctx), "file": "/etc/passwd"}), M)
+    refused("manifest-ivf-missing", edit(ivf=None), M)
+    refused("manifest-ivf-on-format-1", edit(format="mirrorbert-index/1"), M)
+    refused("manifest-ivf-description-on-exact", lambda ctx: _edit_manifest(
+        ctx, ivf={"nlist": 1, "nprobe": 1, "codes": "sq8", "metric": "inner_product", "seed": 0}), M)
+
+    def other_centroids(ctx):  # finite, the right shape, rehashed: may find other rows, never wrong scores
+        return _npy(-ivf(ctx, C[0]))
+
+    def both_searches(ctx):
+        """(ivf hits, exact-scan hits over every row) of the tampered folder, as JSON."""
+        from mirrorbert.cli.app import main
+
+        rows = str(_manifest(_base_ivf_index(ctx.env))["rows"])
+        found = []
+        for extra in (["--top-k", "3"], ["--faiss", "no", "--top-k", rows]):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                assert main([str(a) for a in _search(ctx, *extra)]) == 0
+            found.append(json.loads(out.getvalue().splitlines()[0])["hits"])
+        return {"ivf": found[0], "exact": found[1]}  # a dict: a list would be taken for a command line
+
+    def exact_scores(ctx, result) -> str | None:
+        ivf_hits, every_row = result.value["ivf"], result.value["exact"]
+        exact = {h["id"]: h["score"] for h in every_row}
+        wrong = [h for h in ivf_hits if exact.get(h["id"]) != h["score"]]
+        return f"scores not exact: {wrong}" if wrong or not ivf_hits else None
+
+    return [FileCase("read:index:ivf-centroids-other-values-still-exact-scores", "tampered index folder",
+                     tamper(C[0], other_centroids), both_searches, expect=WORKS, check=exact_scores)]
+
+
 # ----------------------------------------------------------------------------- index cases
 def _index_cases(env) -> list[FileCase]:
     import numpy as np
@@ -145,7 +259,7 @@ def _index_cases(env) -> list[FileCase]:
     def rows() -> int:
         return int(_manifest(_base_index(env))["rows"])
 
-    ids = lambda ctx: json.loads((_base_index(ctx.env) / "ids.json").read_text())  # noqa: E731
+    ids = lambda ctx: np.load(_base_index(ctx.env) / "ids.npy").tolist()  # noqa: E731
     refused("ids-path-strings", lambda ctx: _tamper(ctx, "ids.json", json.dumps(
         ["../../etc/passwd"] * len(ids(ctx)))), ("ids.json",))
     refused("ids-nested-lists", lambda ctx: _tamper(ctx, "ids.json", json.dumps([[i] for i in ids(ctx)])),
@@ -331,6 +445,8 @@ def _index_cases(env) -> list[FileCase]:
         _write_manifest(folder, data)
 
     refused("legacy-without-checksums-bad-ids", legacy_bad_ids, ("ids.json",))
+    cases.extend(_ids_npy_cases(env, refused))
+    cases.extend(_ivf_cases(env, refused))
 
     # the Python API: SearchIndex.save/load folders and query vectors
     def saved(ctx, vectors_bytes: bytes | None = None, texts: str | None = None):

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from mirrorbert.cli.app import main
+from support import index_as_format_1
 
 CORPUS = (b"the cat sat on the mat\n\na dog ran in the park\n\xff\xfe broken line\n"
           b"the bank raised interest rates again\nheart attack and myocardial infarction\n"
@@ -110,7 +111,8 @@ def test_every_index_file_is_checked_against_the_manifest_before_use(capsys, tin
     assert run(capsys, ["index", "--model", tiny_bert, "--corpus", corpus, "--output", built, "--skip-bad-lines",
                         "--no-progress"])[0] == 0
     manifest = json.loads((built / "manifest.json").read_text(encoding="utf-8"))
-    assert set(manifest["files"]) >= {"vectors.npy", "texts.jsonl", "ids.json"}
+    assert set(manifest["files"]) >= {"vectors.npy", "texts.jsonl", "ids.npy"}
+    assert manifest["format"] == "mirrorbert-index/2" and manifest["index_type"] == "exact"
     assert manifest["corpus_bytes"] == corpus.stat().st_size
     rows, dim = manifest["rows"], manifest["dim"]
     vectors = np.load(built / "vectors.npy", allow_pickle=False)
@@ -120,7 +122,15 @@ def test_every_index_file_is_checked_against_the_manifest_before_use(capsys, tin
         np.save(buffer, array, allow_pickle=True)
         return buffer.getvalue()
 
-    tampered = [  # (file, new bytes, re-hash in the manifest, what the one error line says)
+    ids = np.load(built / "ids.npy", allow_pickle=False)
+    tampered = [  # (file, new bytes, re-hash in the manifest, what the one error line says); ids.json: a /1 index
+        ("ids.npy", npy(ids[::-1].copy()), True, "not after the one before it"),
+        ("ids.npy", npy(ids + 1000), True, "not a line number"),
+        ("ids.npy", npy(ids[:-1]), True, "shape"),
+        ("ids.npy", npy(ids.astype(np.float64)), True, "dtype float64"),
+        ("ids.npy", npy(np.array([object()] * rows, dtype=object)), True, "dtype object"),
+        ("ids.npy", npy(ids)[:-8], True, "bytes of data"),
+        ("ids.npy", npy(ids) + b" ", False, "SHA-256"),
         ("ids.json", json.dumps(["../../etc/passwd"] * rows).encode(), True, "not a line number"),
         ("ids.json", json.dumps([[1]] * rows).encode(), True, "not a line number"),
         ("ids.json", json.dumps(list(range(rows - 1))).encode(), True, f"{rows - 1} ids"),
@@ -137,6 +147,8 @@ def test_every_index_file_is_checked_against_the_manifest_before_use(capsys, tin
         index = tmp_path / "index"
         shutil.rmtree(index, ignore_errors=True)
         shutil.copytree(built, index)
+        if name == "ids.json":
+            index_as_format_1(index)
         (index / name).write_bytes(content)
         if rehash:
             _rehash(index, name)

@@ -10,6 +10,7 @@ from mirrorbert.cli import options
 from mirrorbert.cli.options import ENCODER, use
 from mirrorbert.cli.typed_options import FAISS_CHOICES, SearchOptions
 from mirrorbert.errors import UserError
+from mirrorbert.settings.choices import AUTO_IVF_ROWS, INDEX_TYPES
 
 TEXT_FILES = ".txt (one per line), .csv/.tsv/.parquet/.arrow/saved datasets folder (--column) or .jsonl (--field)"
 HIT_IDS = "hit ids still name the corpus's lines"
@@ -31,7 +32,8 @@ def add_search_parser(sub) -> None:
     p.add_argument("--queries", help="file of queries, one per line (.txt; .csv/.tsv/.jsonl with --column/--field)")
     p.add_argument("--top-k", type=int, default=10, help="hits per query (default 10)")
     p.add_argument("--faiss", default="auto", help="use faiss IndexFlatIP: auto (when installed, default) | yes | no; "
-                                                  "results are the same either way")
+                                                  "results are the same either way; with an approximate (ivf) "
+                                                  "--index, no scans every vector exactly instead")
     options.add(p, "pooling", use("batch_size", note="strings per forward pass"), "max_length", "device",
                 use("quantize", note="int8 | ubinary: candidates from the quantised corpus, rescored with the float "
                                      "query (scores are then not exact cosines); needs faiss"),
@@ -103,7 +105,7 @@ def run_search(args) -> int:
     results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
                              quantize=opts.quantize)
     for query, hits in zip(queries, results):
-        hits = [h._replace(corpus_id=ids[h.corpus_id]) for h in hits]
+        hits = [h._replace(corpus_id=int(ids[h.corpus_id])) for h in hits]
         sys.stdout.write(jsonio.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")
     return 0
 
@@ -114,40 +116,70 @@ def add_index_parser(sub) -> None:
         "index", help="encode a corpus once into a search index folder (for search --index)",
         description="Encode a corpus with a model and write a folder `mirrorbert search --index DIR --model M` "
                     "answers from: vectors, texts, line ids, a faiss index when installed, and a manifest with "
-                    "the model's fingerprint and the corpus's SHA-256 (a changed model or corpus is refused).",
+                    "the model's fingerprint and the corpus's SHA-256 (a changed model or corpus is refused). "
+                    "The vectors are encoded straight to disk and memory-mapped when searched.",
     )
     options.add(p, use("model", required=True, note=ENCODER),
                 use("corpus", required=True, note=f"the entries to index: {TEXT_FILES}"),
                 use("output", required=True, note="the index folder"), "overwrite", "column", "field",
                 use("pooling", note="recorded in the index"), use("batch_size", note="strings per forward pass"),
                 "max_length", "device", use("skip_bad_lines", note=HIT_IDS), "no_progress")
+    p.add_argument("--index-type", default="auto", choices=INDEX_TYPES,
+                   help=f"exact (a scan: exact hits) | ivf (approximate: faiss IVF with 8-bit codes, candidates "
+                        f"rescored exactly; needs faiss) | auto (default: exact below {AUTO_IVF_ROWS:,} rows, ivf "
+                        "from there on when faiss is installed)")
+    p.add_argument("--nprobe", type=int, default=None,
+                   help="ivf: lists scanned per query, recorded in the index (default: nlist/64, at least 32); "
+                        "more finds more true neighbours, more slowly")
     p.set_defaults(func=run_index)
 
 
 def run_index(args) -> int:
+    """Read the corpus, then encode it chunk by chunk into the index folder's vectors.npy (a memory-mapped
+    file, encoder/streaming.py) and build the index from that file: no step holds all the vectors in memory."""
     from mirrorbert.cli.typed_options import IndexOptions
     from mirrorbert.encoder.model import Encoder
-    from mirrorbert.search.index_store import Manifest, corpus_size, count_lines, file_sha256, model_fingerprint, write_index
-    from mirrorbert.safeguards.writes import WritePlan, atomic_output_dir
+    from mirrorbert.search.approximate import resolve_index_type
+    from mirrorbert.search.exact import faiss_available
+    from mirrorbert.search.index_store import Manifest, corpus_size, count_lines, file_sha256, model_fingerprint
+    from mirrorbert.safeguards.writes import WritePlan
     from mirrorbert.runtime.device import check_device_and_precision
 
     opts = IndexOptions.from_args(args)
     check_device_and_precision(opts.device)
+    resolve_index_type(opts.index_type, 0, faiss_available())  # ivf without faiss: refused before any work
     plan = WritePlan({"--corpus": opts.corpus, "--model": opts.model}, overwrite=opts.overwrite)
     with plan.folder("--output", opts.output).locked():
         texts, ids = _corpus_rows(opts)
         fingerprint = model_fingerprint(opts.model)  # before encoding: the files the vectors come from
         encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
                                trust_remote_code=opts.trust_remote_code, cli=True)
-        vectors = encoder.build_index(texts, batch_size=opts.batch_size, use_faiss=False,
-                                      show_progress=opts.show_progress).vectors
         manifest = Manifest(
             model=opts.model, model_sha256=fingerprint, pooling=encoder.pooling, max_length=encoder.max_length,
             corpus=str(Path(opts.corpus).resolve()), corpus_sha256=file_sha256(Path(opts.corpus)),
-            corpus_lines=count_lines(Path(opts.corpus)), rows=len(texts), dim=int(vectors.shape[1]),
-            column=opts.column, field=opts.field, corpus_bytes=corpus_size(Path(opts.corpus)))
-        with atomic_output_dir(opts.output, overwrite=opts.overwrite, kind="index") as tmp:
-            write_index(tmp, vectors, texts, ids, manifest)
+            corpus_lines=count_lines(Path(opts.corpus)), rows=len(texts), dim=int(encoder.dim),
+            column=opts.column, field=opts.field, corpus_bytes=corpus_size(Path(opts.corpus)),
+            index_type=resolve_index_type(opts.index_type, len(texts), faiss_available()))
+        _write_index_folder(opts, encoder, texts, ids, manifest)
     print(jsonio.dumps({"output": str(opts.output), "rows": manifest.rows, "dim": manifest.dim,
-                        "pooling": manifest.pooling, "faiss": manifest.faiss}))
+                        "pooling": manifest.pooling, "faiss": manifest.faiss, "index_type": manifest.index_type,
+                        **({"nlist": manifest.ivf["nlist"], "nprobe": manifest.ivf["nprobe"]} if manifest.ivf else {})}))
     return 0
+
+
+def _write_index_folder(opts, encoder, texts: list[str], ids: list[int], manifest) -> None:
+    """The vectors encoded into the temporary folder's vectors.npy, L2-normalised as `search --corpus`
+    normalises them, then the rest of the index beside them; the folder replaces --output in one rename."""
+    from mirrorbert.encoder.streaming import ChunkedInput, STREAM_ROWS, encode_to_npy
+    from mirrorbert.safeguards.writes import atomic_output_dir
+    from mirrorbert.search.exact import l2_normalize
+    from mirrorbert.search.index_store import write_index
+
+    def encode(chunk: list[str]):
+        return l2_normalize(encoder.encode(chunk, batch_size=opts.batch_size, normalize=True))
+
+    source = ChunkedInput(len(texts), lambda: (texts[i:i + STREAM_ROWS] for i in range(0, len(texts), STREAM_ROWS)))
+    with atomic_output_dir(opts.output, overwrite=opts.overwrite, kind="index") as tmp:
+        encode_to_npy(encode, source, manifest.dim, Path(tmp) / "vectors.npy", show_progress=opts.show_progress,
+                      what="--corpus", target=Path(opts.output) / "vectors.npy")
+        write_index(Path(tmp), texts, ids, manifest, nprobe=opts.nprobe)

@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from mirrorbert.settings.choices import (DEFAULT_ONNX_OPSET, ENCODE_QUANTIZATIONS, PACKING_MODES, POOLINGS, PRECISIONS, SEARCH_QUANTIZATIONS)
+from mirrorbert.settings.choices import (DEFAULT_ONNX_OPSET, ENCODE_QUANTIZATIONS, INDEX_TYPES, PACKING_MODES, POOLINGS,
+                                         PRECISIONS, SEARCH_QUANTIZATIONS)
 from mirrorbert.errors import UserError
 from mirrorbert.settings.typed import check_types
 
@@ -145,8 +146,14 @@ class IndexOptions(_Options):
     skip_bad_lines: bool = False
     show_progress: bool = True
     trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
+    index_type: str = "auto"
+    nprobe: int | None = None
 
     def check(self) -> None:
+        _choice(self.index_type, "--index-type", INDEX_TYPES)
+        _positive(self.nprobe, "--nprobe", allow_none=True)
+        if self.nprobe is not None and self.index_type == "exact":
+            raise UserError("--nprobe applies to an approximate index (--index-type ivf or auto), not exact")
         for option in ("model", "corpus", "output"):
             _text(getattr(self, option), f"--{option}")
         if self.corpus.startswith("hf:"):

@@ -215,7 +215,9 @@ class SearchIndex:
     """L2-normalised corpus vectors with their texts (and a faiss index when faiss is used).
 
     Corpus ids are row positions. ``save``/``load`` keep the vectors (.npy), the texts (JSON lines) and
-    which model encoded them, so a large corpus is encoded once.
+    which model encoded them, so a large corpus is encoded once. ``approximate``: an IVF index
+    (search/approximate.py) that proposes candidates instead of a scan, for corpora too large to scan; the
+    vectors may then be memory-mapped (only the candidates' rows are read).
     """
 
     vectors: np.ndarray
@@ -223,6 +225,7 @@ class SearchIndex:
     faiss_index: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
     quantized_cache: dict = field(default_factory=dict, repr=False)  # quantised corpus and faiss index per precision
+    approximate: Any = None  # an approximate.IVFIndex, or None: exact search
 
     def __post_init__(self) -> None:
         self.vectors = np.ascontiguousarray(np.atleast_2d(self.vectors), dtype=np.float32)
@@ -238,11 +241,20 @@ class SearchIndex:
 
     @classmethod
     def from_vectors(cls, vectors: np.ndarray, texts: Sequence[str] | None = None, use_faiss: bool | None = None,
-                     meta: dict[str, Any] | None = None, normalize: bool = True) -> "SearchIndex":
-        """``vectors`` are L2-normalised here unless ``normalize=False`` (already unit length)."""
+                     meta: dict[str, Any] | None = None, normalize: bool = True,
+                     index_type: str = "exact") -> "SearchIndex":
+        """``vectors`` are L2-normalised here unless ``normalize=False`` (already unit length).
+
+        ``index_type``: "exact" (default), "ivf" (an approximate IVF index, needs faiss; hits are found
+        approximately, their scores are exact cosines) or "auto" (IVF from `approximate.AUTO_IVF_ROWS` rows)."""
+        from mirrorbert.search.approximate import IVFIndex, resolve_index_type
+
         vectors = l2_normalize(np.atleast_2d(vectors)) if normalize else vectors
         index = cls(vectors, list(texts) if texts is not None else None, meta=dict(meta or {}))
-        if len(index) and wants_faiss(use_faiss):
+        kind = resolve_index_type(index_type, len(index), faiss_available())
+        if len(index) and kind == "ivf":
+            index.approximate = IVFIndex.build(index.vectors)
+        elif len(index) and wants_faiss(use_faiss):
             index.faiss_index = build_faiss_index(index.vectors)
         return index
 
@@ -251,6 +263,7 @@ class SearchIndex:
         """Hits for already computed query vectors (normalised here), best first.
 
         ``use_faiss=None`` searches with the index's faiss index if it has one; True builds one if needed.
+        With an approximate index, candidates come from it unless ``use_faiss=False`` (an exact scan).
         ``quantize="int8"|"ubinary"``: candidates from the quantised corpus, rescored (search/quantized.py); the
         scores are then the float query against the dequantised vectors, not exact cosines.
         """
@@ -260,6 +273,9 @@ class SearchIndex:
             from mirrorbert.search.quantized import quantized_topk
 
             scores, ids = quantized_topk(l2_normalize(queries), self.vectors, quantize, top_k, self.quantized_cache)
+            return self._hits(scores, ids)
+        if self.approximate is not None and use_faiss is not False:  # False: an exact scan, even here
+            scores, ids = self.approximate.topk(l2_normalize(queries), self.vectors, top_k)
             return self._hits(scores, ids)
         use = self.faiss_index is not None if use_faiss is None else wants_faiss(use_faiss)
         if use and self.faiss_index is None:

@@ -29,20 +29,23 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.readback import file_sha256, open_regular, parse_json, read_regular_bytes
+from mirrorbert.search.index_files import IVF_FILES, damaged as _damaged, open_vectors, read_ids_npy, read_ivf_parts
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-FORMAT = "mirrorbert-index/1"
+FORMAT = "mirrorbert-index/2"  # /2: ids.npy instead of ids.json, the index kind and an IVF index's parts
+FORMATS_READ = ("mirrorbert-index/1", FORMAT)
 # Files whose bytes decide what a model computes; the rest (README, mirrorbert.json, training logs) do not.
 MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")
 IGNORED_MODEL_FILES = {"README.md", "mirrorbert.json", "manifest.json", ".mirrorbert-output"}
-INDEX_FILES = ("vectors.npy", "texts.jsonl", "ids.json", "faiss.index")
+INDEX_FILES = ("vectors.npy", "texts.jsonl", "ids.json", "ids.npy", "faiss.index", *IVF_FILES)
+IVF_KEYS = {"nlist", "nprobe", "codes", "metric", "seed"}
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few hundred bytes; a bigger one is not ours
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -99,6 +102,12 @@ class Manifest:
     format: str = FORMAT
     corpus_bytes: int | None = None  # size of the corpus when built: checked before hashing it
     files: dict[str, str] | None = None  # SHA-256 of each index file (None: written before checksums)
+    index_type: str = "exact"  # exact | ivf (search/approximate.py)
+    ivf: dict | None = None  # an IVF index's nlist, nprobe, codes, metric and seed
+
+    @property
+    def ids_file(self) -> str:
+        return "ids.json" if self.format == FORMATS_READ[0] else "ids.npy"
 
     @classmethod
     def read(cls, folder: Path, option: str = "--index") -> "Manifest":
@@ -110,8 +119,9 @@ class Manifest:
         data = parse_json(read_regular_bytes(path, option, MAX_MANIFEST_BYTES), option, path)
         if not isinstance(data, dict):
             raise UserError(f"{option} {path}: damaged (expected a JSON object)")
-        if data.get("format") != FORMAT:
-            raise UserError(f"{option} {path}: damaged (format {str(data.get('format'))[:40]!r}, expected {FORMAT!r})")
+        if data.get("format") not in FORMATS_READ:
+            raise UserError(f"{option} {path}: damaged (format {str(data.get('format'))[:40]!r}, expected one of "
+                            f"{', '.join(map(repr, FORMATS_READ))})")
         problem = _manifest_problem(data)
         if problem:
             raise UserError(f"{option} {path}: damaged ({problem}); rebuild the index with `mirrorbert index`")
@@ -139,7 +149,16 @@ _FIELDS: dict[str, tuple[Any, bool]] = {  # name: (check, required)
     "corpus_bytes": (lambda v: v is None or _is_int(v, 0), False),
     "files": (lambda v: v is None or (isinstance(v, dict) and set(v) <= set(INDEX_FILES)
                                       and all(isinstance(h, str) and _HEX64.match(h) for h in v.values())), False),
+    "index_type": (lambda v: v in ("exact", "ivf"), False),
+    "ivf": (lambda v: v is None or _ivf_ok(v), False),
 }
+
+
+def _ivf_ok(value: Any) -> bool:
+    """An IVF description: exactly IVF_KEYS; 1 <= nprobe <= nlist; 8-bit codes on inner product."""
+    return (isinstance(value, dict) and set(value) == IVF_KEYS and _is_int(value["nlist"], 1)
+            and _is_int(value["nprobe"], 1) and value["nprobe"] <= value["nlist"] and _is_int(value["seed"])
+            and value["codes"] == "sq8" and value["metric"] == "inner_product")
 
 
 def _manifest_problem(data: dict) -> str | None:
@@ -153,29 +172,63 @@ def _manifest_problem(data: dict) -> str | None:
             return f"field {name!r} has a wrong type or value ({str(data[name])[:40]!r})"
     if data["rows"] > data["corpus_lines"]:
         return f"{data['rows']} rows but the corpus has {data['corpus_lines']} lines"
+    kind, ivf = data.get("index_type", "exact"), data.get("ivf")
+    if kind == "ivf" and (ivf is None or data["format"] != FORMAT):
+        return f"index_type 'ivf' needs an 'ivf' description and format {FORMAT!r}"
+    if kind == "exact" and ivf is not None:
+        return "an 'ivf' description for an exact index"
+    if ivf is not None and ivf["nlist"] > data["rows"]:
+        return f"nlist {ivf['nlist']} is more than the {data['rows']} rows"
     return None
 
 
-def write_index(folder: Path, vectors, texts: list[str], ids: list[int], manifest: Manifest) -> None:
+def write_index(folder: Path, texts: Sequence[str], ids: Sequence[int], manifest: Manifest, vectors=None,
+                nprobe: int | None = None) -> None:
     """Everything into `folder` (a temporary folder of the write policy, renamed into place by the caller);
-    the manifest records each file's SHA-256, checked before the file is read back."""
+    the manifest records each file's SHA-256, checked before the file is read back.
+
+    `vectors` is saved when given; without it `folder/vectors.npy` is already there (encoded straight to disk,
+    encoder/streaming.py) and is only memory-mapped: texts are written one at a time, ids as one int64 array,
+    and the IVF index trains on a sample and assigns rows a chunk at a time, so nothing here holds all the
+    vectors in memory (an exact index's faiss.index does: exact is for corpora below the auto threshold)."""
     import numpy as np
 
     from mirrorbert.search.exact import build_faiss_index, faiss_available
 
-    np.save(folder / "vectors.npy", np.ascontiguousarray(vectors, dtype=np.float32), allow_pickle=False)
+    if vectors is not None:
+        np.save(folder / "vectors.npy", np.ascontiguousarray(vectors, dtype=np.float32), allow_pickle=False)
+    vectors = np.load(folder / "vectors.npy", mmap_mode="r", allow_pickle=False)  # ours, just written
     with open(folder / "texts.jsonl", "w", encoding="utf-8") as fh:
         for text in texts:
             fh.write(jsonio.dumps(text, ensure_ascii=False) + "\n")
-    (folder / "ids.json").write_text(jsonio.dumps([int(i) for i in ids]) + "\n", encoding="utf-8")
-    if faiss_available():
+    np.save(folder / "ids.npy", np.asarray(ids, dtype=np.int64), allow_pickle=False)
+    manifest.format = FORMAT
+    if manifest.index_type == "ivf":
+        _write_ivf(folder, vectors, manifest, nprobe)
+    elif faiss_available():
         import faiss
 
         faiss.write_index(build_faiss_index(vectors), str(folder / "faiss.index"))
         manifest.faiss = True
+    del vectors
     manifest.files = {name: file_sha256(folder / name, what="--output") for name in INDEX_FILES
                       if (folder / name).is_file()}
     (folder / MANIFEST).write_text(jsonio.dumps(manifest.__dict__, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_ivf(folder: Path, vectors, manifest: Manifest, nprobe: int | None, seed: int = 0) -> None:
+    """The IVF parts (centroids, quantiser ranges, list numbers) as .npy files; the faiss index itself is
+    rebuilt from them at load (search/approximate.py says why no faiss file is stored)."""
+    import numpy as np
+
+    from mirrorbert.search.approximate import CODES, train_ivf
+
+    parts = train_ivf(vectors, nprobe=nprobe, seed=seed)
+    np.save(folder / IVF_FILES[0], parts.centroids.astype("<f4"), allow_pickle=False)
+    np.save(folder / IVF_FILES[1], parts.sq_trained.astype("<f4"), allow_pickle=False)
+    np.save(folder / IVF_FILES[2], parts.lists.astype("<i4"), allow_pickle=False)
+    manifest.ivf = {"nlist": parts.nlist, "nprobe": parts.nprobe, "codes": CODES, "metric": "inner_product",
+                    "seed": seed}
 
 
 def check_index(folder: Path, model: str, corpus: str | None = None, option: str = "--index") -> Manifest:
@@ -215,10 +268,6 @@ def _is_dataset_folder(path: Path) -> bool:
     return is_dataset_folder(path)
 
 
-def _damaged(folder: Path, name: str, problem: str) -> UserError:
-    return UserError(f"--index {folder / name}: damaged ({problem}); rebuild the index with `mirrorbert index`")
-
-
 def _read_checked(folder: Path, name: str, manifest: Manifest, limit: int) -> bytes:
     """A file of the index, its size bounded, its SHA-256 matched against the manifest's when recorded."""
     raw = read_regular_bytes(folder / name, "--index", limit)
@@ -228,66 +277,53 @@ def _read_checked(folder: Path, name: str, manifest: Manifest, limit: int) -> by
     return raw
 
 
-def _read_vectors(folder: Path, manifest: Manifest):
-    """vectors.npy as float32 [rows, dim]: header read without pickles, dtype, shape and size checked before
-    the data is read, every value finite."""
-    import numpy as np
-
-    name = "vectors.npy"
-    limit = 4096 + manifest.rows * manifest.dim * 4
-    raw = _read_checked(folder, name, manifest, limit)
-    import io
-
-    buffer = io.BytesIO(raw)
-    try:
-        version = np.lib.format.read_magic(buffer)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(buffer)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(buffer)
-        else:
-            raise ValueError(f"unknown .npy version {version}")
-    except (ValueError, SyntaxError, TypeError, OverflowError) as exc:
-        raise _damaged(folder, name, f"not a .npy file: {str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}") from None
-    if dtype.hasobject or dtype != np.dtype("<f4"):
-        raise _damaged(folder, name, f"dtype {dtype}, expected float32 (an index holds no objects)")
-    if fortran or tuple(shape) != (manifest.rows, manifest.dim):
-        raise _damaged(folder, name, f"shape {tuple(shape)}, manifest.json says {(manifest.rows, manifest.dim)}")
-    offset = buffer.tell()
-    if len(raw) - offset != manifest.rows * manifest.dim * 4:
-        raise _damaged(folder, name, f"{len(raw) - offset} bytes of data, the header needs "
-                                     f"{manifest.rows * manifest.dim * 4}")
-    vectors = np.frombuffer(raw, dtype="<f4", offset=offset).reshape(manifest.rows, manifest.dim).copy()
-    if not np.isfinite(vectors).all():
-        bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
-        raise _damaged(folder, name, f"row {bad} is not finite (NaN or infinity)")
-    return vectors
-
-
 def _read_texts(folder: Path, manifest: Manifest) -> list[str]:
+    """texts.jsonl, one JSON string a line: the file is hashed in one streaming pass, then parsed line by line
+    from the same open file (never held whole as bytes beside the strings)."""
     name = "texts.jsonl"
-    raw = _read_checked(folder, name, manifest, 1 << 34)
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    if len(lines) != manifest.rows:
-        raise _damaged(folder, name, f"{len(lines)} lines, manifest.json says {manifest.rows} rows")
-    texts = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.startswith(b'"'):  # a JSON string, nothing nested
-            raise _damaged(folder, f"{name}:{lineno}", "expected a JSON string")
-        try:
-            text = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise _damaged(folder, f"{name}:{lineno}", f"not a JSON string: {str(exc)[:80]}") from None
-        if not isinstance(text, str):
-            raise _damaged(folder, f"{name}:{lineno}", "expected a JSON string")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate escape: not text, and unprintable as a hit
-            raise _damaged(folder, f"{name}:{lineno}", "a lone surrogate escape, not text") from None
-        texts.append(text)
+    path = folder / name
+    with os.fdopen(open_regular(path, "--index"), "rb") as fh:
+        size, limit = os.fstat(fh.fileno()).st_size, 1 << 34
+        if size > limit:
+            raise UserError(f"--index {path}: {size} bytes, more than the {limit} this file can hold; "
+                            "damaged or not written by mirrorbert")
+        expected = (manifest.files or {}).get(name)
+        if expected is not None and file_sha256_of(fh) != expected:
+            raise _damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
+        fh.seek(0)
+        texts = []
+        for lineno, line in enumerate(fh, 1):
+            if lineno > manifest.rows:
+                raise _damaged(folder, name, f"{lineno + sum(1 for _ in fh)} lines, manifest.json says "
+                                             f"{manifest.rows} rows")
+            texts.append(_parse_text(folder, f"{name}:{lineno}", line[:-1] if line.endswith(b"\n") else line))
+    if len(texts) != manifest.rows:
+        raise _damaged(folder, name, f"{len(texts)} lines, manifest.json says {manifest.rows} rows")
     return texts
+
+
+def file_sha256_of(fh, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    for block in iter(lambda: fh.read(chunk), b""):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def _parse_text(folder: Path, where: str, line: bytes) -> str:
+    """One line of texts.jsonl: a JSON string (nothing nested), valid UTF-8, no lone surrogate."""
+    if not line.startswith(b'"'):
+        raise _damaged(folder, where, "expected a JSON string")
+    try:
+        text = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _damaged(folder, where, f"not a JSON string: {str(exc)[:80]}") from None
+    if not isinstance(text, str):
+        raise _damaged(folder, where, "expected a JSON string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate escape: not text, and unprintable as a hit
+        raise _damaged(folder, where, "a lone surrogate escape, not text") from None
+    return text
 
 
 def _read_ids(folder: Path, manifest: Manifest) -> list[int]:
@@ -338,27 +374,49 @@ def _read_faiss(folder: Path, manifest: Manifest, vectors):
 
 
 def load_index(folder: Path, manifest: Manifest, use_faiss: bool | None):
-    """(SearchIndex, ids) from the folder, every file checked against the manifest first; the stored faiss
-    index is used when faiss is wanted and present."""
+    """(SearchIndex, ids) from the folder, every file checked against the manifest first; the vectors
+    memory-mapped. The stored faiss index (exact) or the IVF index rebuilt from its parts (ivf) is used when
+    faiss is wanted and present; without it (or with `use_faiss=False`) search is an exact scan."""
     from mirrorbert.search.exact import SearchIndex, wants_faiss
 
+    _check_checksums_listed(folder, manifest)
+    files = manifest.files or {}
+    vectors = open_vectors(folder, manifest.rows, manifest.dim, files.get("vectors.npy"))
+    texts = _read_texts(folder, manifest)
+    if manifest.ids_file == "ids.json":
+        ids = _read_ids(folder, manifest)
+    else:
+        ids = read_ids_npy(folder, manifest.rows, manifest.corpus_lines, files.get("ids.npy"))
+    index = SearchIndex(vectors, texts, meta={"model": manifest.model, "pooling": manifest.pooling})
+    faiss_file = folder / "faiss.index"
+    if manifest.index_type == "ivf":
+        if wants_faiss(use_faiss):
+            index.approximate = _read_ivf(folder, manifest, index.vectors)
+    elif manifest.faiss and wants_faiss(use_faiss) and os.path.lexists(faiss_file):
+        if manifest.files is not None and "faiss.index" not in manifest.files:
+            raise UserError(f"--index {folder / MANIFEST}: damaged (no checksum for faiss.index)")
+        index.faiss_index = _read_faiss(folder, manifest, index.vectors)
+    return index, ids
+
+
+def _check_checksums_listed(folder: Path, manifest: Manifest) -> None:
+    """Every file the index reads has its checksum in the manifest (or, written before checksums, a warning)."""
     if manifest.files is None:
         logger.warning("%s: an index written before mirrorbert recorded checksums; its files are checked for "
                        "structure only (rebuild it with `mirrorbert index` to have them checked fully)", folder)
-    else:
-        for name in ("vectors.npy", "texts.jsonl", "ids.json"):
-            if name not in manifest.files:
-                raise UserError(f"--index {folder / MANIFEST}: damaged (no checksum for {name})")
-    vectors = _read_vectors(folder, manifest)
-    texts = _read_texts(folder, manifest)
-    ids = _read_ids(folder, manifest)
-    index = SearchIndex(vectors, texts, meta={"model": manifest.model, "pooling": manifest.pooling})
-    faiss_file = folder / "faiss.index"
-    if manifest.faiss and wants_faiss(use_faiss) and os.path.lexists(faiss_file):
-        if manifest.files is not None and "faiss.index" not in manifest.files:
-            raise UserError(f"--index {folder / MANIFEST}: damaged (no checksum for faiss.index)")
-        index.faiss_index = _read_faiss(folder, manifest, vectors)
-    return index, ids
+        return
+    needed = ["vectors.npy", "texts.jsonl", manifest.ids_file, *(IVF_FILES if manifest.index_type == "ivf" else ())]
+    for name in needed:
+        if name not in manifest.files:
+            raise UserError(f"--index {folder / MANIFEST}: damaged (no checksum for {name})")
+
+
+def _read_ivf(folder: Path, manifest: Manifest, vectors):
+    """The IVF index: its parts checked (index_files.read_ivf_parts), then rebuilt over the vectors."""
+    from mirrorbert.search.approximate import IVFIndex, ivf_from_parts
+
+    parts = read_ivf_parts(folder, manifest.rows, manifest.dim, manifest.ivf, manifest.files)
+    return IVFIndex(ivf_from_parts(vectors, parts), parts)
 
 
 __all__ = ["Manifest", "check_index", "file_sha256", "load_index", "model_fingerprint", "open_regular", "write_index"]

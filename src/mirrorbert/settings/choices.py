@@ -15,6 +15,8 @@ ENCODE_QUANTIZATIONS = ("float32", "int8", "uint8", "binary", "ubinary")
 # sentence-transformers' faiss "uint8": it ranks unsigned codes by inner product without centring them, which
 # kept 0.74 of the exact top-10 on MiniLM/Wikipedia where int8 here keeps 0.99 (docs/benchmarks/quantized_recall.json).
 SEARCH_QUANTIZATIONS = ("float32", "int8", "ubinary")
+INDEX_TYPES = ("auto", "exact", "ivf")  # `index --index-type` (search/approximate.py)
+AUTO_IVF_ROWS = 100_000  # --index-type auto: exact below this many rows, ivf from there on
 DEFAULT_MODEL = "bert-base-uncased"
 # mirrorbert export (encoder/export.py): the serving formats, in the folder layout sentence-transformers' backends read
 EXPORT_FORMATS = ("onnx", "openvino")
