@@ -201,7 +201,7 @@ EXTRA_BAD: dict[str, dict[str, list[str]]] = {
                "--field": ["text"], "--model": ["", "@missing"], "--index": ["@missing", "@foreign", "@a-file"]},
     "index": {"--pooling": ["max"], "--device": ["gpu9"], "--batch-size": ["0"], "--max-length": ["0", "100000"],
               "--column": ["text"], "--field": ["text"], "--output": ["@foreign", "@a-file"],
-              "--model": ["", "@missing"]},
+              "--model": ["", "@missing"], "--index-type": ["hnsw", ""], "--nprobe": ["0", "-3", "many"]},
     "export": {"--format": ["tflite", "", "onnx,"], "--opset": ["9", "99"], "--pooling": ["max"],
                "--max-length": ["0", "100000"], "--output": ["@foreign", "@a-file", "@input"],
                "--model": ["", "@missing"]},

@@ -88,7 +88,7 @@ def test_the_auto_rule_and_the_defaults():
     assert resolve_index_type("auto", 10 * AUTO_IVF_ROWS, False) == "exact"  # no faiss: an exact scan
     assert resolve_index_type("exact", 10 * AUTO_IVF_ROWS, True) == "exact"
     assert default_nlist(1_000_000) == 4000 and default_nlist(6) == 1 and default_nlist(2000) == 2000 // 40
-    assert default_nprobe(4000) == 62 and default_nprobe(10) == 10 and default_nprobe(100) == 32
+    assert default_nprobe(4000) == 80 and default_nprobe(10) == 10 and default_nprobe(100) == 32
 
 
 # ----------------------------------------------------------------------------- the command line

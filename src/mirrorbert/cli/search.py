@@ -129,7 +129,7 @@ def add_index_parser(sub) -> None:
                         f"rescored exactly; needs faiss) | auto (default: exact below {AUTO_IVF_ROWS:,} rows, ivf "
                         "from there on when faiss is installed)")
     p.add_argument("--nprobe", type=int, default=None,
-                   help="ivf: lists scanned per query, recorded in the index (default: nlist/64, at least 32); "
+                   help="ivf: lists scanned per query, recorded in the index (default: nlist/50, at least 32); "
                         "more finds more true neighbours, more slowly")
     p.set_defaults(func=run_index)
 

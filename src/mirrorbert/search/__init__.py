@@ -1,5 +1,6 @@
-"""Nearest-neighbour search: exact chunked top-k and faiss (`exact`), int8/binary vectors (`quantized`), and the
-persistent index on disk (`index_store`).
+"""Nearest-neighbour search: exact chunked top-k and faiss (`exact`), the approximate IVF index with exact
+rescoring (`approximate`), int8/binary vectors (`quantized`), the persistent index on disk (`index_store`) and
+the read-back of its numpy files, the vectors memory-mapped (`index_files`).
 """
 
 _EXACT = {"search", "SearchIndex", "Hit", "build_index", "cosine_topk", "chunked_topk", "l2_normalize"}

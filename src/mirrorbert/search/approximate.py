@@ -67,9 +67,9 @@ def default_nlist(rows: int) -> int:
 
 
 def default_nprobe(nlist: int) -> int:
-    """Lists scanned per query: 1/64 of them and at least 32 (recall@10 >= 0.95 on benchmarks/index_scale.py's
+    """Lists scanned per query: 1/50 of them and at least 32 (recall@10 >= 0.95 on benchmarks/index_scale.py's
     clustered data at 100k and 1M rows), never more than there are."""
-    return min(nlist, max(32, nlist // 64))
+    return min(nlist, max(32, nlist // 50))
 
 
 def train_ivf(vectors: np.ndarray, nlist: int | None = None, nprobe: int | None = None, seed: int = 0) -> IVFParts:
