@@ -160,7 +160,7 @@ def rescore(queries: np.ndarray, vectors: np.ndarray, cand: np.ndarray, k: int,
     """The top `k` of each row's candidate ids (-1: none) by float64 inner product with the float vectors,
     ties towards the smaller id; only the candidates' rows of `vectors` are read. The float64 sum is exact
     search's own (`_pair_scores`), so a hit's score is the one exact search gives that id."""
-    from mirrorbert.search.exact import _pair_scores, _select_topk
+    from mirrorbert.search.ranking import _pair_scores, _select_topk
 
     nq, n_cand = cand.shape
     out_s = np.full((nq, k), -np.inf, np.float32)

@@ -26,6 +26,7 @@ import numpy as np
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
+from mirrorbert.search.ranking import _pair_scores, _select_topk  # noqa: F401  (shared with approximate.py)
 
 logger = logging.getLogger(__name__)
 
@@ -67,19 +68,6 @@ def wants_faiss(use_faiss: bool | None) -> bool:
 CANDIDATE_EXTRA = 8
 RESCORE_MARGIN = 1e-4
 _RESCORE_BLOCK_VALUES = 1 << 22  # float64 values per rescoring block (32 MiB)
-
-
-def _select_topk(scores: np.ndarray, index: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k per row of ``scores`` (with key ids ``index``), sorted by score desc then id asc."""
-    if scores.shape[1] > k:
-        part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-        kth = np.take_along_axis(scores, part, axis=1).min(axis=1, keepdims=True)
-        if (scores >= kth).sum() > scores.shape[0] * k:  # ties at the k-th place: sort whole rows
-            order = np.lexsort((index, -scores), axis=1)[:, :k]
-            return np.take_along_axis(scores, order, axis=1), np.take_along_axis(index, order, axis=1)
-        scores, index = np.take_along_axis(scores, part, axis=1), np.take_along_axis(index, part, axis=1)
-    order = np.lexsort((index, -scores), axis=1)
-    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(index, order, axis=1)
 
 
 def chunked_topk(
@@ -173,13 +161,6 @@ def _exact_ranking(queries: np.ndarray, keys: np.ndarray, cand_s: np.ndarray, ca
         s, i = _select_topk(scores, ids[None, :], k)
         out_s[row], out_i[row] = s[0], i[0]
     return out_s, out_i
-
-
-def _pair_scores(queries: np.ndarray, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """float64 inner product of each query row with its keys ``ids[row]``: one fixed summation per pair,
-    whatever the number of rows or the BLAS, so every path ranks from the same numbers."""
-    q = queries.astype(np.float64)[:, None, :]
-    return (q * keys[ids].astype(np.float64)).sum(axis=-1)
 
 
 def build_faiss_index(keys: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE):
