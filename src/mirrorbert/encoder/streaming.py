@@ -60,28 +60,32 @@ def chunked_input(path: str, column: str | None, field: str | None, skip_bad_lin
     return ChunkedInput(source.count, lambda: source.chunks(chunk_rows), source)
 
 
-def encode_to_npy(encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, dim: int, path: Path,
-                  show_progress: bool = False, what: str = "--input", target: Path | None = None,
-                  option: str = "--output") -> int:
-    """Encode `source` chunk by chunk into a float32 .npy at `path` (memory-mapped); the rows written.
-
-    The file's blocks are reserved before the first row is written (`safety.preallocate`): a full disk is one
-    error naming `target` (the output `path` becomes) and the bytes needed, not a SIGBUS halfway.
-    """
+def create_npy(path: Path, rows: int, dim: int, target: Path | None = None, option: str = "--output") -> Path:
+    """A float32 .npy of `rows` x `dim` at `path`, its blocks reserved before any row is written
+    (`safeguards.writes.preallocate`): a full disk is one error naming `target` (what `path` becomes) and the
+    bytes needed, not a SIGBUS halfway."""
     import os
 
-    from mirrorbert.reporting.progress import progress_bar
     from mirrorbert.safeguards.writes import preallocate
 
-    out = np.lib.format.open_memmap(str(path), mode="w+", dtype=np.float32, shape=(source.count, dim))
+    out = np.lib.format.open_memmap(str(path), mode="w+", dtype=np.float32, shape=(rows, dim))
+    del out
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     try:
         preallocate(fd, os.fstat(fd).st_size, target or path, option)
-    except BaseException:
-        del out
-        raise
     finally:
         os.close(fd)
+    return Path(path)
+
+
+def encode_to_npy(encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, dim: int, path: Path,
+                  show_progress: bool = False, what: str = "--input", target: Path | None = None,
+                  option: str = "--output") -> int:
+    """Encode `source` chunk by chunk into a float32 .npy at `path` (memory-mapped, see `create_npy`); the
+    rows written."""
+    from mirrorbert.reporting.progress import progress_bar
+
+    out = np.load(create_npy(path, source.count, dim, target, option), mmap_mode="r+")
     written, any_text = 0, False
     with progress_bar(total=source.count, show=show_progress, desc="encode", unit="string") as bar:
         for chunk in source.chunks():
