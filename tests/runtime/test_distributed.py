@@ -164,6 +164,22 @@ def test_sharded_encoding_returns_the_rows_of_one_process_in_input_order(worker_
     assert np.abs(got - expected).max() < TOLERANCE
 
 
+@pytest.mark.slow  # reason: starts torchrun with 2 Python processes
+def test_torchrun_encode_writes_every_process_rows_into_one_file(tiny_bert, tmp_path, corpus):
+    """No gather: each process encodes its contiguous rows into its slice of the output (encoder/sharded.py)."""
+    texts = [f"{text} {i}" for i, text in enumerate(corpus * 2)][:23]  # 23 rows: shards of 12 and 11
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    result = torchrun(tmp_path, "-m", "mirrorbert", "encode", "--model", str(tiny_bert), "--input", "in.txt",
+                      "--output", "out.npy", "--pooling", "mean", "--batch-size", "3", "--device", "cpu",
+                      "--no-progress")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["rows"] == len(texts)
+    expected = Encoder.load(tiny_bert, pooling="mean", device="cpu").encode(texts, batch_size=3)
+    got = np.load(tmp_path / "out.npy")
+    assert got.shape == expected.shape and np.abs(got - expected).max() < TOLERANCE
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npy"]  # no temporary left behind
+
+
 @pytest.mark.slow  # reason: shares the launch above
 def test_a_crashed_rank_ends_the_job_naming_the_checkpoint(worker_run):
     _, result = worker_run  # run_bounded already failed the test if the job had hung

@@ -55,10 +55,13 @@ def run_encode(args) -> int:
     if opts.skip_bad_lines:
         plan.file("--output", rows_file(output))
     with plan.locked():
-        if opts.quantize == "float32" and launched_world_size() == 1:  # vectors straight to disk, chunk by chunk
-            n_rows, dim, pooling, rows = _encode_streaming(opts, output)
+        if opts.quantize == "float32":  # vectors straight to disk, chunk by chunk (each process its own rows)
+            encode_on_disk = _encode_streaming if launched_world_size() == 1 else _encode_sharded
+            n_rows, dim, pooling, rows = encode_on_disk(opts, output)
+            if n_rows is None:
+                return 0
             dtype = "float32"
-        else:  # quantised (ranges from all vectors) or sharded over torchrun processes: in memory
+        else:  # quantised: the ranges come from all vectors, so they are held in memory
             vectors, pooling, rows = _encode(opts)
             if vectors is None:
                 return 0
@@ -104,6 +107,36 @@ def _encode_streaming(opts, output: Path):
     with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
         rows = encode_to_npy(encode, source, encoder.dim, Path(tmp), show_progress=opts.show_progress, target=output)
     return rows, encoder.dim, encoder.pooling, source.rows
+
+
+def _encode_sharded(opts, output: Path):
+    """Several processes (torchrun): each encodes a contiguous share of --input's rows into its slice of the
+    output's temporary .npy (encoder/sharded.py); rank 0 renames it into place. (None, ...) on other ranks."""
+    from mirrorbert.encoder.model import Encoder
+    from mirrorbert.encoder.packing import packing_flag
+    from mirrorbert.encoder.sharded import encode_sharded, row_range
+    from mirrorbert.encoder.streaming import STREAM_ROWS, chunked_input
+    from mirrorbert.reporting.progress import progress_bar
+    from mirrorbert.runtime.distributed import init_from_env
+
+    source = chunked_input(opts.input, opts.column, opts.field, opts.skip_bad_lines)  # before the model loads
+    dist_ctx = init_from_env(opts.device)
+    encoder = Encoder.load(opts.model, pooling=opts.pooling, device=str(dist_ctx.device), max_length=opts.max_length,
+                           trust_remote_code=opts.trust_remote_code, cli=True)
+
+    def encode(chunk: list[str]):
+        return encoder.encode(chunk, batch_size=opts.batch_size, normalize=opts.normalize or None,
+                              precision=opts.precision, packing=packing_flag(opts.packing))
+
+    start, stop = row_range(dist_ctx, source.count)
+    show = opts.show_progress and dist_ctx.is_main
+    with progress_bar(total=stop - start, show=show, desc="encode (rank 0's rows)", unit="string") as bar:
+        if not dist_ctx.is_main:
+            encode_sharded(dist_ctx, encode, source, encoder.dim, None, output, STREAM_ROWS)
+            return None, encoder.dim, encoder.pooling, source.rows
+        with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
+            encode_sharded(dist_ctx, encode, source, encoder.dim, Path(tmp), output, STREAM_ROWS, bar.update)
+    return source.count, encoder.dim, encoder.pooling, source.rows
 
 
 def _encode(opts):

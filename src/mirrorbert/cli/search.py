@@ -42,7 +42,8 @@ def add_search_parser(sub) -> None:
 
 
 def _read_queries(opts: SearchOptions) -> list[str]:
-    from mirrorbert.data.strings import CSV_SUFFIXES, read_file
+    from mirrorbert.data.readers import CSV_SUFFIXES
+    from mirrorbert.data.strings import read_file
     from mirrorbert.data.hf_datasets import is_table
 
     if opts.query:

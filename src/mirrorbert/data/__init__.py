@@ -1,7 +1,8 @@
 """Data in: training strings from text, CSV/TSV, JSONL and Hugging Face tables, and the WordNet files GR-BERT reads.
 
-Modules: `strings` (read, clean, deduplicate, fingerprint training strings), `tabular` (Parquet, Arrow, saved
-datasets, `hf:` Hub datasets, a column at a time), `wordnet` (WordNet's own data files, read without nltk).
+Modules: `readers` (text, CSV/TSV and JSONL as a stream of records with their ids), `strings` (read, clean,
+deduplicate, fingerprint training strings), `hf_datasets` (Parquet, Arrow, saved datasets, `hf:` Hub datasets,
+a column at a time), `wordnet` (WordNet's own data files, read without nltk).
 """
 
 

@@ -6,12 +6,8 @@ gave is either used, reported as a duplicate/blank, or rejected with the file an
 
 from __future__ import annotations
 
-import bisect
 import codecs
-import csv
 import hashlib
-import io
-import json
 import logging
 import random
 import string
@@ -19,13 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorbert.errors import UserError
+from mirrorbert.data.readers import check_text_file, iter_records, read_errors, split_lines
 from mirrorbert.data.hf_datasets import is_hub_dataset, is_table, iter_hub_column, read_table_column
 
 logger = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = {".txt", ".text", ""}
-CSV_SUFFIXES = {".csv": ",", ".tsv": "\t"}
-JSONL_SUFFIXES = {".jsonl", ".ndjson"}
 
 
 @dataclass
@@ -82,14 +77,6 @@ def check_utf8_file(path: str | Path, option: str, hint: str = "fix the file") -
     raise UserError(f"{path}: not valid UTF-8 (the file ends inside a character); {hint}")
 
 
-def split_lines(raw: bytes) -> list[bytes]:
-    """One line read up to `\n`, cut at lone CRs too: LF, CRLF and CR all end a line (as Python's universal
-    newlines read them), so a file saved with old Mac line endings is not one long string."""
-    raw = raw[:-1] if raw.endswith(b"\n") else raw
-    raw = raw[:-1] if raw.endswith(b"\r") else raw
-    return raw.split(b"\r")
-
-
 def read_text_lines(path: str | Path, hint: str = "fix the file") -> list[str]:
     """Every line of a UTF-8 text file without its line ending (LF, CRLF or CR), a leading BOM dropped; a line
     that is not UTF-8 is one error naming the file and line. The reader of every evaluation set."""
@@ -122,125 +109,6 @@ class Rows:
     skipped: list[int]
 
 
-def _decoded_lines(path: Path, skip_bad_lines: bool) -> tuple[list[tuple[int, str]], list[int]]:
-    """(line number, text) pairs and the numbers of skipped lines; a line that is not UTF-8 is an error naming
-    it, or skipped on request."""
-    out, skipped, lineno = [], [], 0
-    with path.open("rb") as fh:
-        for raw in fh:
-            for piece in split_lines(raw):
-                lineno += 1
-                try:
-                    text = piece.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    if skip_bad_lines:
-                        skipped.append(lineno)
-                        logger.warning("%s:%d: skipped, not valid UTF-8", path, lineno)
-                        continue
-                    raise UserError(
-                        f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}); fix the file or pass --skip-bad-lines"
-                    ) from None
-                if lineno == 1:
-                    text = text.lstrip("\ufeff")
-                out.append((lineno, text))
-    return out, skipped
-
-
-def _read_csv(path: Path, lines: list[tuple[int, str]], delimiter: str, column: str | None,
-              skipped: list[int]) -> tuple[list[str], list[int]]:
-    if not column:
-        raise UserError(f"{path}: a {path.suffix} file needs --column NAME to say which column holds the text")
-    text = "\n".join(text for _, text in lines)
-    # the whole file is in memory already, so a field may be as long as the file (csv's default limit of
-    # 131,072 characters would stop a long document with a traceback); the limit is put back afterwards
-    previous_limit = csv.field_size_limit()
-    csv.field_size_limit(max(previous_limit, min(len(text) + 1, 2**31 - 1)))
-    try:
-        return _parse_csv(path, lines, text, delimiter, column, skipped)
-    finally:
-        csv.field_size_limit(previous_limit)
-
-
-def _file_line(lines: list[tuple[int, str]], index: int) -> int:
-    """The file's line number of the `index`-th kept line (0-based), or of the last one past the end."""
-    if not lines:
-        return 1
-    return lines[min(max(index, 0), len(lines) - 1)][0]
-
-
-def _parse_csv(path: Path, lines: list[tuple[int, str]], text: str, delimiter: str, column: str,
-               skipped: list[int]) -> tuple[list[str], list[int]]:
-    reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
-    try:
-        fieldnames = reader.fieldnames
-    except csv.Error as exc:
-        raise UserError(f"{path}:{_file_line(lines, reader.line_num - 1)}: not valid CSV ({exc})") from None
-    if fieldnames is None or column not in fieldnames:
-        found = ", ".join(fieldnames or [])
-        raise UserError(f"{path}: --column {column!r} not in the header (columns: {found})")
-    if fieldnames.count(column) > 1:
-        raise UserError(f"{path}: the header names column {column!r} {fieldnames.count(column)} times; "
-                        "which one holds the text is ambiguous: rename the others")
-    header_line = lines[reader.line_num - 1][0] if reader.line_num else 1
-    texts, ids, start = [], [], reader.line_num
-    try:
-        for index, row in enumerate(reader):
-            first_line = lines[start][0] if start < len(lines) else lines[-1][0]  # the file line this row starts on
-            texts.append(row.get(column) or "")
-            # a skipped line counts as the data row it was, so ids stay the rows' places in the file
-            ids.append(index + bisect.bisect_left(skipped, first_line) - bisect.bisect_left(skipped, header_line))
-            last_start, start = start, reader.line_num
-    except csv.Error as exc:
-        raise UserError(f"{path}:{_file_line(lines, reader.line_num - 1)}: not valid CSV ({exc})") from None
-    if texts and start - last_start > 1:
-        # the last row spans several lines: csv (non-strict) ends a quoted field left open at the end of the
-        # file without a word, swallowing every line after the quote into one row; read it again strictly
-        tail = "\n".join(t for _, t in lines[last_start:])
-        try:
-            for _ in csv.reader(io.StringIO(tail), delimiter=delimiter, strict=True):
-                pass
-        except csv.Error as exc:
-            if "unexpected end of data" in str(exc):
-                raise UserError(f"{path}:{_file_line(lines, last_start)}: a quoted field opens here and is never "
-                                "closed (it would swallow the rest of the file); fix the quotes") from None
-    return texts, ids
-
-
-def _encodable(text: str) -> bool:
-    """False for a string holding a lone surrogate (JSON's "\\ud800" decodes to one; no UTF-8 can hold it)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _read_jsonl(path: Path, lines: list[tuple[int, str]], field: str | None) -> list[str]:
-    if not field:
-        raise UserError(f"{path}: a JSONL file needs --field NAME to say which field holds the text")
-    out = []
-    for lineno, text in lines:
-        if not text.strip():
-            out.append("")
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-        except RecursionError:
-            raise UserError(f"{path}:{lineno}: invalid JSON (nested too deeply)") from None
-        if not isinstance(record, dict) or field not in record:
-            raise UserError(f"{path}:{lineno}: no field {field!r}")
-        value = record[field]
-        if not isinstance(value, str):
-            raise UserError(f"{path}:{lineno}: field {field!r} is not a string")
-        if not _encodable(value):
-            raise UserError(f"{path}:{lineno}: field {field!r} holds a lone surrogate escape (e.g. \\ud800), "
-                            "which is not text; fix the file")
-        out.append(value)
-    return out
-
-
 def read_rows(path: str | Path, column: str | None = None, field: str | None = None,
               skip_bad_lines: bool = False, option: str = "--data") -> Rows:
     """The strings of a .txt/.csv/.tsv/.jsonl file (one per line or row), each with its record id; also of a
@@ -258,25 +126,11 @@ def read_rows(path: str | Path, column: str | None = None, field: str | None = N
             raise UserError(f"{path}: --field applies to .jsonl files; tabular data takes --column")
         texts = read_table_column(path, column, option)
         return Rows(texts, list(range(len(texts))), [])
-    if path.is_dir():
-        raise UserError(f"{option} {path}: is a folder, expected a file")
-    if path.stat().st_size == 0:
-        raise UserError(f"{option} {path}: the file is empty")
-    suffix = path.suffix.lower()
-    try:
-        lines, skipped = _decoded_lines(path, skip_bad_lines)
-    except PermissionError:
-        raise UserError(f"{option} {path}: permission denied (the file is not readable)") from None
-    except OSError as exc:
-        raise UserError(f"{option} {path}: cannot read the file ({exc.strerror or type(exc).__name__})") from None
-    if suffix in CSV_SUFFIXES:
-        texts, ids = _read_csv(path, lines, CSV_SUFFIXES[suffix], column, skipped)
-        return Rows(texts, ids, skipped)
-    if suffix in JSONL_SUFFIXES:
-        return Rows(_read_jsonl(path, lines, field), [lineno - 1 for lineno, _ in lines], skipped)
-    if column or field:
-        raise UserError(f"{path}: --column/--field only apply to .csv/.tsv/.jsonl/.parquet/.arrow files")
-    return Rows([text for _, text in lines], [lineno - 1 for lineno, _ in lines], skipped)
+    check_text_file(path, option)
+    skipped: list[int] = []
+    with read_errors(path, option):
+        records = list(iter_records(path, column, field, skip_bad_lines, skipped))
+    return Rows([text for _, text in records], [record_id for record_id, _ in records], skipped)
 
 
 def read_file(path: str | Path, column: str | None = None, field: str | None = None,

@@ -3,6 +3,7 @@
 Modules: `model` (`Encoder`: load, encode, save, search), `pooling`, `batching` (padding), `packing` (packed
 rows with block-diagonal attention, length groups), `dropout` (dropout rates and DropHead), `masked_lm` (a
 masked LM's own head: span positions and forward passes), `streaming` (encode into a .npy on disk),
+`sharded` (under torchrun, each process its own rows of that .npy),
 `export` (ONNX and OpenVINO).
 """
 

@@ -5,7 +5,7 @@ typical sentence), so `encode` always writes it through a memory-mapped .npy (`n
 one chunk of `STREAM_ROWS` strings at a time; Parquet files are also read one record batch at a time and Arrow
 files and dataset folders are memory-mapped (data/hf_datasets.py), so their text is never held whole either. Each chunk
 is sorted by length inside `Encoder.encode`, as a whole input would be: the vectors equal an in-memory
-encode's. Text, CSV and JSONL files are read whole (their strings, not their vectors).
+encode's. Text, CSV and JSONL files are read a chunk of lines at a time too (`data/readers.py`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ STREAM_ROWS = 65536  # strings per chunk: the tokenised chunk and its vectors st
 
 @dataclass
 class ChunkedInput:
-    """An input's row count and a way to walk its strings chunk by chunk (`rows`: what read_rows gave, when the
-    file was read whole, for --skip-bad-lines' row ids)."""
+    """An input's row count and a way to walk its strings chunk by chunk (`rows`: the skipped lines and the
+    rows' ids, for --skip-bad-lines' row ids; None for tables, which skip nothing)."""
     count: int
     chunks: Callable[[], Iterator[list[str]]]
     rows: object | None = None
@@ -32,8 +32,10 @@ class ChunkedInput:
 
 def chunked_input(path: str, column: str | None, field: str | None, skip_bad_lines: bool,
                   option: str = "--input", chunk_rows: int | None = None) -> ChunkedInput:
-    """Tables (Parquet, Arrow, dataset folders) stream; other inputs are read whole, then cut into chunks."""
+    """Every input streams: tables a record batch at a time, text/CSV/JSONL files a chunk of lines at a time
+    (counted and checked by a first pass, so a bad line fails before the model loads)."""
     chunk_rows = chunk_rows or STREAM_ROWS
+    from mirrorbert.data.readers import text_rows
     from mirrorbert.data.strings import read_rows
     from mirrorbert.data.hf_datasets import count_rows, is_hub_dataset, is_table, iter_table_column
 
@@ -45,36 +47,45 @@ def chunked_input(path: str, column: str | None, field: str | None, skip_bad_lin
         if count == 0 or first is None:
             raise UserError(f"{option} {path}: no rows in the data")
         return ChunkedInput(count, lambda: iter_table_column(path, column, option, chunk_rows))
-    rows = read_rows(path, column=column, field=field, skip_bad_lines=skip_bad_lines, option=option)
-    texts = rows.texts
-    if not any(t.strip() for t in texts):
+    if is_hub_dataset(path):  # a Hub dataset is read whole (datasets streams it to its own cache first)
+        rows = read_rows(path, column=column, field=field, skip_bad_lines=skip_bad_lines, option=option)
+        texts = rows.texts
+        if not any(t.strip() for t in texts):
+            raise UserError(f"{option} {path}: no text in the data (every row is blank)")
+        return ChunkedInput(len(texts), lambda: (texts[i:i + chunk_rows] for i in range(0, len(texts), chunk_rows)),
+                            rows)
+    source = text_rows(path, column, field, skip_bad_lines, option)
+    if not source.any_text:
         raise UserError(f"{option} {path}: no text in the file (every line is blank)")
-    return ChunkedInput(len(texts), lambda: (texts[i:i + chunk_rows] for i in range(0, len(texts), chunk_rows)),
-                        rows)
+    return ChunkedInput(source.count, lambda: source.chunks(chunk_rows), source)
+
+
+def create_npy(path: Path, rows: int, dim: int, target: Path | None = None, option: str = "--output") -> Path:
+    """A float32 .npy of `rows` x `dim` at `path`, its blocks reserved before any row is written
+    (`safeguards.writes.preallocate`): a full disk is one error naming `target` (what `path` becomes) and the
+    bytes needed, not a SIGBUS halfway."""
+    import os
+
+    from mirrorbert.safeguards.writes import preallocate
+
+    out = np.lib.format.open_memmap(str(path), mode="w+", dtype=np.float32, shape=(rows, dim))
+    del out
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        preallocate(fd, os.fstat(fd).st_size, target or path, option)
+    finally:
+        os.close(fd)
+    return Path(path)
 
 
 def encode_to_npy(encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, dim: int, path: Path,
                   show_progress: bool = False, what: str = "--input", target: Path | None = None,
                   option: str = "--output") -> int:
-    """Encode `source` chunk by chunk into a float32 .npy at `path` (memory-mapped); the rows written.
-
-    The file's blocks are reserved before the first row is written (`safety.preallocate`): a full disk is one
-    error naming `target` (the output `path` becomes) and the bytes needed, not a SIGBUS halfway.
-    """
-    import os
-
+    """Encode `source` chunk by chunk into a float32 .npy at `path` (memory-mapped, see `create_npy`); the
+    rows written."""
     from mirrorbert.reporting.progress import progress_bar
-    from mirrorbert.safeguards.writes import preallocate
 
-    out = np.lib.format.open_memmap(str(path), mode="w+", dtype=np.float32, shape=(source.count, dim))
-    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-    try:
-        preallocate(fd, os.fstat(fd).st_size, target or path, option)
-    except BaseException:
-        del out
-        raise
-    finally:
-        os.close(fd)
+    out = np.load(create_npy(path, source.count, dim, target, option), mmap_mode="r+")
     written, any_text = 0, False
     with progress_bar(total=source.count, show=show_progress, desc="encode", unit="string") as bar:
         for chunk in source.chunks():

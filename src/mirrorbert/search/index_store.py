@@ -75,7 +75,7 @@ def model_fingerprint(model: str) -> str:
 
 def count_lines(path: Path) -> int:
     """Lines as every reader counts them (LF, CRLF or CR), whatever their encoding; rows of tabular data."""
-    from mirrorbert.data.strings import split_lines
+    from mirrorbert.data.readers import split_lines
     from mirrorbert.data.hf_datasets import count_rows, is_table
 
     if is_table(Path(path)):

@@ -1,0 +1,283 @@
+"""Text, CSV/TSV and JSONL files as a stream of records: the strings with their record ids, one line at a time.
+
+The one parser of these formats: `read_rows` (a whole read) collects what `iter_records` yields, so a streaming
+reader and a whole read give the same strings and the same ids by construction. A record's id is its 0-based
+place among the file's records (lines of .txt/.jsonl, data rows of .csv/.tsv), counting lines skipped as not
+UTF-8, so ids always lead back to the input. Memory does not grow with the file: a CSV row spanning several
+lines is the most that is held (the lines of the row being read).
+
+`TextRows` reads a file once to check and count it, so a bad line is one error before any long work starts,
+and then walks it in chunks as often as a command needs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+import logging
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from mirrorbert.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+CSV_SUFFIXES = {".csv": ",", ".tsv": "\t"}
+JSONL_SUFFIXES = {".jsonl", ".ndjson"}
+CHUNK_ROWS = 65536
+
+
+def split_lines(raw: bytes) -> list[bytes]:
+    """One line read up to `\n`, cut at lone CRs too: LF, CRLF and CR all end a line (as Python's universal
+    newlines read them), so a file saved with old Mac line endings is not one long string."""
+    raw = raw[:-1] if raw.endswith(b"\n") else raw
+    raw = raw[:-1] if raw.endswith(b"\r") else raw
+    return raw.split(b"\r")
+
+
+def decoded_lines(path: Path, skip_bad_lines: bool, skipped: list[int]) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of each line; a line that is not UTF-8 is an error naming it, or is skipped
+    on request (its number appended to `skipped`). A leading BOM is dropped."""
+    lineno = 0
+    with path.open("rb") as fh:
+        for raw in fh:
+            for piece in split_lines(raw):
+                lineno += 1
+                try:
+                    text = piece.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    if skip_bad_lines:
+                        skipped.append(lineno)
+                        logger.warning("%s:%d: skipped, not valid UTF-8", path, lineno)
+                        continue
+                    raise UserError(
+                        f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}); fix the file or pass --skip-bad-lines"
+                    ) from None
+                yield lineno, text.lstrip("\ufeff") if lineno == 1 else text
+
+
+def _encodable(text: str) -> bool:
+    """False for a string holding a lone surrogate (JSON's "\\ud800" decodes to one; no UTF-8 can hold it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _jsonl_records(path: Path, lines: Iterator[tuple[int, str]], field_name: str) -> Iterator[tuple[int, str]]:
+    for lineno, text in lines:
+        if not text.strip():
+            yield lineno - 1, ""
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise UserError(f"{path}:{lineno}: invalid JSON (nested too deeply)") from None
+        if not isinstance(record, dict) or field_name not in record:
+            raise UserError(f"{path}:{lineno}: no field {field_name!r}")
+        value = record[field_name]
+        if not isinstance(value, str):
+            raise UserError(f"{path}:{lineno}: field {field_name!r} is not a string")
+        if not _encodable(value):
+            raise UserError(f"{path}:{lineno}: field {field_name!r} holds a lone surrogate escape (e.g. \\ud800), "
+                            "which is not text; fix the file")
+        yield lineno - 1, value
+
+
+@dataclass
+class _LineWindow:
+    """The kept lines (not skipped) from the start of the CSV row being read on: their file line numbers and
+    texts by their place among the kept lines, so errors and ids can name file lines without keeping the file."""
+
+    lines: Iterator[tuple[int, str]]
+    held: dict[int, tuple[int, str]] = field(default_factory=dict)
+    count: int = 0
+    last: int = 1
+
+    def feed(self) -> Iterator[str]:
+        for lineno, text in self.lines:
+            self.held[self.count] = (lineno, text)
+            self.count, self.last = self.count + 1, lineno
+            yield text + "\n"
+
+    def file_line(self, index: int) -> int:
+        """The file line of the `index`-th kept line (0-based), or of the last one read past the end."""
+        found = self.held.get(max(index, 0))
+        return found[0] if found else self.last
+
+    def forget_before(self, index: int) -> None:
+        for key in [k for k in self.held if k < index]:
+            del self.held[key]
+
+    def texts_from(self, index: int) -> list[str]:
+        return [self.held[k][1] for k in sorted(self.held) if k >= index]
+
+
+def _csv_records(path: Path, lines: Iterator[tuple[int, str]], delimiter: str, column: str,
+                 skipped: list[int]) -> Iterator[tuple[int, str]]:
+    window = _LineWindow(lines)
+    reader = csv.DictReader(window.feed(), delimiter=delimiter)
+    try:
+        fieldnames = reader.fieldnames
+    except csv.Error as exc:
+        raise UserError(f"{path}:{window.file_line(reader.line_num - 1)}: not valid CSV ({exc})") from None
+    _check_header(path, fieldnames, column)
+    header_line = window.file_line(reader.line_num - 1) if reader.line_num else 1
+    start, last_start, index = reader.line_num, reader.line_num, -1
+    try:
+        for index, row in enumerate(reader):
+            first_line = window.file_line(start)  # the file line this row starts on
+            # a skipped line counts as the data row it was, so ids stay the rows' places in the file
+            yield (index + bisect.bisect_left(skipped, first_line) - bisect.bisect_left(skipped, header_line),
+                   row.get(column) or "")
+            last_start, start = start, reader.line_num
+            window.forget_before(last_start)
+    except csv.Error as exc:
+        raise UserError(f"{path}:{window.file_line(reader.line_num - 1)}: not valid CSV ({exc})") from None
+    if index >= 0 and start - last_start > 1:
+        _check_last_row_closed(path, window, last_start, delimiter)
+
+
+def _check_header(path: Path, fieldnames, column: str) -> None:
+    if fieldnames is None or column not in fieldnames:
+        found = ", ".join(fieldnames or [])
+        raise UserError(f"{path}: --column {column!r} not in the header (columns: {found})")
+    if fieldnames.count(column) > 1:
+        raise UserError(f"{path}: the header names column {column!r} {fieldnames.count(column)} times; "
+                        "which one holds the text is ambiguous: rename the others")
+
+
+def _check_last_row_closed(path: Path, window: _LineWindow, last_start: int, delimiter: str) -> None:
+    """csv (non-strict) ends a quoted field left open at the end of the file without a word, swallowing every
+    line after the quote into one row: the last row, when it spans several lines, is read again strictly."""
+    import io
+
+    tail = "\n".join(window.texts_from(last_start))
+    try:
+        for _ in csv.reader(io.StringIO(tail), delimiter=delimiter, strict=True):
+            pass
+    except csv.Error as exc:
+        if "unexpected end of data" in str(exc):
+            raise UserError(f"{path}:{window.file_line(last_start)}: a quoted field opens here and is never "
+                            "closed (it would swallow the rest of the file); fix the quotes") from None
+
+
+class _FieldSizeLimit:
+    """A CSV field may be as long as the file (csv's default limit of 131,072 characters would stop a long
+    document with a traceback); the limit is put back afterwards."""
+
+    def __init__(self, path: Path):
+        self.want = min(path.stat().st_size + 1, 2**31 - 1)
+
+    def __enter__(self):
+        self.previous = csv.field_size_limit()
+        csv.field_size_limit(max(self.previous, self.want))
+
+    def __exit__(self, *exc) -> None:
+        csv.field_size_limit(self.previous)
+
+
+def iter_records(path: str | Path, column: str | None = None, field_name: str | None = None,
+                 skip_bad_lines: bool = False, skipped: list[int] | None = None) -> Iterator[tuple[int, str]]:
+    """(record id, string) of each record of a .txt/.csv/.tsv/.jsonl file, in order; lines skipped as not
+    UTF-8 are appended to `skipped` (1-based) as they are met. Format errors are `UserError`s naming the line."""
+    path, skipped = Path(path), skipped if skipped is not None else []
+    suffix = path.suffix.lower()
+    lines = decoded_lines(path, skip_bad_lines, skipped)
+    if suffix in CSV_SUFFIXES:
+        if not column:
+            raise UserError(f"{path}: a {path.suffix} file needs --column NAME to say which column holds the text")
+        with _FieldSizeLimit(path):
+            yield from _csv_records(path, lines, CSV_SUFFIXES[suffix], column, skipped)
+    elif suffix in JSONL_SUFFIXES:
+        if not field_name:
+            raise UserError(f"{path}: a JSONL file needs --field NAME to say which field holds the text")
+        yield from _jsonl_records(path, lines, field_name)
+    else:
+        if column or field_name:
+            raise UserError(f"{path}: --column/--field only apply to .csv/.tsv/.jsonl/.parquet/.arrow files")
+        for lineno, text in lines:
+            yield lineno - 1, text
+
+
+def check_text_file(path: Path, option: str) -> None:
+    """What can be said of a file before it is read: it exists, is a file, and is not empty."""
+    if not path.exists():
+        raise UserError(f"{option} {path}: no such file")
+    if path.is_dir():
+        raise UserError(f"{option} {path}: is a folder, expected a file")
+    if path.stat().st_size == 0:
+        raise UserError(f"{option} {path}: the file is empty")
+
+
+@contextmanager
+def read_errors(path: Path, option: str):
+    """An unreadable file is one line naming the option and the file, never a traceback."""
+    try:
+        yield
+    except PermissionError:
+        raise UserError(f"{option} {path}: permission denied (the file is not readable)") from None
+    except OSError as exc:
+        raise UserError(f"{option} {path}: cannot read the file ({exc.strerror or type(exc).__name__})") from None
+
+
+def text_rows(path: str | Path, column: str | None = None, field_name: str | None = None,
+              skip_bad_lines: bool = False, option: str = "--input") -> "TextRows":
+    """A .txt/.csv/.tsv/.jsonl input, checked and counted, ready to stream."""
+    path = Path(path)
+    check_text_file(path, option)
+    with read_errors(path, option):
+        return TextRows(path, column, field_name, skip_bad_lines, option)
+
+
+class TextRows:
+    """A .txt/.csv/.tsv/.jsonl input read as a stream: checked and counted by one pass when made (so a bad
+    line fails before any long work), then walked in chunks by `chunks()` as often as needed."""
+
+    def __init__(self, path: str | Path, column: str | None = None, field_name: str | None = None,
+                 skip_bad_lines: bool = False, option: str = "--input"):
+        self.path, self.column, self.field_name = Path(path), column, field_name
+        self.skip_bad_lines, self.option = skip_bad_lines, option
+        self.skipped: list[int] = []
+        self.count, self.any_text = 0, False
+        for _, text in iter_records(self.path, column, field_name, skip_bad_lines, self.skipped):
+            self.count += 1
+            self.any_text = self.any_text or bool(text.strip())
+
+    def records(self) -> Iterator[tuple[int, str]]:
+        """(record id, string) pairs, read afresh; a file that changed since it was counted is an error."""
+        seen = 0
+        with read_errors(self.path, self.option):
+            for record in iter_records(self.path, self.column, self.field_name, self.skip_bad_lines, []):
+                seen += 1
+                if seen > self.count:
+                    raise UserError(f"{self.option} {self.path}: the file grew while it was read "
+                                    f"(more than {self.count} rows)")
+                yield record
+        if seen != self.count:
+            raise UserError(f"{self.option} {self.path}: the file changed while it was read "
+                            f"({seen} rows, {self.count} expected)")
+
+    def chunks(self, chunk_rows: int = CHUNK_ROWS) -> Iterator[list[str]]:
+        """The strings, `chunk_rows` at a time."""
+        chunk: list[str] = []
+        for _, text in self.records():
+            chunk.append(text)
+            if len(chunk) == chunk_rows:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    @property
+    def ids(self) -> list[int]:
+        """Every record's id (only needed where lines were skipped: otherwise they are 0..count-1)."""
+        if not self.skipped:
+            return list(range(self.count))
+        return [record_id for record_id, _ in self.records()]
