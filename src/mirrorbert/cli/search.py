@@ -73,6 +73,33 @@ def _corpus_rows(opts: SearchOptions):
     return [rows.texts[i] for i in kept], [rows.ids[i] for i in kept]
 
 
+def _corpus_stream(opts):
+    """The corpus for `index`, streamed: (ids of the non-blank records as int64, their count, a function walking
+    their strings chunk by chunk). Nothing held scales with the corpus but the ids (8 bytes a row)."""
+    import numpy as np
+
+    from mirrorbert.encoder.streaming import STREAM_ROWS, chunked_input
+
+    source = chunked_input(opts.corpus, opts.column, opts.field, opts.skip_bad_lines, option="--corpus")
+    record_ids = np.asarray(source.rows.ids if source.rows is not None and source.rows.skipped
+                            else np.arange(source.count), dtype=np.int64)
+    keep = np.zeros(source.count, dtype=bool)
+    offset = 0
+    for chunk in source.chunks():  # blank records keep their place in the numbering but are never hits
+        keep[offset:offset + len(chunk)] = [bool(text.strip()) for text in chunk]
+        offset += len(chunk)
+    if not keep.any():
+        raise UserError(f"--corpus {opts.corpus}: no entries in the file")
+
+    def texts():
+        for chunk in source.chunks():
+            kept = [text for text in chunk if text.strip()]
+            for start in range(0, len(kept), STREAM_ROWS):
+                yield kept[start:start + STREAM_ROWS]
+
+    return record_ids[keep], int(keep.sum()), texts
+
+
 def run_search(args) -> int:
     from mirrorbert.encoder.model import Encoder
 
@@ -151,16 +178,16 @@ def run_index(args) -> int:
     resolve_index_type(opts.index_type, 0, faiss_available())  # ivf without faiss: refused before any work
     plan = WritePlan({"--corpus": opts.corpus, "--model": opts.model}, overwrite=opts.overwrite)
     with plan.folder("--output", opts.output).locked():
-        texts, ids = _corpus_rows(opts)
+        ids, rows, texts = _corpus_stream(opts)
         fingerprint = model_fingerprint(opts.model)  # before encoding: the files the vectors come from
         encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
                                trust_remote_code=opts.trust_remote_code, cli=True)
         manifest = Manifest(
             model=opts.model, model_sha256=fingerprint, pooling=encoder.pooling, max_length=encoder.max_length,
             corpus=str(Path(opts.corpus).resolve()), corpus_sha256=file_sha256(Path(opts.corpus)),
-            corpus_lines=count_lines(Path(opts.corpus)), rows=len(texts), dim=int(encoder.dim),
+            corpus_lines=count_lines(Path(opts.corpus)), rows=rows, dim=int(encoder.dim),
             column=opts.column, field=opts.field, corpus_bytes=corpus_size(Path(opts.corpus)),
-            index_type=resolve_index_type(opts.index_type, len(texts), faiss_available()))
+            index_type=resolve_index_type(opts.index_type, rows, faiss_available()))
         _write_index_folder(opts, encoder, texts, ids, manifest)
     print(jsonio.dumps({"output": str(opts.output), "rows": manifest.rows, "dim": manifest.dim,
                         "pooling": manifest.pooling, "faiss": manifest.faiss, "index_type": manifest.index_type,
@@ -168,10 +195,10 @@ def run_index(args) -> int:
     return 0
 
 
-def _write_index_folder(opts, encoder, texts: list[str], ids: list[int], manifest) -> None:
+def _write_index_folder(opts, encoder, texts, ids, manifest) -> None:
     """The vectors encoded into the temporary folder's vectors.npy, L2-normalised as `search --corpus`
     normalises them, then the rest of the index beside them; the folder replaces --output in one rename."""
-    from mirrorbert.encoder.streaming import ChunkedInput, STREAM_ROWS, encode_to_npy
+    from mirrorbert.encoder.streaming import ChunkedInput, encode_to_npy
     from mirrorbert.safeguards.writes import atomic_output_dir
     from mirrorbert.search.exact import l2_normalize
     from mirrorbert.search.index_store import write_index
@@ -179,8 +206,8 @@ def _write_index_folder(opts, encoder, texts: list[str], ids: list[int], manifes
     def encode(chunk: list[str]):
         return l2_normalize(encoder.encode(chunk, batch_size=opts.batch_size, normalize=True))
 
-    source = ChunkedInput(len(texts), lambda: (texts[i:i + STREAM_ROWS] for i in range(0, len(texts), STREAM_ROWS)))
+    source = ChunkedInput(manifest.rows, texts)  # `texts` walks the corpus's non-blank strings, chunk by chunk
     with atomic_output_dir(opts.output, overwrite=opts.overwrite, kind="index") as tmp:
         encode_to_npy(encode, source, manifest.dim, Path(tmp) / "vectors.npy", show_progress=opts.show_progress,
                       what="--corpus", target=Path(opts.output) / "vectors.npy")
-        write_index(Path(tmp), texts, ids, manifest, nprobe=opts.nprobe)
+        write_index(Path(tmp), (text for chunk in texts() for text in chunk), ids, manifest, nprobe=opts.nprobe)
