@@ -17,6 +17,7 @@ import random
 import string
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from mirrorbert.errors import UserError
 from mirrorbert.data.hf_datasets import is_hub_dataset, is_table, iter_hub_column, read_table_column
@@ -30,7 +31,9 @@ JSONL_SUFFIXES = {".jsonl", ".ndjson"}
 
 @dataclass
 class TrainingStrings:
-    strings: list[str]
+    # the strings; once a run has built its token store, a read-only sequence over the store's copy
+    # (`data.token_store.StoreStrings`), so a run does not keep a Python list of every string alive
+    strings: Sequence[str]
     source: str
     n_read: int
     n_blank: int
