@@ -130,3 +130,35 @@ def test_the_cache_lives_under_mirrorbert_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("MIRRORBERT_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert token_store.token_cache_dir() == tmp_path / "xdg" / "mirrorbert" / "tokens"
+
+
+def test_a_slow_tokenizer_and_a_backend_that_disagrees_give_the_tokenizers_own_ids(tiny_bert, corpus, tmp_path):
+    fast = AutoTokenizer.from_pretrained(tiny_bert)
+    slow = AutoTokenizer.from_pretrained(tiny_bert, use_fast=False)
+    expected = tokenize_once(fast, corpus, 8)
+    assert _open(corpus, slow, tmp_path / "slow", max_length=8).token_ids(range(len(corpus))) == expected
+
+    class Skewed:  # a backend whose fast batch call gives other ids: the check against the tokenizer's call
+        def __init__(self, backend):
+            self.backend = backend
+
+        def __getattr__(self, name):
+            return getattr(self.backend, name)
+
+        def encode_batch_fast(self, texts, add_special_tokens=True):
+            return [type("E", (), {"ids": e.ids[:1]})() for e in self.backend.encode_batch(texts)]
+
+    class Proxy:
+        def __init__(self, tok):
+            self.tok = tok
+
+        def __getattr__(self, name):
+            return Skewed(self.tok.backend_tokenizer) if name == "backend_tokenizer" else getattr(self.tok, name)
+
+        def __call__(self, *args, **kwargs):
+            return self.tok(*args, **kwargs)
+
+        def __len__(self):
+            return len(self.tok)
+
+    assert token_store._encode(Proxy(fast), list(corpus), 8) == expected

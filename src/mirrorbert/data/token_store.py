@@ -35,6 +35,7 @@ reason, and the strings are tokenised again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -62,6 +63,7 @@ OPTION = "MIRRORBERT_CACHE"  # what a cache error names: the variable that moves
 FILES: dict[str, np.dtype] = {"ids": np.dtype(np.int32), "ids_offsets": np.dtype(np.int64),
                               "text": np.dtype(np.uint8), "text_offsets": np.dtype(np.int64)}
 EXAMPLE_CHARS = 40
+CHECKED = 32  # strings of each chunk also tokenised through the tokenizer's own call, as a check
 
 
 # --------------------------------------------------------------------------- where, and under which key
@@ -283,18 +285,37 @@ def _cached(root: Path, key: str, vocab_size: int, quiet: bool = False) -> Token
 def _write_store(out: Path, chunks: Iterable[Sequence[str]], tokenizer, max_length: int) -> dict[str, Any]:
     """One pass: each chunk tokenised in one call and appended to the four files; returns the counts."""
     special = special_ids(tokenizer)
+    stack = contextlib.ExitStack()
     meta: dict[str, Any] = {"strings": 0, "tokens": 0, "text_bytes": 0, "read": 0, "dropped": 0,
                             "dropped_example": None, "max_chars": 0, "max_real_tokens": 0}
     handles = {stem: open(out / f"{stem}.bin", "wb") for stem in FILES}
     try:
+        stack.enter_context(_tokenizer_threads())
         np.zeros(1, dtype=np.int64).tofile(handles["ids_offsets"])
         np.zeros(1, dtype=np.int64).tofile(handles["text_offsets"])
         for chunk in chunks:
             _append_chunk(handles, list(chunk), tokenizer, max_length, special, meta)
     finally:
+        stack.close()
         for fh in handles.values():
             fh.close()
     return meta
+
+
+@contextlib.contextmanager
+def _tokenizer_threads() -> Iterator[None]:
+    """The fast tokenizer on every core for the pass (its own threads; `TOKENIZERS_PARALLELISM`, which the
+    command line sets to false against fork warnings, is read at each call), the setting put back after.
+    Nothing forks during the pass, and nothing after it forks a process that tokenises."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
 def _append_chunk(handles, chunk: list[str], tokenizer, max_length: int, special: np.ndarray,
@@ -302,8 +323,7 @@ def _append_chunk(handles, chunk: list[str], tokenizer, max_length: int, special
     """Tokenise one chunk, drop its strings without real tokens, append ids, text and both offsets."""
     if not chunk:
         return
-    encoded = tokenizer(chunk, add_special_tokens=True, truncation=True, max_length=max_length,
-                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+    encoded = _encode(tokenizer, chunk, max_length)
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int64, count=int(lengths.sum()))
     ends = np.cumsum(lengths)
@@ -330,6 +350,45 @@ def _append_chunk(handles, chunk: list[str], tokenizer, max_length: int, special
     meta["text_bytes"] += int(text_lengths.sum())
     meta["max_chars"] = max(meta["max_chars"], max(map(len, chunk)))
     meta["max_real_tokens"] = max(meta["max_real_tokens"], int(real[keep].max()))
+
+
+def _encode(tokenizer, chunk: list[str], max_length: int) -> list[list[int]]:
+    """`tokenizer(chunk, add_special_tokens=True, truncation=True, max_length=L)["input_ids"]`, through the fast
+    backend's `encode_batch_fast` (no offsets computed: about twice the speed) where the tokenizer has one.
+
+    The backend is called as transformers' own fast path calls it (longest-first truncation on the
+    tokenizer's side, no padding), with the backend's settings put back afterwards; the first strings of each
+    chunk are checked against the tokenizer's own call, and any difference sends the chunk that way.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    encode = getattr(backend, "encode_batch_fast", None) if getattr(tokenizer, "is_fast", False) else None
+    reference = lambda texts: tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length,
+                                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+    if encode is None:
+        return reference(chunk)
+    checked = reference(chunk[:CHECKED])
+    truncation, padding = backend.truncation, backend.padding
+    try:
+        backend.enable_truncation(max_length, strategy="longest_first",
+                                  direction=getattr(tokenizer, "truncation_side", "right"))
+        backend.no_padding()
+        ids = [e.ids for e in encode(chunk, add_special_tokens=True)]
+    finally:
+        _restore(backend, truncation, padding)
+    return ids if ids[:CHECKED] == checked else reference(chunk)
+
+
+def _restore(backend, truncation, padding) -> None:
+    if truncation is None:
+        backend.no_truncation()
+    else:
+        backend.enable_truncation(**truncation)
+    if padding is None:
+        backend.no_padding()
+    else:
+        padding = dict(padding)
+        padding["length"] = padding.pop("length", None)
+        backend.enable_padding(**padding)
 
 
 # --------------------------------------------------------------------------- checks on read-back
