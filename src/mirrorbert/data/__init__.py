@@ -1,6 +1,7 @@
 """Data in: training strings from text, CSV/TSV, JSONL and Hugging Face tables, and the WordNet files GR-BERT reads.
 
-Modules: `strings` (read, clean, deduplicate, fingerprint training strings), `tabular` (Parquet, Arrow, saved
+Modules: `strings` (read, clean, deduplicate, fingerprint training strings), `token_store` (the strings' token
+ids as flat memory-mapped arrays, built in one streaming pass and cached by content and tokenizer), `tabular` (Parquet, Arrow, saved
 datasets, `hf:` Hub datasets, a column at a time), `wordnet` (WordNet's own data files, read without nltk).
 """
 
