@@ -118,10 +118,10 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="train-scale-") as tmp:
         work = Path(tmp)
         model = build_model(data_dir, work / "model")
-        for n in (int(s) for s in args.sizes.split(",")):
+        for number, n in enumerate(int(s) for s in args.sizes.split(",")):
             data = work / f"strings-{n}.txt"
             write_strings(data_dir, n, data)
-            cache = work / f"cache-{n}"
+            cache = work / f"cache-{number}"  # each N from an empty cache, also when the list repeats it
             for kind in ("cold", "warm") if args.warm else ("cold",):
                 run = run_train(model, data, work / f"out-{n}", cache, args.steps, args.batch_size)
                 report["runs"].append({"strings": n, "cache": kind, **run})
