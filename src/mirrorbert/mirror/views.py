@@ -98,7 +98,7 @@ def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], gener
     """Replace k consecutive non-special tokens by the mask token; start uniform over valid starts.
 
     `starts`: `valid_span_starts(ids, k, special)` when the caller has it already (it does not depend on
-    the draw, so `SecondViews` computes it once per run rather than once per epoch).
+    the draw). `SecondViews` draws per string from (seed, epoch, index) instead of a generator.
     """
     starts = valid_span_starts(ids, k, special) if starts is None else starts
     out = list(ids)
