@@ -8,6 +8,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "MIRRORBERT_CACHE" not in os.environ:  # token stores and MLM corpora of the tests: never the user's ~/.cache
+    import atexit
+    import shutil
+    import tempfile
+
+    _CACHE = tempfile.mkdtemp(prefix="mirrorbert-test-cache-")
+    os.environ["MIRRORBERT_CACHE"] = _CACHE
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 from tiny_models import CORPUS, make_tiny_bert, make_tiny_roberta  # noqa: E402
 

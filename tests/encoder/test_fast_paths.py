@@ -73,18 +73,27 @@ def test_fused_adamw_with_clipping_via_backward_and_step():
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_token_span_masking_draws_the_same_views_as_masked_views(tiny_bert, corpus):
+def test_token_span_masking_per_batch_draws_what_mask_span_draws(tiny_bert, corpus):
+    """The batch path (`SecondViews.views_for`) against the one-string reference `mask_span` at the same draw."""
     from transformers import AutoTokenizer
 
-    from mirrorbert.mirror.views import SecondViews, masked_views, special_token_ids, tokenize_once
+    from mirrorbert.mirror.views import (
+        STREAM_MASK, SecondViews, mask_span, special_token_ids, tokenize_once, valid_span_starts,
+    )
+    from mirrorbert.runtime.randomness import index_uniforms, uniform_choice
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
     strings = corpus + ["a b", "x"]  # too short for a span: left unmasked
     ids = tokenize_once(tokenizer, strings, 12)
-    views = SecondViews(tokenizer, strings, ids, "token", 2, 0, 12)
+    views = SecondViews.from_lists(tokenizer, strings, ids, "token", 2, 0, 12)
     special = special_token_ids(tokenizer)
+
     for epoch in range(3):
-        drawn = views.draw(torch.Generator().manual_seed(epoch))
-        expected = masked_views(ids, 2, tokenizer.mask_token_id, special, torch.Generator().manual_seed(epoch))
+        drawn = views.views_for(range(len(ids)), 7, epoch)
+        expected = []
+        for i, u in enumerate(index_uniforms(7, (STREAM_MASK, epoch), range(len(ids)))):
+            starts = valid_span_starts(ids[i], 2, special)
+            chosen = [starts[uniform_choice(float(u), len(starts))]] if starts else []  # the string's own draw
+            expected.append(mask_span(ids[i], 2, tokenizer.mask_token_id, special, torch.Generator(), chosen))
         assert drawn == expected
         assert drawn[-1] == ids[-1] and drawn != ids

@@ -8,10 +8,12 @@ from transformers import AutoTokenizer
 
 from mirrorbert.mirror.config import TrainConfig, resolve_config
 from mirrorbert.data.strings import load_training_strings
-from mirrorbert.runtime.randomness import derived_generator
-from mirrorbert.mirror.step import STREAM_MASK
+from mirrorbert.runtime.randomness import derived_generator, index_uniforms
+from mirrorbert.mirror.step import STREAM_MASK, _Plan
 from mirrorbert.mirror.train import train
-from mirrorbert.mirror.views import SecondViews, char_span_starts, mask_chars, special_token_ids, tokenize_once
+from mirrorbert.mirror.views import (
+    SecondViews, char_span_starts, char_starts_from_draws, mask_chars, special_token_ids, tokenize_once,
+)
 
 LONG = [
     "a man is playing a guitar on the stage tonight",
@@ -29,8 +31,8 @@ def test_one_mask_token_of_the_models_own_tokenizer_at_the_drawn_span(request, w
     assert tok.mask_token == mask_text
     strings = list(corpus) + LONG
     ids = tokenize_once(tok, strings, 50)
-    views = SecondViews(tok, strings, ids, "char", k, 30, 50).draw(derived_generator(3, STREAM_MASK, 0))
-    starts = char_span_starts(strings, k, 30, derived_generator(3, STREAM_MASK, 0))  # the same draw
+    views = SecondViews.from_lists(tok, strings, ids, "char", k, 30, 50).views_for(range(len(strings)), 3, 0)
+    starts = char_starts_from_draws(strings, k, 30, index_uniforms(3, (STREAM_MASK, 0), range(len(strings))))
     assert sum(s is not None for s in starts) >= 5
     for text, original, view, start in zip(strings, ids, views, starts):
         if start is None:
@@ -63,22 +65,26 @@ def test_span_start_is_uniform_over_all_valid_starts():
 
     text, k, per_start = "0123456789" * 4, 5, 300
     n_starts = len(text) - k + 1
-    draws = char_span_starts([text] * (n_starts * per_start), k, 30, derived_generator(11, STREAM_MASK, 0))
-    counts = Counter(draws)
-    assert set(counts) == set(range(n_starts))  # the last start (len - k) included, nothing beyond it
-    statistic = sum((counts[s] - per_start) ** 2 / per_start for s in range(n_starts))
-    assert statistic < chi2.ppf(0.999, n_starts - 1)
+    n = n_starts * per_start
+    per_generator = char_span_starts([text] * n, k, 30, derived_generator(11, STREAM_MASK, 0))  # the ST collator's
+    per_index = char_starts_from_draws([text] * n, k, 30, index_uniforms(11, (STREAM_MASK, 0), range(n)))  # train's
+    for draws in (per_generator, per_index):
+        counts = Counter(draws)
+        assert set(counts) == set(range(n_starts))  # the last start (len - k) included, nothing beyond it
+        statistic = sum((counts[s] - per_start) ** 2 / per_start for s in range(n_starts))
+        assert statistic < chi2.ppf(0.999, n_starts - 1)
 
 
-def test_token_unit_is_unchanged_and_reports_k_per_masked_string(tiny_bert, corpus):
-    from mirrorbert.mirror.views import masked_views
-
+def test_token_unit_masks_k_real_tokens_and_reports_k_per_masked_string(tiny_bert, corpus):
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     ids = tokenize_once(tok, corpus, 50)
-    views = SecondViews(tok, corpus, ids, "token", 2, 30, 50)
-    drawn = views.draw(derived_generator(5, STREAM_MASK, 0))
+    views = SecondViews.from_lists(tok, corpus, ids, "token", 2, 30, 50)
+    drawn = views.views_for(range(len(corpus)), 5, 0)
     special = special_token_ids(tok)
-    assert drawn == masked_views(ids, 2, tok.mask_token_id, special, derived_generator(5, STREAM_MASK, 0))
+    for view, original in zip(drawn, ids):  # k consecutive real tokens became mask tokens, nothing else changed
+        changed = [p for p, (a, b) in enumerate(zip(view, original)) if a != b]
+        assert len(view) == len(original) and len(changed) == 2 and changed[1] == changed[0] + 1
+        assert all(view[p] == tok.mask_token_id and original[p] not in special for p in changed)
     masked = sum(v != o for v, o in zip(drawn, ids))
     real = sum(t not in special for row in ids for t in row)
     assert views.stats.shares() == {"masked_token_share": round(2 * masked / real, 6),
@@ -89,9 +95,9 @@ def test_char_unit_counts_the_original_tokens_the_span_overlaps(tiny_bert):
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     text = "the cat sat on the mat and the dog ran in the park"
     ids = tokenize_once(tok, [text, "dog"], 50)
-    views = SecondViews(tok, [text, "dog"], ids, "char", 5, 30, 50)
-    views.draw(derived_generator(0, STREAM_MASK, 0))
-    start = char_span_starts([text, "dog"], 5, 30, derived_generator(0, STREAM_MASK, 0))[0]
+    views = SecondViews.from_lists(tok, [text, "dog"], ids, "char", 5, 30, 50)
+    views.views_for([0, 1], 0, 0)
+    start = char_starts_from_draws([text, "dog"], 5, 30, index_uniforms(0, (STREAM_MASK, 0), [0, 1]))[0]
     offsets = tok(text, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]
     expected = sum(1 for a, b in offsets if a < start + 5 and b > start)
     real = len(ids[0]) - 2 + len(ids[1]) - 2
@@ -105,8 +111,9 @@ def test_sentence_preset_hides_what_the_authors_procedure_hides(shared_data):
     strings = load_training_strings(data=str(shared_data / "corpora" / "stsbenchmark_train_10k_sents_random_sampled.txt"))
     tok = AutoTokenizer.from_pretrained(shared_data / "tokenizers" / "bert-base-uncased")
     ids = tokenize_once(tok, strings.strings, cfg.max_length)
-    views = SecondViews(tok, strings.strings, ids, cfg.mask_unit, cfg.mask_span, cfg.mask_min_chars, cfg.max_length)
-    drawn = views.draw(derived_generator(cfg.seed, STREAM_MASK, 0))
+    views = SecondViews.from_lists(tok, strings.strings, ids, cfg.mask_unit, cfg.mask_span, cfg.mask_min_chars,
+                                   cfg.max_length)
+    drawn = views.views_for(range(len(ids)), cfg.seed, 0)
     shares = views.stats.shares()
     assert 0.10 <= shares["masked_token_share"] <= 0.16, shares
     assert 0.80 <= shares["masked_string_share"] <= 0.92, shares
@@ -122,9 +129,11 @@ def test_train_writes_the_masking_shares_of_every_epoch(tiny_bert, corpus, tmp_p
     meta = json.loads((tmp_path / "out" / "mirrorbert.json").read_text())["training"]
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     strings = load_training_strings(data=str(data)).strings
-    expected = SecondViews(tok, strings, tokenize_once(tok, strings, 16), "char", 3, 30, 16)
-    for epoch in range(2):
-        expected.draw(derived_generator(4, STREAM_MASK, epoch))
+    expected = SecondViews.from_lists(tok, strings, tokenize_once(tok, strings, 16), "char", 3, 30, 16)
+    plan = _Plan(len(strings), 6, 0, 4)
+    for epoch in range(2):  # the shares of the batches trained (a trailing single string is never trained)
+        for batch in plan.epoch_batches(epoch):
+            expected.views_for(batch, 4, epoch)
     assert result.info["masked_token_share"] == meta["masked_token_share"] == expected.stats.shares()["masked_token_share"]
     assert meta["masked_string_share"] == expected.stats.shares()["masked_string_share"]
     assert 0 < meta["masked_token_share"] < 1 and 0 < meta["masked_string_share"] < 1

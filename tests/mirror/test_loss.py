@@ -132,7 +132,6 @@ def test_training_with_ms_loss_lowers_it(tiny_bert, corpus, tmp_path):
     """A short run on a tiny BERT: the multi-similarity loss of fixed views falls (eval mode, no dropout)."""
     from mirrorbert.mirror.config import TrainConfig
     from mirrorbert.encoder.model import Encoder
-    from mirrorbert.runtime.randomness import derived_generator
     from mirrorbert.mirror.train import train
     from mirrorbert.mirror.views import SecondViews, tokenize_once
 
@@ -143,7 +142,7 @@ def test_training_with_ms_loss_lowers_it(tiny_bert, corpus, tmp_path):
         enc = Encoder.load(str(model), pooling="mean", device="cpu")  # CLS of a random tiny BERT is ~constant
         enc.eval()
         ids = tokenize_once(enc.tokenizer, corpus, 16)
-        second = SecondViews(enc.tokenizer, corpus, ids, "char", 3, 20, 16).draw(derived_generator(0, 2, 0))
+        second = SecondViews.from_lists(enc.tokenizer, corpus, ids, "char", 3, 20, 16).views_for(range(len(ids)), 0, 0)
         with torch.no_grad():
             return mirror_multi_similarity(enc.embed(ids + second)).item()
 

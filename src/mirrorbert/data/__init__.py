@@ -1,8 +1,9 @@
 """Data in: training strings from text, CSV/TSV, JSONL and Hugging Face tables, and the WordNet files GR-BERT reads.
 
 Modules: `readers` (text, CSV/TSV and JSONL as a stream of records with their ids), `strings` (read, clean,
-deduplicate, fingerprint training strings), `hf_datasets` (Parquet, Arrow, saved datasets, `hf:` Hub datasets,
-a column at a time), `wordnet` (WordNet's own data files, read without nltk).
+deduplicate, fingerprint training strings), `token_store` (the strings' token ids as flat memory-mapped arrays,
+built in one streaming pass and cached by content and tokenizer), `hf_datasets` (Parquet, Arrow, saved datasets,
+`hf:` Hub datasets, a column at a time), `wordnet` (WordNet's own data files, read without nltk).
 """
 
 

@@ -13,6 +13,7 @@ import random
 import string
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from mirrorbert.errors import UserError
 from mirrorbert.data.readers import check_text_file, iter_records, read_errors, split_lines
@@ -25,7 +26,9 @@ TEXT_SUFFIXES = {".txt", ".text", ""}
 
 @dataclass
 class TrainingStrings:
-    strings: list[str]
+    # the strings; once a run has built its token store, a read-only sequence over the store's copy
+    # (`data.token_store.StoreStrings`), so a run does not keep a Python list of every string alive
+    strings: Sequence[str]
     source: str
     n_read: int
     n_blank: int

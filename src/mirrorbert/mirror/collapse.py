@@ -65,7 +65,10 @@ def collapse_advice(lr: float | None, parameters: int | None, pooling: str | Non
 def check_collapse(encoder, strings: Sequence[str], first_loss: float | None, last_loss: float | None,
                    steps: int, seed: int = 0, lr: float | None = None, pooling: str | None = None) -> dict[str, Any]:
     """Measure, warn in one line when collapsed or stuck, and return what to record."""
-    sample = list(strings) if len(strings) <= SAMPLE else random.Random(seed).sample(list(strings), SAMPLE)
+    # indices, not the strings: `strings` may be the token store's (a million strings, decoded on access);
+    # random.sample picks the same positions from range(n) as from a list of n
+    picks = range(len(strings)) if len(strings) <= SAMPLE else random.Random(seed).sample(range(len(strings)), SAMPLE)
+    sample = [strings[i] for i in picks]
     report: dict[str, Any] = {"sample": len(sample), "threshold": COLLAPSE_COSINE}
     if len(sample) >= 2:
         report["mean_pairwise_cosine"] = round(mean_pairwise_cosine(encoder.encode(sample)), 6)

@@ -1,7 +1,9 @@
 """The Mirror-BERT step: a batch's two views, embedded with dropout on, InfoNCE over the pair, one update.
 
-`MirrorMethod` is what `mirror.train` hands the training engine: the epoch's batches (a seeded order and
-second views drawn per epoch) and `train_step`; the engine owns the loop, checkpoints and preemption.
+`MirrorMethod` is what `mirror.train` hands the training engine: the epoch's batches (index lists in a seeded
+order) and `train_step`, which reads the batch's token ids from the store and makes its second views (each a
+function of seed, epoch and string only, `mirror.views.SecondViews`); the engine owns the loop, checkpoints
+and preemption.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from mirrorbert.encoder.model import Encoder
 from mirrorbert.mirror.config import TrainConfig
 from mirrorbert.mirror.loss import build_loss, mirror_infonce
-from mirrorbert.mirror.views import SecondViews
+from mirrorbert.mirror.views import STREAM_MASK, STREAM_ORDER, SecondViews  # noqa: F401  (STREAM_MASK: callers)
 from mirrorbert.reporting.metrics import MetricLogger
 from mirrorbert.reporting.timing import PhaseTimer
 from mirrorbert.runtime.device import autocast, make_grad_scaler
@@ -26,9 +28,6 @@ from mirrorbert.training.gradcache import cached_embeddings
 from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
-
-# Random streams derived from the seed, one per purpose, so that resuming can regenerate them.
-STREAM_ORDER, STREAM_MASK = 1, 2
 
 
 @dataclass
@@ -45,9 +44,18 @@ class _Plan:
         # A trailing batch of one string has no negatives, so it is dropped.
         return self.n // self.batch_size + (1 if self.n % self.batch_size >= 2 else 0)
 
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """The epoch's permutation of the strings (an int64 tensor: 8 bytes a string, no Python list of them)."""
+        return torch.randperm(self.n, generator=derived_generator(self.seed, STREAM_ORDER, epoch))
+
+    def iter_batches(self, epoch: int, first: int = 0):
+        """The epoch's batches from batch `first` on, each a list of string indices, made one at a time."""
+        order = self.epoch_order(epoch)
+        for b in range(first, self.batches_per_epoch):
+            yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+
     def epoch_batches(self, epoch: int) -> list[list[int]]:
-        order = torch.randperm(self.n, generator=derived_generator(self.seed, STREAM_ORDER, epoch)).tolist()
-        return [order[i:i + self.batch_size] for i in range(0, self.n, self.batch_size)][: self.batches_per_epoch]
+        return list(self.iter_batches(epoch))
 
 
 def planned_steps(cfg: TrainConfig, n_strings: int) -> int:
@@ -95,10 +103,11 @@ def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list
 class MirrorMethod:
     """Mirror-BERT for the engine: batches of the epoch's order, two views each, InfoNCE over the pair."""
 
-    def __init__(self, cfg: TrainConfig, encoder: Encoder, token_ids: list[list[int]], views: SecondViews,
-                 plan: _Plan, dist_ctx, device: torch.device, precision: str, fingerprint: str, timer: PhaseTimer):
+    def __init__(self, cfg: TrainConfig, encoder: Encoder, views: SecondViews, plan: _Plan, dist_ctx,
+                 device: torch.device, precision: str, fingerprint: str, timer: PhaseTimer):
         self.timer = timer  # wall time per phase (reporting/timing.py): span masking is its own phase
-        self.cfg, self.encoder, self.token_ids, self.views, self.plan = cfg, encoder, token_ids, views, plan
+        self.cfg, self.encoder, self.views, self.plan = cfg, encoder, views, plan
+        self.store = views.store  # the token ids (data/token_store.py), read a batch at a time
         self.dist, self.device, self.precision, self.fingerprint = dist_ctx, device, precision, fingerprint
         self.pad_id = encoder.tokenizer.pad_token_id if encoder.tokenizer.pad_token_id is not None else 0
         self.loss_fn = build_loss(cfg.loss, cfg.temperature)
@@ -115,18 +124,24 @@ class MirrorMethod:
         self.step_log: list[tuple[float, int, int]] = []
 
     def batches(self):
+        """(string indices, epoch) per batch; `self.epoch`/`next_batch` (set on resume) say where to start."""
         while True:  # the engine stops at the budget
-            order = self.plan.epoch_batches(self.epoch)
-            with self.timer.phase("mask"):
-                second = self.views.draw(derived_generator(self.cfg.seed, STREAM_MASK, self.epoch))
-            for index in order[self.next_batch:]:
-                yield index, second
+            epoch = self.epoch
+            for index in self.plan.iter_batches(epoch, self.next_batch):
+                yield index, epoch
+
+    def batch_views(self, index: list[int], epoch: int) -> tuple[list[list[int]], list[list[int]]]:
+        """Both views of the global batch (every process makes all, so the masking shares are the batch's)."""
+        first = self.store.token_ids(index)
+        with self.timer.phase("mask"):
+            return first, self.views.views_for(index, self.cfg.seed, epoch, first)
 
     def train_step(self, batch, engine) -> dict[str, str]:
-        index, second_views = batch  # the global batch; this process embeds its shard
-        started, local = time.perf_counter(), self.dist.shard(index)
+        index, epoch = batch  # the global batch; this process embeds its shard
+        started = time.perf_counter()
+        first, second = self.batch_views(index, epoch)
         self.dist.seed_step(self.cfg.seed, engine.step)
-        loss = mirror_step_loss(self.encoder, [self.token_ids[i] for i in local], [second_views[i] for i in local],
+        loss = mirror_step_loss(self.encoder, self.dist.shard(first), self.dist.shard(second),
                                 self.pad_id, self.cfg.temperature, self.cfg.controlled_dropout, self.device,
                                 self.precision, self.loss_fn, lambda rows: self.dist.gather_views(rows, len(index)),
                                 self.cfg.grad_cache_chunk)
@@ -136,7 +151,7 @@ class MirrorMethod:
         self.epoch_losses.append(self.loss_value)
         if self.first_loss is None:
             self.first_loss = self.loss_value
-        tokens = sum(len(self.token_ids[i]) + len(second_views[i]) for i in index)
+        tokens = sum(len(a) + len(b) for a, b in zip(first, second))
         self.seen_strings, self.seen_tokens = self.seen_strings + len(index), self.seen_tokens + tokens
         self.step_log.append((time.perf_counter() - started, len(index), tokens))
         self.next_batch += 1

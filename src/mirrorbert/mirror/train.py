@@ -15,6 +15,7 @@ import torch
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.data.strings import TrainingStrings, strings_for_config
+from mirrorbert.data.token_store import StoreStrings, TokenStore, chunked, open_token_store, store_key
 from mirrorbert.encoder.dropout import DropHead, dropout_overrides
 from mirrorbert.encoder.model import Encoder
 from mirrorbert.encoder.packing import packing_flag
@@ -23,7 +24,7 @@ from mirrorbert.mirror.collapse import check_collapse
 from mirrorbert.mirror.config import TrainConfig, resolve_pooling
 from mirrorbert.mirror.eval_after import check_eval_after, evaluate_after_training
 from mirrorbert.mirror.step import MirrorMethod, _Plan, embed_views, planned_steps
-from mirrorbert.mirror.views import SecondViews, drop_tokenless, tokenize_once
+from mirrorbert.mirror.views import SecondViews, note_tokenless
 from mirrorbert.reporting.metrics import library_versions
 from mirrorbert.reporting.timing import PhaseTimer
 from mirrorbert.runtime.device import (
@@ -122,17 +123,18 @@ def _train_on(cfg: TrainConfig, strings: TrainingStrings | None, eval_tasks, dis
         if resume.meta.get("data_sha256") not in (None, strings.fingerprint):
             raise UserError(f"--resume {resume.path}: the training data differ from the run that wrote this checkpoint")
         check_resume_step(resume.path, int(resume.meta.get("step", 0)), planned_steps(cfg, len(strings.strings)))
-    encoder, token_ids, views, pooling, drophead = _build_encoder(cfg, strings, resume, device, timer)
+    encoder, views, pooling, drophead = _build_encoder(cfg, strings, resume, device, timer, dist_ctx)
+    n_strings = len(views.store)
     with timer.phase("compile"):
         compiled = cfg.compile and compile_model(
-            encoder.model, warm_up=lambda: _compile_warm_up(encoder, token_ids[:2], device, precision))
-    batch_size = min(cfg.batch_size, len(token_ids))
+            encoder.model, warm_up=lambda: _compile_warm_up(encoder, views.store.token_ids([0, 1]), device, precision))
+    batch_size = min(cfg.batch_size, n_strings)
     if batch_size < cfg.batch_size:
         logger.warning("--batch-size %d is larger than the data (%d strings): using %d", cfg.batch_size,
-                       len(token_ids), batch_size)
-    plan = _Plan(len(token_ids), batch_size, 0, cfg.seed)
+                       n_strings, batch_size)
+    plan = _Plan(n_strings, batch_size, 0, cfg.seed)
     plan.total_steps = cfg.steps or cfg.epochs * plan.batches_per_epoch
-    method = MirrorMethod(cfg, encoder, token_ids, views, plan, dist_ctx, device, precision, strings.fingerprint, timer)
+    method = MirrorMethod(cfg, encoder, views, plan, dist_ctx, device, precision, strings.fingerprint, timer)
     engine = Engine(method, total_steps=plan.total_steps, dist=dist_ctx, save_every=cfg.save_every,
                     checkpoints=CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints),
                     checkpointing=cfg.save_every > 0 or cfg.checkpoint_dir is not None or resume is not None,
@@ -186,8 +188,9 @@ def _finish(cfg, method, strings, pooling, batch_size, outcome, wall, compiled, 
                        step_log=method.step_log)
 
 
-def _build_encoder(cfg: TrainConfig, strings: TrainingStrings, resume, device: torch.device, timer: PhaseTimer):
-    """The encoder to train (from the checkpoint when resuming), its token ids and the second-view masker."""
+def _build_encoder(cfg: TrainConfig, strings: TrainingStrings, resume, device: torch.device, timer: PhaseTimer,
+                   dist_ctx=None):
+    """The encoder to train (from the checkpoint when resuming) and the second-view masker over the token store."""
     with timer.phase("load"):
         base_config = load_model_config(cfg.model, cfg)
         pooling = resolve_pooling(cfg.pooling, base_config.model_type)
@@ -198,14 +201,33 @@ def _build_encoder(cfg: TrainConfig, strings: TrainingStrings, resume, device: t
     encoder.train()
     drophead = DropHead(encoder.model, cfg.drophead) if cfg.drophead > 0 else None
     with timer.phase("tokenise"):
-        token_ids = tokenize_once(encoder.tokenizer, strings.strings, cfg.max_length)
-        token_ids = drop_tokenless(encoder.tokenizer, strings, token_ids)
-        views = SecondViews(encoder.tokenizer, strings.strings, token_ids, cfg.mask_unit, cfg.mask_span,
-                            cfg.mask_min_chars, cfg.max_length)
+        store = training_store(strings, encoder.tokenizer, cfg.max_length, dist_ctx)
+        views = SecondViews(encoder.tokenizer, store, cfg.mask_unit, cfg.mask_span, cfg.mask_min_chars,
+                            cfg.max_length)
     views.warn_if_never_applies()
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(encoder.model)
-    return encoder, token_ids, views, pooling, drophead
+    return encoder, views, pooling, drophead
+
+
+def training_store(strings: TrainingStrings, tokenizer, max_length: int, dist_ctx=None) -> TokenStore:
+    """The strings' token store (data/token_store.py: built once, cached by content and tokenizer), with the
+    strings that give no tokens reported; `strings.strings` then reads from the store, so the run keeps no
+    Python list of every string. Under several processes rank 0 builds it and the others open what it wrote."""
+    current = strings.strings
+    if isinstance(current, StoreStrings) and current.store.meta.get("key") == store_key(
+            strings.fingerprint, tokenizer, max_length):
+        return current.store  # the same object trained on before: its strings are the store already
+
+    def build() -> TokenStore:
+        return open_token_store(chunked(current), strings.fingerprint, tokenizer, max_length)
+
+    store = build() if dist_ctx is None else dist_ctx.on_main(build, None)
+    if store is None:  # another rank: rank 0 has written (and checked) it, this one opens it
+        store = build()
+    note_tokenless(strings, store.dropped, store.meta.get("dropped_example"), len(store))
+    strings.strings = store.strings
+    return store
 
 
 def _run_info(cfg: TrainConfig, method: MirrorMethod, strings: TrainingStrings, pooling: str, batch_size: int,

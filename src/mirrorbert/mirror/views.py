@@ -16,8 +16,12 @@ from typing import Sequence
 import torch
 
 from mirrorbert.errors import UserError
+from mirrorbert.runtime.randomness import index_uniforms, uniform_choice
 
 logger = logging.getLogger(__name__)
+
+# Random streams derived from the seed, one per purpose, so that resuming can regenerate them.
+STREAM_ORDER, STREAM_MASK = 1, 2
 
 # ----------------------------------------------------------------------------- tokenisation
 def tokenize_once(tokenizer, strings: Sequence[str], max_length: int) -> list[list[int]]:
@@ -43,6 +47,17 @@ def drop_tokenless(tokenizer, strings, token_ids: list[list[int]]) -> list[list[
         raise UserError(f"{strings.source}: needs at least 2 distinct strings that give tokens, found "
                         f"{len(strings.strings)}")
     return [ids for i, ids in enumerate(token_ids) if i not in dropped]
+
+
+def note_tokenless(strings, dropped: int, example: str | None, kept: int) -> None:
+    """The store's side of `drop_tokenless`: the same warning and count for the strings its build dropped
+    (`strings.n_blank` grows by them), and the same error when fewer than 2 strings are left."""
+    if dropped:
+        logger.warning("%s: %d string(s) give no tokens (only control or zero-width characters, e.g. %r) and are "
+                       "skipped", strings.source, dropped, example)
+        strings.n_blank += dropped
+    if kept < 2:
+        raise UserError(f"{strings.source}: needs at least 2 distinct strings that give tokens, found {kept}")
 
 
 def special_token_ids(tokenizer) -> set[int]:
@@ -83,7 +98,7 @@ def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], gener
     """Replace k consecutive non-special tokens by the mask token; start uniform over valid starts.
 
     `starts`: `valid_span_starts(ids, k, special)` when the caller has it already (it does not depend on
-    the draw, so `SecondViews` computes it once per run rather than once per epoch).
+    the draw). `SecondViews` draws per string from (seed, epoch, index) instead of a generator.
     """
     starts = valid_span_starts(ids, k, special) if starts is None else starts
     out = list(ids)
@@ -121,6 +136,13 @@ def char_span_starts(strings: Sequence[str], k: int, min_chars: int, generator: 
     return starts
 
 
+def char_starts_from_draws(texts: Sequence[str], k: int, min_chars: int, draws: Sequence[float]) -> list[int | None]:
+    """`char_span_starts` with one given uniform draw per string (`index_uniforms`) instead of a generator:
+    a string longer than both min_chars and k starts its span at draw * (len - k + 1), rounded down."""
+    return [uniform_choice(float(u), len(text) - k + 1) if k > 0 and len(text) > max(min_chars, k) else None
+            for text, u in zip(texts, draws)]
+
+
 def mask_chars(text: str, start: int, k: int, mask_token: str) -> str:
     """text[start:start+k] becomes one mask token, exactly there; nothing else changes (no added spaces)."""
     return text[:start] + mask_token + text[start + k:]
@@ -128,7 +150,7 @@ def mask_chars(text: str, start: int, k: int, mask_token: str) -> str:
 
 @dataclass
 class MaskingStats:
-    """What span masking did to the second views, summed over every epoch drawn."""
+    """What span masking did to the second views, summed over every batch they were made for."""
 
     strings: int = 0
     masked_strings: int = 0
@@ -151,71 +173,105 @@ class MaskingStats:
 
 
 class SecondViews:
-    """The second view x-bar of every string, drawn afresh each epoch by `draw(generator)`.
+    """The second view x-bar of a batch's strings, made when the batch is trained: `views_for(indices, seed, epoch)`.
 
-    unit "char" (the authors' procedure): a k-character span of the raw string becomes one mask token of
-    the model's own tokenizer, then the masked strings are tokenised (fast tokenizer, whole list at once,
-    same max_length). A masked string counts as many destroyed tokens as original tokens whose character
-    span (offset mapping) overlaps the masked characters.
-    unit "token" (our variant): k consecutive real tokens become k mask tokens (`masked_views`).
+    Which span string i hides in epoch e depends only on (seed, epoch, i): one uniform draw per string from
+    `index_uniforms(seed, (STREAM_MASK, epoch), [i])`, where i is the string's row in the training data (the
+    deduplicated strings, strings without tokens dropped: the rows the epoch's order permutes). Not on the batch
+    it falls in, its place there, the batch size or the number of processes; so no epoch is drawn up front, and a
+    resumed run makes the views the uninterrupted one made.
+
+    unit "char" (the authors' procedure): a string longer than both min_chars and k has a k-character span,
+    its start uniform over the len - k + 1 starts, replaced by one mask token of the model's own tokenizer; the
+    batch's masked strings are tokenised again (fast tokenizer, same max_length). A masked string counts as
+    many destroyed tokens as original tokens whose character span (offset mapping, computed for the batch's
+    masked strings only) overlaps the masked characters.
+    unit "token" (our variant): k consecutive real tokens become k mask tokens, the start uniform over the
+    valid starts (`valid_span_starts`); a string with k or fewer real tokens stays unmasked.
+    `stats` sums what masking did over every batch made.
     """
 
-    def __init__(self, tokenizer, strings: Sequence[str], token_ids: Sequence[Sequence[int]], unit: str, k: int,
-                 min_chars: int, max_length: int):
-        self.tokenizer, self.strings, self.token_ids = tokenizer, list(strings), token_ids
+    def __init__(self, tokenizer, store, unit: str, k: int, min_chars: int, max_length: int):
+        self.tokenizer, self.store = tokenizer, store  # store: data.token_store.TokenStore or ListStore
         self.unit, self.k, self.min_chars, self.max_length = unit, k, min_chars, max_length
         self.special = special_token_ids(tokenizer)
         self.mask_id = require_mask_token(tokenizer) if k > 0 else None
         self.stats = MaskingStats()
-        self.real_tokens = sum(sum(1 for t in ids if t not in self.special) for ids in token_ids)
-        self.token_offsets: list[list[tuple[int, int]]] = []
-        if k > 0 and unit == "char":
-            if not getattr(tokenizer, "is_fast", False):
-                raise UserError("--mask-unit char needs a fast tokenizer (offsets of tokens); use --mask-unit token")
-            encoded = tokenizer(self.strings, add_special_tokens=True, truncation=True, max_length=max_length,
-                                return_offsets_mapping=True)
-            self.token_offsets = [
-                [tuple(span) for tok, span in zip(ids, spans) if tok not in self.special]
-                for ids, spans in zip(encoded["input_ids"], encoded["offset_mapping"])
-            ]
-        elif k > 0:  # token mode: where a span may start (so which strings get masked) does not depend on the draw
-            self.token_starts = [valid_span_starts(ids, k, self.special) for ids in token_ids]
-            self.token_masked = sum(1 for starts in self.token_starts if starts)
+        if k > 0 and unit == "char" and not getattr(tokenizer, "is_fast", False):
+            raise UserError("--mask-unit char needs a fast tokenizer (offsets of tokens); use --mask-unit token")
+
+    @classmethod
+    def from_lists(cls, tokenizer, strings: Sequence[str], token_ids: Sequence[Sequence[int]], unit: str, k: int,
+                   min_chars: int, max_length: int) -> "SecondViews":
+        """Second views over strings and their ids held in lists (small data, tests, Python callers)."""
+        from mirrorbert.data.token_store import ListStore
+
+        return cls(tokenizer, ListStore(strings, token_ids, special_token_ids(tokenizer)), unit, k, min_chars,
+                   max_length)
 
     def warn_if_never_applies(self) -> bool:
         """A span that can apply to no string makes the run plain dropout: say so once, in the unit used."""
         if self.k <= 0:
             return False
         if self.unit == "token":
-            return warn_if_span_never_applies(self.token_ids, self.k, self.special)
-        if any(len(text) > max(self.min_chars, self.k) for text in self.strings):
+            if self.store.max_real_tokens > self.k:
+                return False
+            logger.warning("--mask-span %d never applies: no training string has more than %d real tokens, so no "
+                           "span is masked (use a smaller --mask-span, or 0)", self.k, self.k)
+            return True
+        if self.store.max_chars > max(self.min_chars, self.k):
             return False
         logger.warning("--mask-span %d (characters) never applies: no training string is longer than %d "
                        "characters (--mask-min-chars %d), so no span is masked", self.k,
                        max(self.min_chars, self.k), self.min_chars)
         return True
 
-    def draw(self, generator: torch.Generator) -> list[list[int]]:
+    def views_for(self, indices: Sequence[int], seed: int, epoch: int,
+                  first: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
+        """The second views of strings `indices` in `epoch` (`first`: their token ids, when read already)."""
+        first = self.store.token_ids(indices) if first is None else first
+        real = sum(sum(1 for t in ids if t not in self.special) for ids in first)
         if self.k <= 0:
-            self.stats.add(len(self.token_ids), 0, self.real_tokens, 0)
-            return [list(ids) for ids in self.token_ids]
+            self.stats.add(len(first), 0, real, 0)
+            return [list(ids) for ids in first]
+        draws = index_uniforms(seed, (STREAM_MASK, epoch), indices)
         if self.unit == "token":
-            self.stats.add(len(self.token_ids), self.token_masked, self.real_tokens, self.k * self.token_masked)
-            return [mask_span(ids, self.k, self.mask_id, self.special, generator, starts)
-                    for ids, starts in zip(self.token_ids, self.token_starts)]  # = masked_views(...)
-        starts = char_span_starts(self.strings, self.k, self.min_chars, generator)
-        masked_rows = [row for row, start in enumerate(starts) if start is not None]
-        masked_texts = [mask_chars(self.strings[row], starts[row], self.k, self.tokenizer.mask_token)
-                        for row in masked_rows]
-        views = [list(ids) for ids in self.token_ids]
-        if masked_texts:
-            for row, ids in zip(masked_rows, tokenize_once(self.tokenizer, masked_texts, self.max_length)):
-                views[row] = ids
+            views, masked = self._token_views(first, draws)
+            self.stats.add(len(first), masked, real, self.k * masked)
+            return views
+        views, hit_strings, destroyed = self._char_views(indices, first, draws)
+        self.stats.add(len(first), hit_strings, real, destroyed)
+        return views
+
+    def _token_views(self, first: Sequence[Sequence[int]], draws) -> tuple[list[list[int]], int]:
+        views, masked = [], 0
+        for ids, u in zip(first, draws):
+            view, starts = list(ids), valid_span_starts(ids, self.k, self.special)
+            if starts:
+                start = starts[uniform_choice(float(u), len(starts))]
+                view[start:start + self.k] = [self.mask_id] * self.k
+                masked += 1
+            views.append(view)
+        return views, masked
+
+    def _char_views(self, indices: Sequence[int], first: Sequence[Sequence[int]], draws):
+        """Mask characters, tokenise the masked strings again; count the original tokens the spans overlap."""
+        texts = self.store.texts(indices)
+        views = [list(ids) for ids in first]
+        all_starts = char_starts_from_draws(texts, self.k, self.min_chars, draws)
+        rows = [r for r, start in enumerate(all_starts) if start is not None]
+        if not rows:
+            return views, 0, 0
+        starts = [all_starts[r] for r in rows]
+        masked = [mask_chars(texts[r], start, self.k, self.tokenizer.mask_token) for r, start in zip(rows, starts)]
+        for r, ids in zip(rows, tokenize_once(self.tokenizer, masked, self.max_length)):
+            views[r] = ids
+        originals = self.tokenizer([texts[r] for r in rows], add_special_tokens=True, truncation=True,
+                                   max_length=self.max_length, return_offsets_mapping=True)
         destroyed, hit_strings = 0, 0
-        for row in masked_rows:
-            lo, hi = starts[row], starts[row] + self.k
-            hits = sum(1 for a, b in self.token_offsets[row] if a < hi and b > lo)
+        for start, ids, spans in zip(starts, originals["input_ids"], originals["offset_mapping"]):
+            hits = sum(1 for tok, (a, b) in zip(ids, spans)
+                       if tok not in self.special and a < start + self.k and b > start)
             destroyed += hits
             hit_strings += hits > 0  # a span beyond the truncated tokens leaves the view unmasked
-        self.stats.add(len(self.token_ids), hit_strings, self.real_tokens, destroyed)
-        return views
+        return views, hit_strings, destroyed

@@ -41,6 +41,7 @@ import torch
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.data.strings import check_utf8_file
+from mirrorbert.data.token_store import tokenizer_fingerprint  # noqa: F401  (here since the MLM cache)
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.writes import remove_tree, write_error, write_errors, write_failure
 
@@ -66,19 +67,6 @@ def special_ids(tokenizer) -> tuple[int, int, int]:
     if pad is None:
         pad = sep  # padded positions are masked out of attention and loss, so any id will do
     return int(start), int(sep), int(pad)
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A hash that changes whenever the tokenisation could change (vocab, normaliser, class)."""
-    h = hashlib.sha256(type(tokenizer).__name__.encode())
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        h.update(backend.to_str().encode("utf-8"))
-    else:
-        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode("utf-8"))  # key, not output
-    h.update(json.dumps([str(t) for t in tokenizer.all_special_tokens]).encode("utf-8"))  # key, not output
-    h.update(str(getattr(tokenizer, "do_lower_case", "")).encode())
-    return h.hexdigest()
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -265,15 +253,9 @@ def _content_sha256(path: Path) -> str:
 
 def _set_aside(root: Path) -> Path:
     """Rename a damaged cache folder (or whatever sits at its name) out of the way; nothing is deleted."""
-    import time
+    from mirrorbert.safeguards.readback import set_aside
 
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for n in range(1000):
-        aside = root.with_name(f"{root.name}.damaged-{stamp}" + (f"-{n}" if n else ""))
-        if not os.path.lexists(aside):
-            os.rename(root, aside)
-            return aside
-    raise UserError(f"--cache-dir {root.parent}: too many damaged caches set aside for {root.name}; remove them")
+    return set_aside(root, "--cache-dir")
 
 
 def cache_problem(root: Path, key: str, vocab_size: int) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +32,34 @@ def derived_generator(seed: int, *stream: int) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(int(mixed) & 0x7FFF_FFFF_FFFF_FFFF)
     return gen
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def index_uniforms(seed: int, stream: Sequence[int], indices: Sequence[int]) -> np.ndarray:
+    """One uniform float in [0, 1) per index, each a pure function of (seed, stream, index) alone.
+
+    Counter-based: the stream's key (SeedSequence of seed and stream, as `derived_generator`) is mixed with the
+    index by SplitMix64's finaliser, so a string's draw does not depend on which other indices are drawn with
+    it, in which order or how many (a batch, a shard of it, another batch size): drawing per batch replays the
+    draws of a whole epoch exactly, and a resumed run draws what the uninterrupted one drew. Vectorised: a
+    batch of 256 costs microseconds, where a torch.Generator per string costs about as much per string.
+    """
+    key = np.random.SeedSequence([seed, *stream]).generate_state(1, dtype=np.uint64)[0]
+    with np.errstate(over="ignore"):  # the mixing is arithmetic modulo 2**64
+        z = np.asarray(indices, dtype=np.uint64) * _GOLDEN ^ key
+        z = z + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _MIX1
+        z = (z ^ (z >> np.uint64(27))) * _MIX2
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def uniform_choice(u: float, n: int) -> int:
+    """The integer in [0, n) that the uniform draw u picks (u * n, rounded down, kept below n)."""
+    return min(int(u * n), n - 1)
 
 
 def rng_state() -> dict[str, Any]:

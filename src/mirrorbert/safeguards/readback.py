@@ -85,7 +85,21 @@ def parse_json(raw: bytes, what: str, path: Path) -> Any:
         raise UserError(f"{what} {path}: damaged (not valid JSON: {reason})") from None
 
 
-__all__ = ["MAX_JSON_DEPTH", "json_depth_ok", "open_regular", "parse_json", "read_regular_bytes"]
+def set_aside(root: Path, option: str = "--cache-dir") -> Path:
+    """Rename a damaged cache (or whatever sits at its name) out of the way, to `<name>.damaged-<time>`: a cache
+    read back as untrusted is never used when it fails a check, and never deleted either (it may be evidence)."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        aside = root.with_name(f"{root.name}.damaged-{stamp}" + (f"-{n}" if n else ""))
+        if not os.path.lexists(aside):
+            os.rename(root, aside)
+            return aside
+    raise UserError(f"{option} {root.parent}: too many damaged caches set aside for {root.name}; remove them")
+
+
+__all__ = ["MAX_JSON_DEPTH", "json_depth_ok", "open_regular", "parse_json", "read_regular_bytes", "set_aside"]
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22, what: str = "--corpus") -> str:
