@@ -153,7 +153,7 @@ def run_train(args) -> int:
             .append_folder("--log-dir", cfg.log_dir).check()
         check_outputs_avoid({"--config": args.config_file}, ("--checkpoint-dir", cfg.resolved_checkpoint_dir()))
     with pending_phase("data"):  # the trainer's phase timings take this over
-        strings = strings_for_config(cfg)  # data mistakes surface before torch is even imported
+        strings = strings_for_config(cfg, stream=True)  # data mistakes surface before torch is even imported
     with pending_phase("import"):  # torch and the trainer's modules
         from mirrorbert.runtime.distributed import launched_rank
         from mirrorbert.mirror.train import train

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import itertools
 import logging
 import random
 import string
@@ -167,8 +168,11 @@ def random_strings(n: int, seed: int, min_len: int = 3, max_len: int = 12) -> li
     return ["".join(rng.choices(alphabet, k=rng.randint(min_len, max_len))) for _ in range(n)]
 
 
-def strings_for_config(cfg) -> "TrainingStrings":
-    """The training strings a TrainConfig asks for (read before any model is loaded)."""
+def strings_for_config(cfg, stream: bool = False) -> "TrainingStrings":
+    """The training strings a TrainConfig asks for (read before any model is loaded). With `stream`, a text,
+    CSV or JSONL file is not held: its strings are read again from the file when walked (`FileStrings`)."""
+    if stream and cfg.data is not None and streamable(cfg.data):
+        return stream_training_strings(cfg.data, cfg.column, cfg.field, cfg.skip_bad_lines, cfg.limit, cfg.seed)
     return load_training_strings(
         data=cfg.data, column=cfg.column, field=cfg.field, words_top=cfg.words_top, lang=cfg.lang,
         random_count=cfg.random_strings, limit=cfg.limit, seed=cfg.seed, skip_bad_lines=cfg.skip_bad_lines,
@@ -212,6 +216,11 @@ def strings_from_dataset(dataset, column: str | None = None, limit: int | None =
     return training_strings(raw, source, 0, limit, seed)
 
 
+def streamable(data: str | Path) -> bool:
+    """A text, CSV/TSV or JSONL file (not a table, a dataset folder or a Hub dataset): what `data/readers.py` streams."""
+    return not is_hub_dataset(data) and not (Path(data).exists() and is_table(Path(data)))
+
+
 def training_strings(raw: list[str], source: str, bad: int, limit: int | None, seed: int) -> TrainingStrings:
     """Strip, drop blanks and duplicates (first occurrence kept), then sample `limit` in file order."""
     stripped = [s.strip() for s in raw]
@@ -233,3 +242,71 @@ def training_strings(raw: list[str], source: str, bad: int, limit: int | None, s
         source, len(unique), len(raw), n_blank, n_dup, bad,
     )
     return TrainingStrings(unique, source, len(raw), n_blank, n_dup, bad, fingerprint(unique))
+
+
+class FileStrings:
+    """The kept strings of a training file (stripped, first occurrences, the sample), read again from the file
+    each time they are walked: the run holds their record positions (8 bytes a string), never the strings."""
+
+    def __init__(self, rows, positions):
+        self.rows, self.positions = rows, positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __iter__(self):
+        wanted = iter(self.positions.tolist())
+        target = next(wanted, None)
+        for position, (_, text) in enumerate(self.rows.records()):
+            if position == target:
+                yield text.strip()
+                target = next(wanted, None)
+                if target is None:
+                    return
+
+    def __getitem__(self, index):
+        """Random access reads the file up to the string: for a few strings (a message's example), not a loop."""
+        if isinstance(index, slice):
+            return list(itertools.islice(iter(self), *index.indices(len(self))))
+        index = range(len(self))[index]
+        return next(itertools.islice(iter(self), index, None))
+
+
+def _kept_positions(rows):
+    """Record positions of the first occurrence of each distinct non-blank stripped string, in file order, and
+    the number of blank records. Strings are compared by their 128-bit BLAKE2b digests (16 bytes a string held,
+    a collision needs about 2**64 strings), so the pass holds no string beyond the one being read."""
+    import numpy as np  # here: reading a file's strings needs no numpy otherwise
+
+    digests = np.zeros((rows.count, 2), dtype=np.uint64)
+    blank = np.zeros(rows.count, dtype=bool)
+    for position, (_, text) in enumerate(rows.records()):
+        stripped = text.strip()
+        if stripped:
+            digests[position] = np.frombuffer(hashlib.blake2b(stripped.encode("utf-8"), digest_size=16).digest(),
+                                              dtype=np.uint64)
+        else:
+            blank[position] = True
+    nonblank = np.flatnonzero(~blank)
+    keys = np.ascontiguousarray(digests[nonblank]).view(np.dtype((np.void, 16))).ravel()
+    _, first = np.unique(keys, return_index=True)
+    return np.sort(nonblank[first]), int(blank.sum())
+
+
+def stream_training_strings(data: str | Path, column: str | None, field: str | None, skip_bad_lines: bool,
+                            limit: int | None, seed: int) -> TrainingStrings:
+    """`training_strings` over a text, CSV or JSONL file without holding it: the same strings, counts, sample
+    and fingerprint as a whole read (`load_training_strings`), in passes over the file."""
+    from mirrorbert.data.readers import text_rows
+
+    rows = text_rows(data, column, field, skip_bad_lines, option="--data")
+    positions, n_blank = _kept_positions(rows)
+    n_dup = rows.count - n_blank - len(positions)
+    if limit is not None and limit < len(positions):
+        positions = positions[sorted(random.Random(seed).sample(range(len(positions)), limit))]
+    if len(positions) < 2:
+        raise UserError(f"{data}: needs at least 2 distinct non-blank strings, found {len(positions)}")
+    strings = FileStrings(rows, positions)
+    logger.info("training strings from %s: %d used (%d read, %d blank, %d duplicates removed, %d bad lines skipped)",
+                data, len(strings), rows.count, n_blank, n_dup, len(rows.skipped))
+    return TrainingStrings(strings, str(data), rows.count, n_blank, n_dup, len(rows.skipped), fingerprint(strings))

@@ -115,7 +115,7 @@ def _train_on(cfg: TrainConfig, strings: TrainingStrings | None, eval_tasks, dis
                         "would fire inside the cached replay); use --gradient-checkpointing there")
     timer = PhaseTimer()  # wall time per phase -> info["timings"]; -v logs it (reporting/timing.py)
     with timer.phase("data"):
-        strings = strings or strings_for_config(cfg)
+        strings = strings or strings_for_config(cfg, stream=True)
     seed_everything(cfg.seed)
     resume = load_checkpoint(cfg.resume) if cfg.resume else None
     if resume is not None:
