@@ -12,9 +12,9 @@ threads, the median of `--repeats` runs alternating sides. Reported: recall@10 o
 the exact one (shared ids / 10, averaged over the queries), queries/s of each and their ratio, the IVF build time
 (train + assign, and the rebuild `search --index` does at load), the process's peak RSS, and a sweep of nprobe.
 
-`--e2e-rows N` adds `mirrorbert index` end to end on N generated strings (sentences of
+`--e2e-rows N` adds `mirrorbert encode` and `mirrorbert index` end to end on N generated strings (sentences of
 corpora/en_wiki_20k_sents.txt, each numbered so that every line differs) with a tiny 2-layer BERT on the real
-bert-base-uncased tokenizer (data/tokenizers/bert-base-uncased): wall time and the child's peak RSS.
+bert-base-uncased tokenizer (data/tokenizers/bert-base-uncased): wall time and each child's own peak RSS.
 
     python benchmarks/index_scale.py --output index_scale.json
     python benchmarks/index_scale.py --sizes 1000000 --dims 128 --e2e-rows 1000000 --data-dir ../shared/data
@@ -143,8 +143,24 @@ def tiny_model(folder: Path, data_dir: Path) -> Path:
     return folder
 
 
+def run_child(cmd: list[str]) -> tuple[float, float, str]:
+    """A command in a child process: its wall time, its own peak RSS in MB (`os.wait4`: this child only, not
+    the largest of every child this process has waited for) and its standard output."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(cmd, stdout=out, stderr=err)
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(cmd[2:4])} failed:\n{stderr[-3000:]}")
+    return wall, usage.ru_maxrss / 1024, stdout
+
+
 def end_to_end(rows: int, data_dir: Path) -> dict:
-    """`mirrorbert index` on `rows` generated lines in a child process: wall time, its peak RSS."""
+    """`mirrorbert encode` and `mirrorbert index` on `rows` generated lines, each in a child process: wall time
+    and that child's peak RSS."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         source = (data_dir / "corpora" / "en_wiki_20k_sents.txt").read_text(encoding="utf-8").splitlines()
@@ -153,17 +169,16 @@ def end_to_end(rows: int, data_dir: Path) -> dict:
             for i in range(rows):  # deterministic: sentence i mod len, numbered so that every line differs
                 fh.write(f"{source[i % len(source)]} ({i // len(source)})\n")
         model = tiny_model(tmp / "model", data_dir)
-        cmd = [sys.executable, "-m", "mirrorbert", "index", "--model", str(model), "--corpus", str(tmp / "corpus.txt"),
-               "--output", str(tmp / "index"), "--no-progress", "--device", "cpu", "--batch-size", "256"]
-        start = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        wall = time.perf_counter() - start
-        if done.returncode != 0:
-            raise RuntimeError(f"mirrorbert index failed:\n{done.stderr[-3000:]}")
-        record = json.loads(done.stdout.strip().splitlines()[-1])
-        return {"rows": rows, "wall_s": round(wall, 1), "child_peak_rss_mb": peak_rss_mb(resource.RUSAGE_CHILDREN),
-                "index": record, "index_folder_mb": round(sum(p.stat().st_size for p in (tmp / "index").iterdir())
-                                                          / 2**20, 1)}
+        common = ["--model", str(model), "--no-progress", "--device", "cpu", "--batch-size", "256"]
+        encode_wall, encode_rss, _ = run_child([sys.executable, "-m", "mirrorbert", "encode", *common, "--input",
+                                                str(tmp / "corpus.txt"), "--output", str(tmp / "vectors.npy")])
+        (tmp / "vectors.npy").unlink()
+        wall, rss, stdout = run_child([sys.executable, "-m", "mirrorbert", "index", *common, "--corpus",
+                                       str(tmp / "corpus.txt"), "--output", str(tmp / "index")])
+        return {"rows": rows, "encode_wall_s": round(encode_wall, 1), "encode_peak_rss_mb": round(encode_rss, 1),
+                "wall_s": round(wall, 1), "child_peak_rss_mb": round(rss, 1),
+                "index": json.loads(stdout.strip().splitlines()[-1]),
+                "index_folder_mb": round(sum(p.stat().st_size for p in (tmp / "index").iterdir()) / 2**20, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--top-k", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per side; median reported (default 3)")
-    parser.add_argument("--e2e-rows", type=int, default=0, help="also `mirrorbert index` on this many strings")
+    parser.add_argument("--e2e-rows", type=int, default=0, help="also `mirrorbert encode` and `index` on this many strings")
     parser.add_argument("--data-dir", default=os.environ.get("MIRRORBERT_DATA"), help="the data directory (--e2e-rows)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # N,dim: one size in this process (the child side)
     parser.add_argument("--output", help="write the JSON here (also printed)")
@@ -184,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report = {"benchmark": "index_scale", "cpu": platform.processor() or platform.machine(),
               "cpus": os.cpu_count(), "noise_norm": NOISE, "rows_per_centre": ROWS_PER_CENTRE, "sizes": []}
-    for n in map(int, args.sizes.split(",")):
+    for n in (map(int, args.sizes.split(",")) if args.sizes else ()):  # --sizes "": the end-to-end run only
         for dim in map(int, args.dims.split(",")):
             cmd = [sys.executable, __file__, "--one", f"{n},{dim}", "--queries", str(args.queries),
                    "--top-k", str(args.top_k), "--repeats", str(args.repeats)]

@@ -3,7 +3,7 @@
 Gathering every row back into rank 0 made the job's output limited by one process's memory. Here rank 0
 creates the output's temporary .npy at its full size (blocks reserved, as a one-process encode does), every
 process encodes a contiguous range of the input's rows chunk by chunk and writes them into its slice of
-that file (memory-mapped), and once every process has reported success rank 0 renames the file into place.
+that file (positioned writes), and once every process has reported success rank 0 renames the file into place.
 Each process holds one chunk of strings and vectors at a time, whatever the corpus size. The output must be
 on a filesystem every process sees (as a multi-node job's rank-0 output always had to be for the others to
 read it back).
@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch.distributed as dist
 
-from mirrorbert.encoder.streaming import ChunkedInput, create_npy
+from mirrorbert.encoder.streaming import ChunkedInput, RowWriter, create_npy
 from mirrorbert.errors import UserError
 from mirrorbert.runtime.distributed import DistContext
 
@@ -52,17 +52,14 @@ def rows_between(chunks: Iterator[list[str]], start: int, stop: int, chunk_rows:
 def write_rows(encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, path: Path, start: int, stop: int,
                chunk_rows: int, on_rows: Callable[[int], None] | None = None) -> int:
     """Encode rows [start, stop) of `source` into the .npy at `path` (already of the full size); rows written."""
-    out = np.load(path, mmap_mode="r+")
+    shape = np.load(path, mmap_mode="r").shape  # the header rank 0 wrote: (rows, dim)
     written = start
-    try:
+    with RowWriter(path, *shape) as out:
         for chunk in rows_between(source.chunks(), start, stop, chunk_rows):
-            out[written:written + len(chunk)] = encode(chunk)
+            out.write(written, encode(chunk))
             written += len(chunk)
             if on_rows is not None:
                 on_rows(len(chunk))
-        out.flush()
-    finally:
-        del out
     if written != stop:
         raise UserError(f"the input changed while it was read ({written - start} of rows {start}..{stop - 1} read)")
     return stop - start

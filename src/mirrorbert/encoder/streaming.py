@@ -1,7 +1,7 @@
 """`encode` for inputs larger than memory: the rows in chunks, the vectors straight into the .npy on disk.
 
 The vector matrix is what outgrows memory first (384 float32 dimensions are 1.5 kB per row, ten times a
-typical sentence), so `encode` always writes it through a memory-mapped .npy (`numpy.lib.format.open_memmap`)
+typical sentence), so `encode` always writes it into the .npy on disk (`RowWriter`: positioned writes)
 one chunk of `STREAM_ROWS` strings at a time; Parquet files are also read one record batch at a time and Arrow
 files and dataset folders are memory-mapped (data/hf_datasets.py), so their text is never held whole either. Each chunk
 is sorted by length inside `Encoder.encode`, as a whole input would be: the vectors equal an in-memory
@@ -78,27 +78,62 @@ def create_npy(path: Path, rows: int, dim: int, target: Path | None = None, opti
     return Path(path)
 
 
+class RowWriter:
+    """Rows written into a .npy made by `create_npy` with plain positioned writes, not through a memory map: the
+    pages written stay in the page cache rather than in this process's resident set, so a process's memory
+    does not grow with the matrix it writes."""
+
+    def __init__(self, path: Path, rows: int, dim: int):
+        import os
+
+        self.row_bytes = dim * np.dtype(np.float32).itemsize
+        self.fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        self.offset = os.fstat(self.fd).st_size - rows * self.row_bytes  # the header's length
+        self.rows, self.dim = rows, dim
+
+    def write(self, start: int, block: np.ndarray) -> None:
+        import os
+
+        data = np.ascontiguousarray(block, dtype=np.float32)
+        if data.shape[1:] != (self.dim,) or start + len(data) > self.rows:
+            raise ValueError(f"rows {start}..{start + len(data)} of width {data.shape[1:]} do not fit "
+                             f"{self.rows} x {self.dim}")
+        view, position = memoryview(data).cast("B"), self.offset + start * self.row_bytes
+        while view:
+            done = os.pwrite(self.fd, view, position)
+            view, position = view[done:], position + done
+
+    def close(self) -> None:
+        import os
+
+        os.close(self.fd)
+
+    def __enter__(self) -> "RowWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def encode_to_npy(encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, dim: int, path: Path,
                   show_progress: bool = False, what: str = "--input", target: Path | None = None,
                   option: str = "--output") -> int:
-    """Encode `source` chunk by chunk into a float32 .npy at `path` (memory-mapped, see `create_npy`); the
+    """Encode `source` chunk by chunk into a float32 .npy at `path` (see `create_npy`, `RowWriter`); the
     rows written."""
     from mirrorbert.reporting.progress import progress_bar
 
-    out = np.load(create_npy(path, source.count, dim, target, option), mmap_mode="r+")
     written, any_text = 0, False
-    with progress_bar(total=source.count, show=show_progress, desc="encode", unit="string") as bar:
+    with RowWriter(create_npy(path, source.count, dim, target, option), source.count, dim) as out, \
+            progress_bar(total=source.count, show=show_progress, desc="encode", unit="string") as bar:
         for chunk in source.chunks():
             if written + len(chunk) > source.count:
                 raise UserError(f"{what}: the input grew while it was read (more than {source.count} rows)")
             any_text = any_text or any(t.strip() for t in chunk)
-            out[written:written + len(chunk)] = encode(chunk)
+            out.write(written, encode(chunk))
             written += len(chunk)
             bar.update(len(chunk))
     if written != source.count:
         raise UserError(f"{what}: the input changed while it was read ({written} rows, {source.count} expected)")
     if not any_text:
         raise UserError(f"{what}: no text in the data (every row is blank)")
-    out.flush()
-    del out
     return written
