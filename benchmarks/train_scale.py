@@ -33,9 +33,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_report  # noqa: E402
+from common import build_model, print_report  # noqa: E402
 
-TOKENIZER = "tokenizers/bert-base-uncased"
 SENTENCES = ("corpora/stsbenchmark_train_10k_sents_random_sampled.txt", "corpora/en_wiki_20k_sents.txt")
 WORDS = "corpora/en_words_top_10k.txt"
 PHASE_LINE = "phase timings (s): "
@@ -63,19 +62,6 @@ def write_strings(data_dir: Path, n: int, path: Path) -> int:
                 fh.write(text + "\n")
             j += 1
     return len(seen)
-
-
-def build_model(data_dir: Path, folder: Path, layers: int = 2, hidden: int = 128) -> Path:
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
-
-    tok = AutoTokenizer.from_pretrained(data_dir / TOKENIZER)
-    config = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers,
-                        num_attention_heads=max(1, hidden // 64), intermediate_size=4 * hidden)
-    torch.manual_seed(0)
-    BertForMaskedLM(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
 
 
 def run_train(model: Path, data: Path, out: Path, cache: Path, steps: int, batch_size: int) -> dict:

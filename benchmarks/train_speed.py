@@ -35,23 +35,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import child_json, print_report  # noqa: E402
+from common import TOKENIZER, build_model, child_json, print_report  # noqa: E402
 
 CORPUS = "corpora/stsbenchmark_train_10k_sents_random_sampled.txt"
-TOKENIZER = "tokenizers/bert-base-uncased"
-
-
-def build_model(data_dir: Path, folder: Path, layers: int, hidden: int) -> Path:
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
-
-    tok = AutoTokenizer.from_pretrained(data_dir / TOKENIZER)
-    config = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers,
-                        num_attention_heads=max(1, hidden // 64), intermediate_size=4 * hidden)
-    torch.manual_seed(0)
-    BertForMaskedLM(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
 
 
 def ours(model: Path, data: Path, out: Path, steps: int, precision: str, batch: int, max_length: int,

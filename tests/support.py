@@ -109,3 +109,17 @@ def index_as_format_1(folder: Path) -> Path:
     manifest["files"]["ids.json"] = hashlib.sha256((folder / "ids.json").read_bytes()).hexdigest()
     (folder / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     return folder
+
+
+def run_cli(capsys, argv):
+    """`mirrorbert ARGV` in this process: (exit code, stdout, stderr)."""
+    from mirrorbert.cli.app import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_hits(out: str):
+    """The hit lists of `mirrorbert search`'s JSON lines."""
+    return [json.loads(line)["hits"] for line in out.splitlines()]

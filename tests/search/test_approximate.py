@@ -11,8 +11,9 @@ import shutil
 import numpy as np
 import pytest
 
-from mirrorbert.cli.app import main
+from support import cli_hits as hits
 from support import index_as_format_1
+from support import run_cli as run
 
 faiss = pytest.importorskip("faiss")
 
@@ -92,16 +93,6 @@ def test_the_auto_rule_and_the_defaults():
 
 
 # ----------------------------------------------------------------------------- the command line
-def run(capsys, argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def hits(out: str):
-    return [json.loads(line)["hits"] for line in out.splitlines()]
-
-
 @pytest.fixture
 def ivf_index(capsys, tiny_bert, tmp_path):
     corpus = tmp_path / "corpus.txt"

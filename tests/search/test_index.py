@@ -8,23 +8,14 @@ import shutil
 
 import pytest
 
-from mirrorbert.cli.app import main
+from support import cli_hits as hits
 from support import index_as_format_1
+from support import run_cli as run
 
 CORPUS = (b"the cat sat on the mat\n\na dog ran in the park\n\xff\xfe broken line\n"
           b"the bank raised interest rates again\nheart attack and myocardial infarction\n"
           b"the stock market fell sharply today\nrain is expected tomorrow in the north\n")
 QUERIES = ["the bank", "a cat on a mat", "weather tomorrow"]
-
-
-def run(capsys, argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def hits(out: str):
-    return [json.loads(line)["hits"] for line in out.splitlines()]
 
 
 @pytest.fixture
