@@ -8,7 +8,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from mirrorbert.data import token_store
-from mirrorbert.data.token_store import ListStore, chunked, open_token_store, store_key
+from mirrorbert.data.readers import chunked
+from mirrorbert.data.token_store import ListStore, open_token_store, store_key
 from mirrorbert.data.strings import fingerprint
 from mirrorbert.errors import UserError
 from mirrorbert.mirror.views import tokenize_once

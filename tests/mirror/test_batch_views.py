@@ -6,7 +6,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from mirrorbert.data.strings import fingerprint, training_strings
-from mirrorbert.data.token_store import StoreStrings, chunked, open_token_store
+from mirrorbert.data.readers import chunked
+from mirrorbert.data.token_store import StoreStrings, open_token_store
 from mirrorbert.mirror.train import training_store
 from mirrorbert.mirror.views import SecondViews, tokenize_once
 

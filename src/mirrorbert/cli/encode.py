@@ -89,21 +89,28 @@ def run_encode(args) -> int:
     return 0
 
 
-def _encode_streaming(opts, output: Path):
-    """One process: --input in chunks, the vectors written into OUTPUT's temporary .npy as they come
-    (streaming.py); (rows, dim, pooling, the rows read when the input was read whole)."""
+def _chunk_encoder(opts, device: str):
+    """The encoder --model names, and the function that encodes one chunk of strings as the options ask."""
     from mirrorbert.encoder.model import Encoder
     from mirrorbert.encoder.packing import packing_flag
-    from mirrorbert.encoder.streaming import chunked_input, encode_to_npy
 
-    source = chunked_input(opts.input, opts.column, opts.field, opts.skip_bad_lines)  # before the model loads
-    encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
+    encoder = Encoder.load(opts.model, pooling=opts.pooling, device=device, max_length=opts.max_length,
                            trust_remote_code=opts.trust_remote_code, cli=True)
 
     def encode(chunk: list[str]):
         return encoder.encode(chunk, batch_size=opts.batch_size, normalize=opts.normalize or None,
                               precision=opts.precision, packing=packing_flag(opts.packing))
 
+    return encoder, encode
+
+
+def _encode_streaming(opts, output: Path):
+    """One process: --input in chunks, the vectors written into OUTPUT's temporary .npy as they come
+    (streaming.py); (rows, dim, pooling, the input's skipped lines and record ids)."""
+    from mirrorbert.encoder.streaming import chunked_input, encode_to_npy
+
+    source = chunked_input(opts.input, opts.column, opts.field, opts.skip_bad_lines)  # before the model loads
+    encoder, encode = _chunk_encoder(opts, opts.device)
     with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
         rows = encode_to_npy(encode, source, encoder.dim, Path(tmp), show_progress=opts.show_progress, target=output)
     return rows, encoder.dim, encoder.pooling, source.rows
@@ -112,8 +119,6 @@ def _encode_streaming(opts, output: Path):
 def _encode_sharded(opts, output: Path):
     """Several processes (torchrun): each encodes a contiguous share of --input's rows into its slice of the
     output's temporary .npy (encoder/sharded.py); rank 0 renames it into place. (None, ...) on other ranks."""
-    from mirrorbert.encoder.model import Encoder
-    from mirrorbert.encoder.packing import packing_flag
     from mirrorbert.encoder.sharded import encode_sharded, row_range
     from mirrorbert.encoder.streaming import STREAM_ROWS, chunked_input
     from mirrorbert.reporting.progress import progress_bar
@@ -121,13 +126,7 @@ def _encode_sharded(opts, output: Path):
 
     source = chunked_input(opts.input, opts.column, opts.field, opts.skip_bad_lines)  # before the model loads
     dist_ctx = init_from_env(opts.device)
-    encoder = Encoder.load(opts.model, pooling=opts.pooling, device=str(dist_ctx.device), max_length=opts.max_length,
-                           trust_remote_code=opts.trust_remote_code, cli=True)
-
-    def encode(chunk: list[str]):
-        return encoder.encode(chunk, batch_size=opts.batch_size, normalize=opts.normalize or None,
-                              precision=opts.precision, packing=packing_flag(opts.packing))
-
+    encoder, encode = _chunk_encoder(opts, str(dist_ctx.device))
     start, stop = row_range(dist_ctx, source.count)
     show = opts.show_progress and dist_ctx.is_main
     with progress_bar(total=stop - start, show=show, desc="encode (rank 0's rows)", unit="string") as bar:

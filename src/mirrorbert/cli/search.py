@@ -78,6 +78,7 @@ def _corpus_stream(opts):
     their strings chunk by chunk). Nothing held scales with the corpus but the ids (8 bytes a row)."""
     import numpy as np
 
+    from mirrorbert.data.readers import chunked
     from mirrorbert.encoder.streaming import STREAM_ROWS, chunked_input
 
     source = chunked_input(opts.corpus, opts.column, opts.field, opts.skip_bad_lines, option="--corpus")
@@ -92,10 +93,7 @@ def _corpus_stream(opts):
         raise UserError(f"--corpus {opts.corpus}: no entries in the file")
 
     def texts():
-        for chunk in source.chunks():
-            kept = [text for text in chunk if text.strip()]
-            for start in range(0, len(kept), STREAM_ROWS):
-                yield kept[start:start + STREAM_ROWS]
+        return chunked((text for chunk in source.chunks() for text in chunk if text.strip()), STREAM_ROWS)
 
     return record_ids[keep], int(keep.sum()), texts
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import bisect
 import csv
+import itertools
 import json
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator, TypeVar
 
 from mirrorbert.errors import UserError
 
@@ -28,6 +29,14 @@ logger = logging.getLogger(__name__)
 CSV_SUFFIXES = {".csv": ",", ".tsv": "\t"}
 JSONL_SUFFIXES = {".jsonl", ".ndjson"}
 CHUNK_ROWS = 65536
+T = TypeVar("T")
+
+
+def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Consecutive lists of `size` items (the last may be shorter), from a list or a stream alike."""
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
 
 
 def split_lines(raw: bytes) -> list[bytes]:
@@ -266,14 +275,7 @@ class TextRows:
 
     def chunks(self, chunk_rows: int = CHUNK_ROWS) -> Iterator[list[str]]:
         """The strings, `chunk_rows` at a time."""
-        chunk: list[str] = []
-        for _, text in self.records():
-            chunk.append(text)
-            if len(chunk) == chunk_rows:
-                yield chunk
-                chunk = []
-        if chunk:
-            yield chunk
+        return chunked((text for _, text in self.records()), chunk_rows)
 
     @property
     def ids(self) -> list[int]:

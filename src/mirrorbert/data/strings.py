@@ -255,7 +255,9 @@ class FileStrings:
         return len(self.positions)
 
     def __iter__(self):
-        wanted = iter(self.positions.tolist())
+        block = 65536  # positions turned into Python ints a block at a time, never all at once (8 vs 36 bytes each)
+        wanted = itertools.chain.from_iterable(self.positions[i:i + block].tolist()
+                                               for i in range(0, len(self.positions), block))
         target = next(wanted, None)
         for position, (_, text) in enumerate(self.rows.records()):
             if position == target:

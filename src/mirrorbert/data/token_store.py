@@ -12,7 +12,7 @@ string i (in the order given, after dropping strings without tokens):
 
 The files are opened with `numpy.memmap`, so a run's memory does not grow with the number of strings: the
 operating system pages in what a batch reads. They are written in one streaming pass over chunks of strings
-(`chunked`: the fast tokenizer on `CHUNK` strings a call, never a Python list of every string's ids), so a
+(`data.readers.chunked`: the fast tokenizer on `CHUNK` strings a call, never a Python list of every string's ids), so a
 streaming reader can feed `open_token_store` an iterable of chunks. A string whose ids are all special tokens
 (only control or zero-width characters) is dropped, as `mirror.views.drop_tokenless` drops it; the manifest
 counts them and keeps the first one's beginning for the warning.
@@ -110,13 +110,6 @@ def store_key(data_sha256: str, tokenizer, max_length: int) -> str:
     key = {"format": FORMAT, "data": data_sha256, "tokenizer": tokenizer_fingerprint(tokenizer),
            "max_length": int(max_length)}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]  # key, not output
-
-
-def chunked(strings: Iterable[str], size: int = CHUNK) -> Iterator[list[str]]:
-    """Consecutive chunks of `size` strings: what `open_token_store` reads (a list or a streaming reader)."""
-    it = iter(strings)
-    while chunk := list(itertools.islice(it, size)):
-        yield chunk
 
 
 def special_ids(tokenizer) -> np.ndarray:
@@ -440,5 +433,5 @@ def _content_problem(root: Path, meta: dict[str, Any], counts: dict[str, int], v
     return None
 
 
-__all__ = ["CHUNK", "ListStore", "StoreStrings", "TokenStore", "cache_root", "chunked", "open_token_store",
+__all__ = ["CHUNK", "ListStore", "StoreStrings", "TokenStore", "cache_root", "open_token_store",
            "store_key", "store_problem", "token_cache_dir", "tokenizer_fingerprint"]

@@ -35,7 +35,7 @@ def chunked_input(path: str, column: str | None, field: str | None, skip_bad_lin
     """Every input streams: tables a record batch at a time, text/CSV/JSONL files a chunk of lines at a time
     (counted and checked by a first pass, so a bad line fails before the model loads)."""
     chunk_rows = chunk_rows or STREAM_ROWS
-    from mirrorbert.data.readers import text_rows
+    from mirrorbert.data.readers import chunked, text_rows
     from mirrorbert.data.strings import read_rows
     from mirrorbert.data.hf_datasets import count_rows, is_hub_dataset, is_table, iter_table_column
 
@@ -52,8 +52,7 @@ def chunked_input(path: str, column: str | None, field: str | None, skip_bad_lin
         texts = rows.texts
         if not any(t.strip() for t in texts):
             raise UserError(f"{option} {path}: no text in the data (every row is blank)")
-        return ChunkedInput(len(texts), lambda: (texts[i:i + chunk_rows] for i in range(0, len(texts), chunk_rows)),
-                            rows)
+        return ChunkedInput(len(texts), lambda: chunked(texts, chunk_rows), rows)
     source = text_rows(path, column, field, skip_bad_lines, option)
     if not source.any_text:
         raise UserError(f"{option} {path}: no text in the file (every line is blank)")

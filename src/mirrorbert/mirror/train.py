@@ -15,7 +15,8 @@ import torch
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.data.strings import TrainingStrings, strings_for_config
-from mirrorbert.data.token_store import StoreStrings, TokenStore, chunked, open_token_store, store_key
+from mirrorbert.data.readers import chunked
+from mirrorbert.data.token_store import CHUNK, StoreStrings, TokenStore, open_token_store, store_key
 from mirrorbert.encoder.dropout import DropHead, dropout_overrides
 from mirrorbert.encoder.model import Encoder
 from mirrorbert.encoder.packing import packing_flag
@@ -220,7 +221,7 @@ def training_store(strings: TrainingStrings, tokenizer, max_length: int, dist_ct
         return current.store  # the same object trained on before: its strings are the store already
 
     def build() -> TokenStore:
-        return open_token_store(chunked(current), strings.fingerprint, tokenizer, max_length)
+        return open_token_store(chunked(current, CHUNK), strings.fingerprint, tokenizer, max_length)
 
     store = build() if dist_ctx is None else dist_ctx.on_main(build, None)
     if store is None:  # another rank: rank 0 has written (and checked) it, this one opens it

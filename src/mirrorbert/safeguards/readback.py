@@ -112,8 +112,14 @@ def file_sha256(path: Path, chunk: int = 1 << 22, what: str = "--corpus") -> str
             digest.update(member.relative_to(path).as_posix().encode("utf-8") + b"\0"
                           + file_sha256(member, chunk, what).encode("ascii") + b"\n")
         return digest.hexdigest()
-    digest = hashlib.sha256()
     with os.fdopen(open_regular(path, what), "rb") as fh:
-        for block in iter(lambda: fh.read(chunk), b""):
-            digest.update(block)
+        return stream_sha256(fh, chunk)
+
+
+def stream_sha256(fh, chunk: int = 1 << 22) -> str:
+    """SHA-256 of what is left to read of an open file, in blocks: a file can be hashed and then parsed or
+    mapped from the same descriptor, so what is checked is what is read."""
+    digest = hashlib.sha256()
+    for block in iter(lambda: fh.read(chunk), b""):
+        digest.update(block)
     return digest.hexdigest()

@@ -19,7 +19,7 @@ from typing import BinaryIO
 import numpy as np
 
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.readback import open_regular, read_regular_bytes
+from mirrorbert.safeguards.readback import open_regular, read_regular_bytes, stream_sha256
 
 FINITE_CHUNK = 1 << 16  # rows checked finite at a time
 
@@ -51,11 +51,13 @@ def _check_layout(folder: Path, name: str, header, dtype: str, shape: tuple, nou
         raise damaged(folder, name, f"shape {tuple(found_shape)}, manifest.json says {shape}")
 
 
-def _sha256(fh: BinaryIO, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    for block in iter(lambda: fh.read(chunk), b""):
-        digest.update(block)
-    return digest.hexdigest()
+def check_size(fh: BinaryIO, path: Path, limit: int) -> int:
+    """The open file's size, refused in one line when it is more than such a file of the index can hold."""
+    size = os.fstat(fh.fileno()).st_size
+    if size > limit:
+        raise UserError(f"--index {path}: {size} bytes, more than the {limit} this file can hold; "
+                        "damaged or not written by mirrorbert")
+    return size
 
 
 def open_vectors(folder: Path, rows: int, dim: int, expected_sha256: str | None) -> np.ndarray:
@@ -66,11 +68,8 @@ def open_vectors(folder: Path, rows: int, dim: int, expected_sha256: str | None)
     path = folder / name
     fh = os.fdopen(open_regular(path, "--index"), "rb")
     with fh:
-        size, limit = os.fstat(fh.fileno()).st_size, 4096 + rows * dim * 4
-        if size > limit:
-            raise UserError(f"--index {path}: {size} bytes, more than the {limit} this file can hold; "
-                            "damaged or not written by mirrorbert")
-        if expected_sha256 is not None and _sha256(fh) != expected_sha256:
+        size = check_size(fh, path, 4096 + rows * dim * 4)
+        if expected_sha256 is not None and stream_sha256(fh) != expected_sha256:
             raise damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
         fh.seek(0)
         _check_layout(folder, name, npy_header(fh, folder, name), "<f4", (rows, dim), "float32")

@@ -33,8 +33,10 @@ from typing import Any, Sequence
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.readback import file_sha256, open_regular, parse_json, read_regular_bytes
-from mirrorbert.search.index_files import IVF_FILES, damaged as _damaged, open_vectors, read_ids_npy, read_ivf_parts
+from mirrorbert.safeguards.readback import (file_sha256, open_regular, parse_json, read_regular_bytes,
+                                            stream_sha256)
+from mirrorbert.search.index_files import IVF_FILES, check_size, open_vectors, read_ids_npy, read_ivf_parts
+from mirrorbert.search.index_files import damaged as _damaged
 
 logger = logging.getLogger(__name__)
 
@@ -283,12 +285,9 @@ def _read_texts(folder: Path, manifest: Manifest) -> list[str]:
     name = "texts.jsonl"
     path = folder / name
     with os.fdopen(open_regular(path, "--index"), "rb") as fh:
-        size, limit = os.fstat(fh.fileno()).st_size, 1 << 34
-        if size > limit:
-            raise UserError(f"--index {path}: {size} bytes, more than the {limit} this file can hold; "
-                            "damaged or not written by mirrorbert")
+        check_size(fh, path, 1 << 34)
         expected = (manifest.files or {}).get(name)
-        if expected is not None and file_sha256_of(fh) != expected:
+        if expected is not None and stream_sha256(fh) != expected:
             raise _damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
         fh.seek(0)
         texts = []
@@ -300,13 +299,6 @@ def _read_texts(folder: Path, manifest: Manifest) -> list[str]:
     if len(texts) != manifest.rows:
         raise _damaged(folder, name, f"{len(texts)} lines, manifest.json says {manifest.rows} rows")
     return texts
-
-
-def file_sha256_of(fh, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    for block in iter(lambda: fh.read(chunk), b""):
-        digest.update(block)
-    return digest.hexdigest()
 
 
 def _parse_text(folder: Path, where: str, line: bytes) -> str:
