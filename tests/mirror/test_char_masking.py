@@ -137,3 +137,21 @@ def test_train_writes_the_masking_shares_of_every_epoch(tiny_bert, corpus, tmp_p
     assert result.info["masked_token_share"] == meta["masked_token_share"] == expected.stats.shares()["masked_token_share"]
     assert meta["masked_string_share"] == expected.stats.shares()["masked_string_share"]
     assert 0 < meta["masked_token_share"] < 1 and 0 < meta["masked_string_share"] < 1
+
+
+def test_views_made_ahead_but_never_trained_are_not_counted(tiny_bert, corpus, tmp_path):
+    """The views are made a few batches ahead in a thread; a run stopped by --steps counts only its own."""
+    data = tmp_path / "s.txt"
+    data.write_text("\n".join(corpus + LONG) + "\n", encoding="utf-8")
+    cfg = TrainConfig(model=str(tiny_bert), data=str(data), output=str(tmp_path / "out"), batch_size=2,
+                      max_length=16, steps=2, mask_span=3, mask_unit="char", seed=9, show_progress=False)
+    result = train(cfg)
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    strings = load_training_strings(data=str(data)).strings
+    expected = SecondViews.from_lists(tok, strings, tokenize_once(tok, strings, 16), "char", 3, 30, 16)
+    batches = _Plan(len(strings), 2, 0, 9).epoch_batches(0)
+    assert len(batches) > 2 + 2  # more batches than trained exist to be made ahead
+    for batch in batches[:2]:
+        expected.views_for(batch, 9, 0)
+    assert result.info["masked_token_share"] == expected.stats.shares()["masked_token_share"]
+    assert result.info["masked_string_share"] == expected.stats.shares()["masked_string_share"]

@@ -12,7 +12,6 @@ from mirrorbert.mlm.corpus import (
     PackedSequences,
     epoch_order,
     is_eval_document,
-    prefetch,
     prepare_corpus,
     token_dtype,
 )
@@ -169,21 +168,6 @@ def test_packed_index_errors():
         p.batch([4])
     with pytest.raises(UserError):
         PackedSequences(np.arange(3), 1, 0, 0)
-
-
-def test_prefetch_keeps_order_and_raises():
-    assert list(prefetch(iter(range(50)), depth=3)) == list(range(50))
-
-    def broken():
-        yield 1
-        raise ValueError("boom")
-
-    with pytest.raises(ValueError, match="boom"):
-        list(prefetch(broken(), depth=2))
-    # stopping early does not hang
-    gen = prefetch(iter(range(10_000)), depth=2)
-    assert next(gen) == 0
-    gen.close()
 
 
 def test_the_cache_follows_the_text_not_size_and_mtime(tmp_path, tiny_bert):

@@ -180,3 +180,23 @@ def test_query_vectors_must_be_finite_and_of_the_index_dimension():
                           ("text", "a string"), ([["a", "b", "c", "d"]], "numbers")):
         with pytest.raises(UserError, match=fragment):
             index.search_vectors(bad, 1)
+
+
+def test_an_index_s_texts_are_read_when_a_hit_needs_them_not_held(capsys, tiny_bert, tmp_path):
+    from pathlib import Path
+
+    from mirrorbert.search.index_store import StoredTexts, check_index, load_index
+
+    lines = ["plain", 'quotes " and \\ back', "naïve café — ünïcode", "tab\there", "last"]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    folder = tmp_path / "index"
+    assert run(capsys, ["index", "--model", tiny_bert, "--corpus", corpus, "--output", folder, "--no-progress"])[0] == 0
+    index, ids = load_index(folder, check_index(Path(folder), str(tiny_bert)), use_faiss=False)
+    assert isinstance(index.texts, StoredTexts) and len(index.texts) == len(lines)
+    assert list(index.texts) == lines and index.texts[-1] == "last" and index.texts[1:3] == lines[1:3]
+    with pytest.raises(IndexError):
+        index.texts[len(lines)]
+    hit = index.search_vectors(index.vectors[2:3], 1)[0][0]
+    assert (hit.corpus_id, hit.text) == (2, lines[2])
+    index.texts.close()

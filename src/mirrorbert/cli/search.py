@@ -122,18 +122,45 @@ def run_search(args) -> int:
         encoder = Encoder.load(opts.model, pooling=manifest.pooling, device=opts.device,
                                max_length=manifest.max_length, trust_remote_code=opts.trust_remote_code, cli=True)
         index, ids = load_index(Path(opts.index), manifest, use_faiss)
-    else:
+        results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
+                                 quantize=opts.quantize)
+    elif opts.quantize == "float32":
+        results, ids = _search_streamed(opts, queries, use_faiss)
+    else:  # quantisation ranges come from the whole corpus's vectors: it is encoded whole
         texts, ids = _corpus_rows(opts)
-        encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
-                               trust_remote_code=opts.trust_remote_code, cli=True)
+        encoder = _corpus_encoder(opts)
         index = encoder.build_index(texts, batch_size=opts.batch_size, use_faiss=use_faiss,
                                     show_progress=opts.show_progress)
-    results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
-                             quantize=opts.quantize)
+        results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
+                                 quantize=opts.quantize)
     for query, hits in zip(queries, results):
         hits = [h._replace(corpus_id=int(ids[h.corpus_id])) for h in hits]
         sys.stdout.write(jsonio.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")
     return 0
+
+
+def _corpus_encoder(opts):
+    from mirrorbert.encoder.model import Encoder
+
+    return Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
+                        trust_remote_code=opts.trust_remote_code, cli=True)
+
+
+def _search_streamed(opts, queries: list[str], use_faiss):
+    """`--corpus` without `--index`: the corpus encoded a chunk at a time into a running exact top-k
+    (search/streaming.py), so only a chunk of it is ever held; the same hits as encoding it whole."""
+    from mirrorbert.reporting.progress import progress_bar
+    from mirrorbert.search.streaming import RunningTopK
+
+    ids, rows, texts = _corpus_stream(opts)  # the file is read and checked before the model loads
+    encoder = _corpus_encoder(opts)
+    running = RunningTopK(encoder.encode(queries, batch_size=opts.batch_size, normalize=True), opts.top_k,
+                          use_faiss)
+    with progress_bar(total=rows, desc="corpus", unit="row", show=opts.show_progress) as bar:
+        for chunk in texts():
+            running.add(encoder.encode(chunk, batch_size=opts.batch_size, normalize=True), chunk)
+            bar.update(len(chunk))
+    return running.hits(), ids
 
 
 # ----------------------------------------------------------------------------- index

@@ -26,8 +26,11 @@ from mirrorbert.runtime.device import autocast, make_grad_scaler
 from mirrorbert.runtime.randomness import derived_generator, replay_rng
 from mirrorbert.training.gradcache import cached_embeddings
 from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
+from mirrorbert.training.prefetch import prefetch
 
 logger = logging.getLogger(__name__)
+
+PREFETCH = 2  # batches made ahead of the step: enough to hide masking, little memory (two batches of ids)
 
 
 @dataclass
@@ -124,11 +127,28 @@ class MirrorMethod:
         self.step_log: list[tuple[float, int, int]] = []
 
     def batches(self):
-        """(string indices, epoch) per batch; `self.epoch`/`next_batch` (set on resume) say where to start."""
-        while True:  # the engine stops at the budget
-            epoch = self.epoch
-            for index in self.plan.iter_batches(epoch, self.next_batch):
-                yield index, epoch
+        """Per batch (string indices, epoch, both views), made `PREFETCH` batches ahead in a thread so that
+        reading the ids and masking (re-tokenising, for character spans) overlap the steps; `self.epoch` /
+        `next_batch` (set on resume) say where to start. The views are functions of (seed, epoch, string), so
+        making them early changes nothing; the "mask" phase is the time the step waits for them."""
+        made = prefetch(self._batches_with_views(self.views.for_thread()), PREFETCH, name="mirror-views")
+        try:
+            while True:
+                with self.timer.phase("mask"):
+                    batch = next(made, None)
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            made.close()
+
+    def _batches_with_views(self, views: SecondViews):
+        epoch, first_batch = self.epoch, self.next_batch
+        while True:  # the engine stops at the budget; each epoch after the first starts at its batch 0
+            for index in self.plan.iter_batches(epoch, first_batch):
+                first = self.store.token_ids(index)
+                yield index, epoch, (first, *views.make_views(index, self.cfg.seed, epoch, first))
+            epoch, first_batch = epoch + 1, 0
 
     def batch_views(self, index: list[int], epoch: int) -> tuple[list[list[int]], list[list[int]]]:
         """Both views of the global batch (every process makes all, so the masking shares are the batch's)."""
@@ -137,9 +157,13 @@ class MirrorMethod:
             return first, self.views.views_for(index, self.cfg.seed, epoch, first)
 
     def train_step(self, batch, engine) -> dict[str, str]:
-        index, epoch = batch  # the global batch; this process embeds its shard
+        index, epoch, *made = batch  # the global batch; this process embeds its shard
         started = time.perf_counter()
-        first, second = self.batch_views(index, epoch)
+        if made:  # from `batches`: the views were made ahead; counted now that the batch is trained
+            first, second, counts = made[0]
+            self.views.stats.add(*counts)
+        else:
+            first, second = self.batch_views(index, epoch)
         self.dist.seed_step(self.cfg.seed, engine.step)
         loss = mirror_step_loss(self.encoder, self.dist.shard(first), self.dist.shard(second),
                                 self.pad_id, self.cfg.temperature, self.cfg.controlled_dropout, self.device,

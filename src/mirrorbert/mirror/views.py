@@ -228,20 +228,36 @@ class SecondViews:
 
     def views_for(self, indices: Sequence[int], seed: int, epoch: int,
                   first: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
-        """The second views of strings `indices` in `epoch` (`first`: their token ids, when read already)."""
+        """The second views of strings `indices` in `epoch` (`first`: their token ids, when read already),
+        counted in `stats`."""
+        views, counts = self.make_views(indices, seed, epoch, first)
+        self.stats.add(*counts)
+        return views
+
+    def make_views(self, indices: Sequence[int], seed: int, epoch: int,
+                   first: Sequence[Sequence[int]] | None = None) -> tuple[list[list[int]], tuple[int, int, int, int]]:
+        """`views_for` without counting: (views, the four `MaskingStats.add` counts). Safe in a prefetch thread
+        that has its own tokenizer (`for_thread`): it changes nothing shared."""
         first = self.store.token_ids(indices) if first is None else first
         real = sum(sum(1 for t in ids if t not in self.special) for ids in first)
         if self.k <= 0:
-            self.stats.add(len(first), 0, real, 0)
-            return [list(ids) for ids in first]
+            return [list(ids) for ids in first], (len(first), 0, real, 0)
         draws = index_uniforms(seed, (STREAM_MASK, epoch), indices)
         if self.unit == "token":
             views, masked = self._token_views(first, draws)
-            self.stats.add(len(first), masked, real, self.k * masked)
-            return views
+            return views, (len(first), masked, real, self.k * masked)
         views, hit_strings, destroyed = self._char_views(indices, first, draws)
-        self.stats.add(len(first), hit_strings, real, destroyed)
-        return views
+        return views, (len(first), hit_strings, real, destroyed)
+
+    def for_thread(self) -> "SecondViews":
+        """A copy for a prefetch thread: its own tokenizer (a fast tokenizer's settings are mutable state that
+        two threads must not share), the same store, unit, span and counts."""
+        import copy
+
+        twin = copy.copy(self)
+        if self.k > 0 and self.unit == "char":  # the only views that tokenise
+            twin.tokenizer = copy.deepcopy(self.tokenizer)
+        return twin
 
     def _token_views(self, first: Sequence[Sequence[int]], draws) -> tuple[list[list[int]], int]:
         views, masked = [], 0

@@ -29,12 +29,10 @@ import json
 import logging
 import math
 import os
-import queue
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -411,52 +409,3 @@ def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
     """The shuffled sequence order of one epoch, reproducible from (seed, epoch) alone (exact resume)."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x5EC, epoch]))
     return rng.permutation(n)
-
-
-def prefetch(make_items: Iterable[Any], depth: int = 4) -> Iterator[Any]:
-    """Run an iterator in a background thread `depth` items ahead (batch slicing + masking overlap compute).
-
-    Items are produced in order by a single thread, so prefetching never changes what the loop sees.
-    """
-    if depth <= 0:
-        yield from make_items
-        return
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def worker() -> None:
-        try:
-            for item in make_items:
-                while not stop.is_set():
-                    try:
-                        q.put(("item", item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(("done", done))
-        except BaseException as exc:  # surfaced in the consumer
-            q.put(("error", exc))
-
-    thread = threading.Thread(target=worker, name="mlm-batches", daemon=True)
-    thread.start()
-    try:
-        while True:
-            kind, value = q.get()
-            if kind == "item":
-                yield value
-            elif kind == "error":
-                raise value
-            else:
-                return
-    finally:
-        stop.set()
-        while thread.is_alive():
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                pass
-            thread.join(timeout=0.05)
-

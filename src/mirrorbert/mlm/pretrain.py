@@ -27,7 +27,8 @@ import torch
 
 from mirrorbert.errors import UserError, first_line
 from mirrorbert.settings.seeds import SEED_RULE, seed_ok
-from mirrorbert.mlm.corpus import PackedSequences, check_corpus_files, epoch_order, prefetch, prepare_corpus
+from mirrorbert.mlm.corpus import PackedSequences, check_corpus_files, epoch_order, prepare_corpus
+from mirrorbert.training.prefetch import prefetch
 from mirrorbert.mlm.masking import IGNORE_INDEX, MaskingConfig, MlmMasker
 from mirrorbert.safeguards.writes import default_checkpoint_dir, write_json_atomic
 from mirrorbert.safeguards.preflight import check_max_length, inspect_model, max_positions, weights_load_error

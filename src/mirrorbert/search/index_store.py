@@ -22,6 +22,7 @@ command line needs (a folder outlives the shell session that knew which model bu
 
 from __future__ import annotations
 
+import collections.abc
 import hashlib
 import json
 import logging
@@ -279,26 +280,59 @@ def _read_checked(folder: Path, name: str, manifest: Manifest, limit: int) -> by
     return raw
 
 
-def _read_texts(folder: Path, manifest: Manifest) -> list[str]:
-    """texts.jsonl, one JSON string a line: the file is hashed in one streaming pass, then parsed line by line
-    from the same open file (never held whole as bytes beside the strings)."""
+def _read_texts(folder: Path, manifest: Manifest) -> "StoredTexts":
+    """texts.jsonl, one JSON string a line: the file is hashed in one streaming pass, then every line parsed
+    (checked) from the same open file, keeping only where each line starts (8 bytes a row, not the strings)."""
+    import numpy as np
+
     name = "texts.jsonl"
     path = folder / name
-    with os.fdopen(open_regular(path, "--index"), "rb") as fh:
+    fh = os.fdopen(open_regular(path, "--index"), "rb")
+    try:
         check_size(fh, path, 1 << 34)
         expected = (manifest.files or {}).get(name)
         if expected is not None and stream_sha256(fh) != expected:
             raise _damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
         fh.seek(0)
-        texts = []
+        starts = np.zeros(manifest.rows + 1, dtype=np.int64)
+        position = lineno = 0
         for lineno, line in enumerate(fh, 1):
             if lineno > manifest.rows:
                 raise _damaged(folder, name, f"{lineno + sum(1 for _ in fh)} lines, manifest.json says "
                                              f"{manifest.rows} rows")
-            texts.append(_parse_text(folder, f"{name}:{lineno}", line[:-1] if line.endswith(b"\n") else line))
-    if len(texts) != manifest.rows:
-        raise _damaged(folder, name, f"{len(texts)} lines, manifest.json says {manifest.rows} rows")
-    return texts
+            _parse_text(folder, f"{name}:{lineno}", line[:-1] if line.endswith(b"\n") else line)
+            position += len(line)
+            starts[lineno] = position
+        if lineno != manifest.rows:
+            raise _damaged(folder, name, f"{lineno} lines, manifest.json says {manifest.rows} rows")
+    except BaseException:
+        fh.close()
+        raise
+    return StoredTexts(folder, fh, starts)
+
+
+class StoredTexts(collections.abc.Sequence):
+    """The index's texts, read from texts.jsonl when a hit needs one: a 10M-row index holds 80 MB of line
+    starts instead of gigabytes of strings. The file stays open (the one that was checked); each line is
+    parsed and checked again as it is read."""
+
+    def __init__(self, folder: Path, fh, starts):
+        self.folder, self._fh, self._starts = folder, fh, starts
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        index = range(len(self))[index]
+        start, end = int(self._starts[index]), int(self._starts[index + 1])
+        self._fh.seek(start)
+        line = self._fh.read(end - start)
+        return _parse_text(self.folder, f"texts.jsonl:{index + 1}", line[:-1] if line.endswith(b"\n") else line)
+
+    def close(self) -> None:
+        self._fh.close()
 
 
 def _parse_text(folder: Path, where: str, line: bytes) -> str:

@@ -23,5 +23,11 @@ def _select_topk(scores: np.ndarray, index: np.ndarray, k: int) -> tuple[np.ndar
 def _pair_scores(queries: np.ndarray, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """float64 inner product of each query row with its keys ``ids[row]``: one fixed summation per pair,
     whatever the number of rows or the BLAS, so every path ranks from the same numbers."""
+    return pair_scores(queries, keys[ids])
+
+
+def pair_scores(queries: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """float64 inner product of query `i` with each of its rows `rows[i]` ([nq, m, dim]): the one formula every
+    ranking uses (`_pair_scores` gathers the rows by id; search/streaming.py keeps them)."""
     q = queries.astype(np.float64)[:, None, :]
-    return (q * keys[ids].astype(np.float64)).sum(axis=-1)
+    return (q * np.ascontiguousarray(rows).astype(np.float64)).sum(axis=-1)
