@@ -92,3 +92,45 @@ def print_report(result: dict, output=None) -> None:
     print(text)
     if output:
         Path(output).write_text(text + "\n", encoding="utf-8")
+
+
+def run_measured(cmd: list[str], env: dict | None = None, what: str | None = None) -> dict:
+    """A command in a child process: wall time, its own peak RSS (`os.wait4`: this child only, not the largest of
+    every child waited for) and, sampled from /proc every 0.1 s, the peaks of its anonymous and file-backed
+    resident memory (file-backed pages are memory-mapped files, e.g. the token store or the index's vectors: the
+    kernel drops them under pressure, so they bound nothing). Raises with the child's stderr tail if it fails."""
+    import os
+    import subprocess
+    import tempfile
+    import threading
+    import time
+
+    peaks = {"RssAnon": 0, "RssFile": 0}
+    start = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.1):
+                try:
+                    with open(f"/proc/{child.pid}/status", encoding="ascii") as fh:
+                        for line in fh:
+                            key, _, value = line.partition(":")
+                            if key in peaks:
+                                peaks[key] = max(peaks[key], int(value.split()[0]))
+                except (OSError, ValueError):
+                    return
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        done.set()
+        sampler.join()
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{what or ' '.join(cmd[2:4])} failed:\n{stderr[-3000:]}")
+    return {"wall_s": wall, "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9, "peak_anon_gb": peaks["RssAnon"] * 1024 / 1e9,
+            "peak_file_gb": peaks["RssFile"] * 1024 / 1e9, "stdout": stdout, "stderr": stderr}

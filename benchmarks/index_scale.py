@@ -28,14 +28,13 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import child_json, print_report  # noqa: E402
+from common import child_json, print_report, run_measured  # noqa: E402
 
 NOISE = 0.9  # norm of the noise added to a centre (per dimension: NOISE / sqrt(dim))
 ROWS_PER_CENTRE = 100
@@ -144,18 +143,9 @@ def tiny_model(folder: Path, data_dir: Path) -> Path:
 
 
 def run_child(cmd: list[str]) -> tuple[float, float, str]:
-    """A command in a child process: its wall time, its own peak RSS in MB (`os.wait4`: this child only, not
-    the largest of every child this process has waited for) and its standard output."""
-    start = time.perf_counter()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        child = subprocess.Popen(cmd, stdout=out, stderr=err)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(cmd[2:4])} failed:\n{stderr[-3000:]}")
-    return wall, usage.ru_maxrss / 1024, stdout
+    """A command in a child process: its wall time, its own peak RSS in MB and its standard output."""
+    run = run_measured(cmd)
+    return run["wall_s"], run["peak_rss_gb"] * 1e9 / 2**20, run["stdout"]
 
 
 def end_to_end(rows: int, data_dir: Path) -> dict:

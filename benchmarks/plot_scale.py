@@ -1,7 +1,9 @@
-"""Curves of the scale benchmarks, drawn from their JSON (nothing is timed here): train_scale.json and index_scale.json.
+"""Curves of the scale benchmarks, drawn from their JSON (nothing is timed here): scale.json and index_scale.json.
 
-Left and middle: `train`'s peak RSS and time to the first step against the number of strings (cold token cache).
-Right: the approximate index's recall@10 and its speed-up over exact search against nprobe, per corpus size.
+Top: `train` against the sentence-transformers peer as the number of strings grows: peak RSS, seconds to the
+first step, steps/s. Bottom: wall time and peak RSS of `encode`, `index` and `search --index` (and the peer's
+`encode`) against the number of strings; the approximate index's recall@10 against its speed-up over exact
+search (nprobe 8 ... 128) per corpus size.
 
     python benchmarks/plot_scale.py --output docs/benchmarks/scale.png
 """
@@ -13,41 +15,50 @@ import json
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+STYLE = {"train": "o-", "peer-train": "s--", "encode": "o-", "index": "^-", "search": "v-", "peer-encode": "s--"}
+LABEL = {"train": "mirrorbert train", "peer-train": "sentence-transformers trainer", "encode": "mirrorbert encode",
+         "index": "mirrorbert index", "search": "search --index (1,000 queries)", "peer-encode": "sentence-transformers encode"}
 
 
-def train_panels(rss_ax, start_ax, report: dict) -> None:
-    runs = sorted((r for r in report["runs"] if r["cache"] == "cold"), key=lambda r: r["strings"])
-    sizes = [r["strings"] for r in runs]
-    for ax, key, label in ((rss_ax, "peak_rss_gb", "peak RSS (GB)"),
-                           (start_ax, "first_step_s", "seconds to the first step (cold token cache)")):
-        ax.plot(sizes, [r[key] for r in runs], "o-")
-        for size, run in zip(sizes, runs):
-            ax.annotate(f"{run[key]:g}", (size, run[key]), textcoords="offset points", xytext=(4, -12))
-        ax.set_xscale("log")
-        ax.set_xlabel("training strings")
-        ax.set_ylabel(label)
-    rss_ax.set_title("train: peak memory")
-    start_ax.set_title("train: start-up")
+def curve(ax, rows: list[dict], part: str, key: str, annotate: bool = False) -> None:
+    points = sorted((r["strings"], r[key]) for r in rows if r["part"] == part and r.get(key) is not None)
+    if not points:
+        return
+    ax.plot([n for n, _ in points], [v for _, v in points], STYLE[part], label=LABEL[part])
+    if annotate:
+        for n, v in points:
+            ax.annotate(f"{v:g}", (n, v), textcoords="offset points", xytext=(4, -12), fontsize=8)
+
+
+def by_size(ax, rows, parts, key, ylabel, title, log_y=False) -> None:
+    for part in parts:
+        curve(ax, rows, part, key, annotate=len(parts) <= 2)
+    ax.set_xscale("log")
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel("strings")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
 
 
 def index_panel(ax, report: dict) -> None:
     for size in report["sizes"]:
         sweep = size["nprobe_sweep"]
         probes = sorted(map(int, sweep))
-        label = f"{size['rows']:,} x {size['dim']}"
         ax.plot([sweep[str(p)]["queries_per_s"] / size["exact_queries_per_s"] for p in probes],
-                [sweep[str(p)]["recall_at_10"] for p in probes], "o-", label=label)
+                [sweep[str(p)]["recall_at_10"] for p in probes], "o-", label=f"{size['rows']:,} x {size['dim']}")
     ax.axhline(0.95, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xscale("log")
     ax.set_xlabel("queries/s, times exact search's (nprobe 8 ... 128)")
     ax.set_ylabel("recall@10 against exact")
     ax.set_title("index --index-type ivf")
-    ax.legend(loc="lower left")
+    ax.legend(loc="lower left", fontsize=8)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--train", default=str(DOCS / "train_scale.json"))
+    parser.add_argument("--scale", default=str(DOCS / "scale.json"))
     parser.add_argument("--index", default=str(DOCS / "index_scale.json"))
     parser.add_argument("--output", default=str(DOCS / "scale.png"))
     args = parser.parse_args(argv)
@@ -56,11 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (rss, start, index) = plt.subplots(1, 3, figsize=(15, 4.2))
-    train_panels(rss, start, json.loads(Path(args.train).read_text(encoding="utf-8")))
-    index_panel(index, json.loads(Path(args.index).read_text(encoding="utf-8")))
+    rows = json.loads(Path(args.scale).read_text(encoding="utf-8"))["rows"]
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
+    train = ("train", "peer-train")
+    by_size(axes[0, 0], rows, train, "peak_rss_gb", "peak RSS (GB)", "train: peak memory")
+    by_size(axes[0, 1], rows, train, "first_step_s", "seconds", "train: start-up to the first step", log_y=True)
+    by_size(axes[0, 2], rows, train, "steps_per_s", "steps/s (batch 200)", "train: speed")
+    serve = ("encode", "index", "search", "peer-encode")
+    by_size(axes[1, 0], rows, serve, "wall_s", "seconds", "encode, index, search: wall time", log_y=True)
+    by_size(axes[1, 1], rows, serve, "peak_rss_gb", "peak RSS (GB)", "encode, index, search: peak memory")
+    index_panel(axes[1, 2], json.loads(Path(args.index).read_text(encoding="utf-8")))
     fig.tight_layout()
-    fig.savefig(args.output, dpi=110)
+    fig.savefig(args.output, dpi=100)
     print(args.output)
     return 0
 

@@ -8,7 +8,7 @@ and each part in `--parts` runs as a fresh process whose own peak RSS (`os.wait4
 - `train`: `mirrorbert -v train --preset sentence --steps S` from an empty token cache: time to the first step
   (the phases before the loop), steps/s, peak RSS (train_scale.run_train);
 - `encode`: `mirrorbert encode` of the N strings to a .npy;
-- `index`: `mirrorbert index` of the N strings (`--index-type auto`: exact below 200k rows, IVF above);
+- `index`: `mirrorbert index` of the N strings (`--index-type auto`: exact below 100k rows, IVF from there);
 - `search`: `mirrorbert search --index` of that index with 1,000 STS-B test sentences as queries;
 - `approx`: recall@10 and queries/s of the approximate index against exact search on N seeded clustered
   vectors at `--dim` (index_scale.one_size; needs N x dim float32 in RAM for the exact side, so at most 1M here);
@@ -43,8 +43,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import build_model, child_json, print_report, stsb_query_texts  # noqa: E402
-from index_scale import run_child  # noqa: E402
+from common import build_model, child_json, print_report, run_measured, stsb_query_texts  # noqa: E402
 from train_scale import run_train, write_strings  # noqa: E402
 
 PARTS = ("train", "encode", "index", "search", "approx", "peer-train", "peer-encode")
@@ -57,22 +56,28 @@ def mirrorbert(*args: str) -> list[str]:
     return [sys.executable, "-m", "mirrorbert", *args, "--device", "cpu", "--no-progress"]
 
 
+def measured(cmd: list[str]) -> tuple[dict, str]:
+    """The child's wall time and memory peaks (GB: all resident, anonymous, memory-mapped files), and its stdout."""
+    run = run_measured(cmd)
+    return {"wall_s": round(run["wall_s"], 1), **{k: round(run[k], 3) for k in ("peak_rss_gb", "peak_anon_gb",
+                                                                                "peak_file_gb")}}, run["stdout"]
+
+
 def part_encode(model: Path, data: Path, work: Path, n: int) -> dict:
     out = work / "vectors.npy"
-    wall, rss, _ = run_child(mirrorbert("encode", "--model", str(model), "--input", str(data), "--output", str(out),
-                                        "--overwrite", "--batch-size", str(ENCODE_BATCH)))
+    row, _ = measured(mirrorbert("encode", "--model", str(model), "--input", str(data), "--output", str(out),
+                                 "--overwrite", "--batch-size", str(ENCODE_BATCH)))
     out.unlink()
-    return {"wall_s": round(wall, 1), "peak_rss_gb": round(rss / 1024, 3), "strings_per_s": round(n / wall)}
+    return {**row, "strings_per_s": round(n / row["wall_s"])}
 
 
 def part_index(model: Path, data: Path, work: Path, n: int) -> dict:
     folder = work / f"index-{n}"
-    wall, rss, stdout = run_child(mirrorbert("index", "--model", str(model), "--corpus", str(data), "--output",
-                                             str(folder), "--overwrite", "--batch-size", str(ENCODE_BATCH)))
+    row, stdout = measured(mirrorbert("index", "--model", str(model), "--corpus", str(data), "--output", str(folder),
+                                      "--overwrite", "--batch-size", str(ENCODE_BATCH)))
     summary = json.loads(stdout.strip().splitlines()[-1])
     size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-    return {"wall_s": round(wall, 1), "peak_rss_gb": round(rss / 1024, 3), "index_type": summary.get("index_type"),
-            "folder_gb": round(size / 1e9, 3)}
+    return {**row, "index_type": summary.get("index_type"), "folder_gb": round(size / 1e9, 3)}
 
 
 def part_search(model: Path, work: Path, n: int, data_dir: Path) -> dict:
@@ -81,10 +86,9 @@ def part_search(model: Path, work: Path, n: int, data_dir: Path) -> dict:
         raise SystemExit(f"search at {n} needs the index part first (or --work holding {folder})")
     if not queries.exists():
         queries.write_text("\n".join(stsb_query_texts(data_dir, QUERIES)) + "\n", encoding="utf-8")
-    wall, rss, stdout = run_child(mirrorbert("search", "--model", str(model), "--index", str(folder), "--queries",
-                                             str(queries), "--top-k", "10"))
-    answered = sum(1 for line in stdout.splitlines() if line.startswith("{"))
-    return {"wall_s": round(wall, 1), "peak_rss_gb": round(rss / 1024, 3), "queries": answered}
+    row, stdout = measured(mirrorbert("search", "--model", str(model), "--index", str(folder), "--queries",
+                                      str(queries), "--top-k", "10"))
+    return {**row, "queries": sum(1 for line in stdout.splitlines() if line.startswith("{"))}
 
 
 def part_approx(n: int, dim: int) -> dict:
@@ -143,20 +147,18 @@ np.save(out, model.encode(strings, batch_size=int(batch), convert_to_numpy=True,
 def part_peer_train(model: Path, data: Path, work: Path, steps: int, batch: int, bf16: bool) -> dict:
     out = work / "peer-train"
     start = time.time()
-    wall, rss, stdout = run_child([sys.executable, "-c", PEER_TRAIN, str(model), str(data), str(out), str(steps),
-                                   str(batch), str(MAX_LENGTH), "1" if bf16 else "0"])
+    row, stdout = measured([sys.executable, "-c", PEER_TRAIN, str(model), str(data), str(out), str(steps),
+                            str(batch), str(MAX_LENGTH), "1" if bf16 else "0"])
     marks = json.loads(stdout.strip().splitlines()[-1])
-    return {"wall_s": round(wall, 2), "first_step_s": round(marks["first_step_at"] - start, 2),
-            "steps_per_s": round(steps / marks["loop_s"], 2), "peak_rss_gb": round(rss / 1024, 3),
-            "precision": "bf16" if bf16 else "fp32", "steps": steps}
+    return {**row, "first_step_s": round(marks["first_step_at"] - start, 2),
+            "steps_per_s": round(steps / marks["loop_s"], 2), "precision": "bf16" if bf16 else "fp32", "steps": steps}
 
 
 def part_peer_encode(model: Path, data: Path, work: Path, n: int) -> dict:
     out = work / "peer-vectors.npy"
-    wall, rss, _ = run_child([sys.executable, "-c", PEER_ENCODE, str(model), str(data), str(out),
-                              str(ENCODE_BATCH), "512"])
+    row, _ = measured([sys.executable, "-c", PEER_ENCODE, str(model), str(data), str(out), str(ENCODE_BATCH), "512"])
     out.unlink()
-    return {"wall_s": round(wall, 1), "peak_rss_gb": round(rss / 1024, 3), "strings_per_s": round(n / wall)}
+    return {**row, "strings_per_s": round(n / row["wall_s"])}
 
 
 def run_part(part: str, n: int, model: Path, data: Path, work: Path, args) -> dict:

@@ -25,15 +25,13 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import build_model, print_report  # noqa: E402
+from common import build_model, print_report, run_measured  # noqa: E402
 
 SENTENCES = ("corpora/stsbenchmark_train_10k_sents_random_sampled.txt", "corpora/en_wiki_20k_sents.txt")
 WORDS = "corpora/en_words_top_10k.txt"
@@ -69,23 +67,15 @@ def run_train(model: Path, data: Path, out: Path, cache: Path, steps: int, batch
     cmd = [sys.executable, "-m", "mirrorbert", "-v", "train", "--model", str(model), "--data", str(data),
            "--output", str(out), "--overwrite", "--preset", "sentence", "--steps", str(steps), "--batch-size",
            str(batch_size), "--device", "cpu", "--no-progress"]
-    env = {**os.environ, "MIRRORBERT_CACHE": str(cache)}
-    start = time.perf_counter()
-    with tempfile.TemporaryFile() as err:
-        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.perf_counter() - start
-        err.seek(0)
-        stderr = err.read().decode("utf-8", "replace")
-    if child.returncode != 0:
-        raise RuntimeError(f"mirrorbert train failed ({child.returncode}):\n{stderr[-3000:]}")
+    run = run_measured(cmd, env={**os.environ, "MIRRORBERT_CACHE": str(cache)}, what="mirrorbert train")
+    wall, stderr = run["wall_s"], run["stderr"]
     lines = [line for line in stderr.splitlines() if PHASE_LINE in line]
     phases = json.loads(lines[-1].split(PHASE_LINE, 1)[1])
     loop = phases.get("steps", 0.0) + phases.get("mask", 0.0)
     return {"wall_s": round(wall, 2), "first_step_s": round(sum(phases.get(p, 0.0) for p in BEFORE_LOOP), 2),
             "steps_per_s": round(steps / loop, 2) if loop else None,
-            "peak_rss_gb": round(usage.ru_maxrss * 1024 / 1e9, 3), "phases_s": phases}
+            "peak_rss_gb": round(run["peak_rss_gb"], 3), "peak_anon_gb": round(run["peak_anon_gb"], 3),
+            "peak_file_gb": round(run["peak_file_gb"], 3), "phases_s": phases}
 
 
 def main(argv=None) -> int:

@@ -58,3 +58,30 @@ def test_random_access_reads_up_to_the_string(tmp_path):
     assert (strings[0], strings[2], strings[-1], strings[1:3]) == ("a", "c", "d", ["b", "c"])
     with pytest.raises(IndexError):
         strings[4]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "dataset folder"])
+def test_tables_stream_to_what_a_whole_read_gives(tmp_path, kind):
+    pa = pytest.importorskip("pyarrow")
+    texts = ["alpha", None, " beta ", "alpha", "", "gamma", "猫", "beta", "delta"]
+    table = pa.table({"id": list(range(len(texts))), "text": texts, "other": ["x"] * len(texts)})
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        path = tmp_path / "data.parquet"
+        pq.write_table(table, path, row_group_size=2)  # several record batches
+    elif kind == "arrow":
+        path = tmp_path / "data.arrow"
+        with pa.ipc.new_file(str(path), table.schema) as writer:
+            writer.write_table(table, max_chunksize=3)
+    else:
+        datasets = pytest.importorskip("datasets")
+        path = tmp_path / "folder"
+        datasets.Dataset(table).save_to_disk(str(path))
+    streamed = _same(path, column="text")
+    assert list(streamed.strings) == ["alpha", "beta", "gamma", "猫", "delta"]
+    assert (streamed.n_read, streamed.n_blank, streamed.n_duplicates) == (9, 2, 2)
+    assert list(_same(path, column="text", limit=3, seed=1).strings) == list(
+        load_training_strings(data=str(path), column="text", limit=3, seed=1).strings)
+    with pytest.raises(UserError, match="--column 'nope' not in the data"):
+        stream_training_strings(path, "nope", None, False, None, 0)

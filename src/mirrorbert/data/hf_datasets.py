@@ -124,6 +124,28 @@ def iter_table_column(path: str | Path, column: str | None, option: str = "--dat
         yield column_strings(names, values.slice(start, chunk_rows).to_pylist(), column, str(path), first_row=start)
 
 
+class TableRows:
+    """A Parquet/Arrow file's or saved dataset folder's text column in the shape of `readers.TextRows` (`count`,
+    `records()`, `skipped`): read a record batch at a time, so training streams a table as it streams a text
+    file. Tables skip nothing: a row's id is its place."""
+
+    def __init__(self, path: str | Path, column: str | None, option: str = "--data"):
+        self.path, self.column, self.option = Path(path), column, option
+        self.skipped: list[int] = []
+        self.count = count_rows(path, option)
+        next(iter_table_column(path, column, option, chunk_rows=1), None)  # the column checked before long work
+
+    def records(self) -> Iterator[tuple[int, str]]:
+        position = 0
+        for chunk in iter_table_column(self.path, self.column, self.option):
+            for text in chunk:
+                yield position, text
+                position += 1
+        if position != self.count:
+            raise UserError(f"{self.option} {self.path}: the data changed while it was read ({position} rows, "
+                            f"{self.count} expected)")
+
+
 def default_column(names: list[str], string_names: list[str], column: str | None, where: str) -> str | None:
     """The column to read when --column is not given: one named `text`, else the only string column; None
     (and the caller's "needs --column" error) when neither settles it. One info line says which was taken."""

@@ -217,8 +217,8 @@ def strings_from_dataset(dataset, column: str | None = None, limit: int | None =
 
 
 def streamable(data: str | Path) -> bool:
-    """A text, CSV/TSV or JSONL file (not a table, a dataset folder or a Hub dataset): what `data/readers.py` streams."""
-    return not is_hub_dataset(data) and not (Path(data).exists() and is_table(Path(data)))
+    """A file or dataset folder (text, CSV/TSV, JSONL, Parquet, Arrow), not a Hub dataset: what training streams."""
+    return not is_hub_dataset(data)
 
 
 def training_strings(raw: list[str], source: str, bad: int, limit: int | None, seed: int) -> TrainingStrings:
@@ -297,11 +297,17 @@ def _kept_positions(rows):
 
 def stream_training_strings(data: str | Path, column: str | None, field: str | None, skip_bad_lines: bool,
                             limit: int | None, seed: int) -> TrainingStrings:
-    """`training_strings` over a text, CSV or JSONL file without holding it: the same strings, counts, sample
-    and fingerprint as a whole read (`load_training_strings`), in passes over the file."""
+    """`training_strings` over a text, CSV, JSONL, Parquet or Arrow file or a dataset folder without holding it:
+    the same strings, counts, sample and fingerprint as a whole read (`load_training_strings`), in passes."""
+    from mirrorbert.data.hf_datasets import TableRows
     from mirrorbert.data.readers import text_rows
 
-    rows = text_rows(data, column, field, skip_bad_lines, option="--data")
+    if Path(data).exists() and is_table(Path(data)):
+        if field:
+            raise UserError(f"{data}: --field applies to .jsonl files; tabular data takes --column")
+        rows = TableRows(data, column, "--data")
+    else:
+        rows = text_rows(data, column, field, skip_bad_lines, option="--data")
     positions, n_blank = _kept_positions(rows)
     n_dup = rows.count - n_blank - len(positions)
     if limit is not None and limit < len(positions):
