@@ -6,6 +6,7 @@ first step, steps/s. Bottom: wall time and peak RSS of `encode`, `index` and `se
 search (nprobe 8 ... 128) per corpus size.
 
     python benchmarks/plot_scale.py --output docs/benchmarks/scale.png
+    python benchmarks/plot_scale.py --table          # the rows of scale.json as a Markdown table instead
 """
 
 from __future__ import annotations
@@ -56,12 +57,32 @@ def index_panel(ax, report: dict) -> None:
     ax.legend(loc="lower left", fontsize=8)
 
 
+COLUMNS = (("wall_s", "wall s"), ("first_step_s", "first step s"), ("steps_per_s", "steps/s"),
+           ("peak_rss_gb", "peak RSS GB"), ("peak_anon_gb", "anonymous GB"), ("peak_file_gb", "mapped files GB"))
+
+
+def table(rows: list[dict]) -> str:
+    """One line per (strings, part); a figure a part does not have is a dash."""
+    lines = ["| strings | command | " + " | ".join(label for _, label in COLUMNS) + " |",
+             "|---|---|" + "---|" * len(COLUMNS)]
+    for row in sorted(rows, key=lambda r: (r["strings"], list(LABEL).index(r["part"]) if r["part"] in LABEL else 99)):
+        if row["part"] not in LABEL:
+            continue
+        cells = [f"{row[key]:g}" if isinstance(row.get(key), (int, float)) else "-" for key, _ in COLUMNS]
+        lines.append(f"| {row['strings']:,} | {LABEL[row['part']]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default=str(DOCS / "scale.json"))
     parser.add_argument("--index", default=str(DOCS / "index_scale.json"))
     parser.add_argument("--output", default=str(DOCS / "scale.png"))
+    parser.add_argument("--table", action="store_true", help="print scale.json as a Markdown table, draw nothing")
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(json.loads(Path(args.scale).read_text(encoding="utf-8"))["rows"]))
+        return 0
     import matplotlib
 
     matplotlib.use("Agg")

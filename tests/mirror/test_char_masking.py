@@ -139,8 +139,13 @@ def test_train_writes_the_masking_shares_of_every_epoch(tiny_bert, corpus, tmp_p
     assert 0 < meta["masked_token_share"] < 1 and 0 < meta["masked_string_share"] < 1
 
 
-def test_views_made_ahead_but_never_trained_are_not_counted(tiny_bert, corpus, tmp_path):
-    """The views are made a few batches ahead in a thread; a run stopped by --steps counts only its own."""
+@pytest.mark.parametrize("depth", [0, 2])
+def test_views_made_ahead_but_never_trained_are_not_counted(tiny_bert, corpus, tmp_path, monkeypatch, depth):
+    """On a GPU the views are made a few batches ahead in a thread (on a CPU inline); a run stopped by --steps
+    counts only its own."""
+    from mirrorbert.mirror import step
+
+    monkeypatch.setattr(step, "prefetch_depth", lambda device: depth)
     data = tmp_path / "s.txt"
     data.write_text("\n".join(corpus + LONG) + "\n", encoding="utf-8")
     cfg = TrainConfig(model=str(tiny_bert), data=str(data), output=str(tmp_path / "out"), batch_size=2,

@@ -129,6 +129,22 @@ def test_resume_is_exact(request, which, mask_unit, data_file, tmp_path):
     assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
 
 
+def test_views_made_ahead_in_a_thread_train_the_same_model_and_resume_exactly(tiny_bert, data_file, tmp_path,
+                                                                               monkeypatch):
+    """The GPU path makes the views in a prefetch thread; across epochs and through a resume it trains the
+    model the inline (CPU) path trains."""
+    from mirrorbert.mirror import step
+
+    kw = dict(steps=8, mask_span=2, mask_unit="char")
+    train(cfg_for(tiny_bert, data_file, tmp_path / "inline", **kw))
+    monkeypatch.setattr(step, "prefetch_depth", lambda device: 2)
+    train(cfg_for(tiny_bert, data_file, tmp_path / "ahead", save_every=4, keep_checkpoints=3, **kw))
+    assert_same_weights(tmp_path / "inline", tmp_path / "ahead")
+    train(cfg_for(tiny_bert, data_file, tmp_path / "resumed", resume=str(tmp_path / "ahead.checkpoints" / "step-4"),
+                  **kw))
+    assert_same_weights(tmp_path / "inline", tmp_path / "resumed")
+
+
 def test_each_epoch_uses_its_own_order(tiny_bert, data_file, tmp_path, monkeypatch):
     import mirrorbert.mirror.step as trainer_module
 

@@ -30,7 +30,14 @@ from mirrorbert.training.prefetch import prefetch
 
 logger = logging.getLogger(__name__)
 
-PREFETCH = 2  # batches made ahead of the step: enough to hide masking, little memory (two batches of ids)
+PREFETCH = 2  # batches made ahead of the step on an accelerator: enough to hide masking, two batches of ids
+
+
+def prefetch_depth(device: torch.device) -> int:
+    """Batches whose views are made ahead in a thread: on a GPU the CPU waits for the step anyway, so masking
+    there is free; on a CPU the thread would take cores from the step (measured: the 20-step 10k run of
+    benchmarks/train_scale.py on 2 cores, 3.93 s with the thread against 3.85 s without), so it runs inline."""
+    return PREFETCH if device.type != "cpu" else 0
 
 
 @dataclass
@@ -127,11 +134,14 @@ class MirrorMethod:
         self.step_log: list[tuple[float, int, int]] = []
 
     def batches(self):
-        """Per batch (string indices, epoch, both views), made `PREFETCH` batches ahead in a thread so that
-        reading the ids and masking (re-tokenising, for character spans) overlap the steps; `self.epoch` /
-        `next_batch` (set on resume) say where to start. The views are functions of (seed, epoch, string), so
-        making them early changes nothing; the "mask" phase is the time the step waits for them."""
-        made = prefetch(self._batches_with_views(self.views.for_thread()), PREFETCH, name="mirror-views")
+        """Per batch (string indices, epoch, both views); on an accelerator made `PREFETCH` batches ahead in a
+        thread, so that reading the ids and masking (re-tokenising, for character spans) overlap the steps
+        (`prefetch_depth`); `self.epoch` / `next_batch` (set on resume) say where to start. The views are
+        functions of (seed, epoch, string), so making them early changes nothing; the "mask" phase is the time
+        the step waits for them (all of their making, inline)."""
+        depth = prefetch_depth(self.device)
+        views = self.views.for_thread() if depth else self.views
+        made = prefetch(self._batches_with_views(views), depth, name="mirror-views")
         try:
             while True:
                 with self.timer.phase("mask"):
