@@ -171,3 +171,30 @@ def test_a_slow_tokenizer_and_a_backend_that_disagrees_give_the_tokenizers_own_i
             return len(self.tok)
 
     assert token_store._encode(Proxy(fast), list(corpus), 8) == expected
+
+
+def test_batches_are_read_without_mapping_the_store_into_the_process(tok, corpus, tmp_path):
+    """Positioned reads: a random batch, a run of strings, negative and out-of-range places, and no page of
+    the store left resident in the process (a map's fault-around used to pull in most of the file)."""
+    strings = list(corpus) * 40  # duplicates are fine here: the store keeps the order it is given
+    store = _open(strings, tok, tmp_path)
+    whole = tokenize_once(tok, strings, 16)
+    order = list(np.random.default_rng(0).permutation(len(store)))
+    assert store.token_ids(order) == [whole[i] for i in order]
+    assert store.texts(order) == [strings[i] for i in order]
+    assert store.token_ids(range(5, 9)) == whole[5:9] and store.texts(range(5, 9)) == strings[5:9]
+    assert store.texts([-1]) == [strings[-1]] and store.token_ids(range(len(store) - 1, len(store))) == [whole[-1]]
+    for bad in ([len(store)], range(len(store) - 1, len(store) + 1)):
+        with pytest.raises(IndexError):
+            store.token_ids(bad)
+    try:
+        smaps = open("/proc/self/smaps", encoding="ascii").read().split("\n")
+    except OSError:
+        pytest.skip("no /proc/self/smaps here")
+    resident, mapped = 0, None
+    for line in smaps:
+        if line[:1].isalnum() and "-" in line.split(" ")[0] and len(line.split()) >= 5:
+            mapped = line.split()[-1] if len(line.split()) > 5 else None
+        elif line.startswith("Rss:") and mapped and mapped.startswith(str(store.root)):
+            resident += int(line.split()[1])
+    assert resident == 0
