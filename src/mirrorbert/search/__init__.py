@@ -1,4 +1,5 @@
-"""Nearest-neighbour search: exact chunked top-k and faiss (`exact`), the approximate IVF index with exact
+"""Nearest-neighbour search: exact chunked top-k and faiss (`exact`), a running exact top-k over a corpus
+encoded a chunk at a time (`streaming`), the approximate IVF index with exact
 rescoring (`approximate`), int8/binary vectors (`quantized`), the persistent index on disk (`index_store`) and
 the read-back of its numpy files, the vectors memory-mapped (`index_files`).
 """
