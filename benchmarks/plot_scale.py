@@ -21,8 +21,19 @@ LABEL = {"train": "mirrorbert train", "peer-train": "sentence-transformers train
          "index": "mirrorbert index", "search": "search --index (1,000 queries)", "peer-encode": "sentence-transformers encode"}
 
 
+TIMES = ("wall_s", "first_step_s", "steps_per_s")
+
+
+def figure(row: dict, key: str):
+    """A row's figure; a time of a run that shared the machine (`time_comparable: false`) is not drawn, or is
+    its `quiet_times` entry (a quiet run of the same command) when it has one."""
+    if key in TIMES and row.get("time_comparable") is False:
+        return (row.get("quiet_times") or {}).get(key)
+    return row.get(key)
+
+
 def curve(ax, rows: list[dict], part: str, key: str, annotate: bool = False) -> None:
-    points = sorted((r["strings"], r[key]) for r in rows if r["part"] == part and r.get(key) is not None)
+    points = sorted((r["strings"], figure(r, key)) for r in rows if r["part"] == part and figure(r, key) is not None)
     if not points:
         return
     ax.plot([n for n, _ in points], [v for _, v in points], STYLE[part], label=LABEL[part])
@@ -37,6 +48,8 @@ def by_size(ax, rows, parts, key, ylabel, title, log_y=False) -> None:
     ax.set_xscale("log")
     if log_y:
         ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
     ax.set_xlabel("strings")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -61,14 +74,22 @@ COLUMNS = (("wall_s", "wall s"), ("first_step_s", "first step s"), ("steps_per_s
            ("peak_rss_gb", "peak RSS GB"), ("peak_anon_gb", "anonymous GB"), ("peak_file_gb", "mapped files GB"))
 
 
+def _cell(row: dict, key: str) -> str:
+    value = row.get(key)
+    if not isinstance(value, (int, float)):
+        return "-"
+    return f"({value:g})" if key in TIMES and row.get("time_comparable") is False else f"{value:g}"
+
+
 def table(rows: list[dict]) -> str:
-    """One line per (strings, part); a figure a part does not have is a dash."""
+    """One line per (strings, part); a figure a part does not have is a dash, a time measured while other work
+    shared the machine is in parentheses."""
     lines = ["| strings | command | " + " | ".join(label for _, label in COLUMNS) + " |",
              "|---|---|" + "---|" * len(COLUMNS)]
     for row in sorted(rows, key=lambda r: (r["strings"], list(LABEL).index(r["part"]) if r["part"] in LABEL else 99)):
         if row["part"] not in LABEL:
             continue
-        cells = [f"{row[key]:g}" if isinstance(row.get(key), (int, float)) else "-" for key, _ in COLUMNS]
+        cells = [_cell(row, key) for key, _ in COLUMNS]
         lines.append(f"| {row['strings']:,} | {LABEL[row['part']]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
