@@ -49,7 +49,7 @@ import numpy as np
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.readback import file_sha256, parse_json, read_regular_bytes, set_aside
+from mirrorbert.safeguards.readback import PositionedReader, file_sha256, parse_json, read_regular_bytes, set_aside
 from mirrorbert.safeguards.writes import remove_tree, write_error, write_errors, write_failure
 
 logger = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class TokenStore:
         # A batch is read with positioned reads, not through the maps: a page fault maps the neighbouring pages
         # too (the kernel's fault-around), so random batches through a map left most of the store resident in
         # the process (10M strings, 100 steps: 2.4 GB of its RSS). The maps stay for bulk use.
-        self._files = {stem: _PositionedFile(self.root / f"{stem}.bin") for stem in FILES}
+        self._files = {stem: PositionedReader(open(self.root / f"{stem}.bin", "rb")) for stem in FILES}  # noqa: SIM115
 
     def __len__(self) -> int:
         return self.n
@@ -183,32 +183,6 @@ def _decode(raw: bytes) -> str:
         return raw.decode("utf-8", "surrogatepass")  # as written (a lone surrogate of a Python caller kept)
     except UnicodeDecodeError:  # edited bytes with a matching manifest: shown replaced, never a traceback
         return raw.decode("utf-8", "replace")
-
-
-class _PositionedFile:
-    """Reads at an offset (`os.pread` where the platform has it: no shared file position, so a prefetch thread
-    may read too), nothing mapped into the process."""
-
-    def __init__(self, path: Path):
-        self._fh = open(path, "rb")  # noqa: SIM115  (lives as long as the store)
-
-    def read(self, offset: int, size: int) -> bytes:
-        if size <= 0:
-            return b""
-        if hasattr(os, "pread"):
-            parts = []
-            while size > 0:
-                part = os.pread(self._fh.fileno(), size, offset)
-                if not part:
-                    raise UserError(f"{self._fh.name}: shorter than its manifest says (changed while in use?)")
-                parts.append(part)
-                offset, size = offset + len(part), size - len(part)
-            return b"".join(parts)
-        self._fh.seek(offset)
-        raw = self._fh.read(size)
-        if len(raw) != size:
-            raise UserError(f"{self._fh.name}: shorter than its manifest says (changed while in use?)")
-        return raw
 
 
 class StoreStrings(Sequence):

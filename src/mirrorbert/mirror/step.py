@@ -160,20 +160,10 @@ class MirrorMethod:
                 yield index, epoch, (first, *views.make_views(index, self.cfg.seed, epoch, first))
             epoch, first_batch = epoch + 1, 0
 
-    def batch_views(self, index: list[int], epoch: int) -> tuple[list[list[int]], list[list[int]]]:
-        """Both views of the global batch (every process makes all, so the masking shares are the batch's)."""
-        first = self.store.token_ids(index)
-        with self.timer.phase("mask"):
-            return first, self.views.views_for(index, self.cfg.seed, epoch, first)
-
     def train_step(self, batch, engine) -> dict[str, str]:
-        index, epoch, *made = batch  # the global batch; this process embeds its shard
+        index, epoch, (first, second, counts) = batch  # the global batch; this process embeds its shard
         started = time.perf_counter()
-        if made:  # from `batches`: the views were made ahead; counted now that the batch is trained
-            first, second, counts = made[0]
-            self.views.stats.add(*counts)
-        else:
-            first, second = self.batch_views(index, epoch)
+        self.views.stats.add(*counts)  # the views may have been made ahead: counted now that the batch is trained
         self.dist.seed_step(self.cfg.seed, engine.step)
         loss = mirror_step_loss(self.encoder, self.dist.shard(first), self.dist.shard(second),
                                 self.pad_id, self.cfg.temperature, self.cfg.controlled_dropout, self.device,

@@ -123,3 +123,33 @@ def stream_sha256(fh, chunk: int = 1 << 22) -> str:
     for block in iter(lambda: fh.read(chunk), b""):
         digest.update(block)
     return digest.hexdigest()
+
+
+class PositionedReader:
+    """Reads at an offset of an open file (`os.pread` where the platform has it: no shared file position, so
+    a prefetch thread may read too), nothing mapped into the process; the file is kept open as long as this
+    is, so what is read is the file that was opened (and checked)."""
+
+    def __init__(self, fh):
+        self._fh = fh
+
+    def read(self, offset: int, size: int) -> bytes:
+        if size <= 0:
+            return b""
+        if not hasattr(os, "pread"):
+            self._fh.seek(offset)
+            raw = self._fh.read(size)
+            if len(raw) != size:
+                raise UserError(f"{self._fh.name}: shorter than its manifest says (changed while in use?)")
+            return raw
+        parts = []
+        while size > 0:
+            part = os.pread(self._fh.fileno(), size, offset)
+            if not part:
+                raise UserError(f"{self._fh.name}: shorter than its manifest says (changed while in use?)")
+            parts.append(part)
+            offset, size = offset + len(part), size - len(part)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._fh.close()

@@ -34,8 +34,8 @@ from typing import Any, Sequence
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.readback import (file_sha256, open_regular, parse_json, read_regular_bytes,
-                                            stream_sha256)
+from mirrorbert.safeguards.readback import (PositionedReader, file_sha256, open_regular, parse_json,
+                                            read_regular_bytes, stream_sha256)
 from mirrorbert.search.index_files import IVF_FILES, check_size, open_vectors, read_ids_npy, read_ivf_parts
 from mirrorbert.search.index_files import damaged as _damaged
 
@@ -308,7 +308,7 @@ def _read_texts(folder: Path, manifest: Manifest) -> "StoredTexts":
     except BaseException:
         fh.close()
         raise
-    return StoredTexts(folder, fh, starts)
+    return StoredTexts(folder, PositionedReader(fh), starts)
 
 
 class StoredTexts(collections.abc.Sequence):
@@ -316,8 +316,8 @@ class StoredTexts(collections.abc.Sequence):
     starts instead of gigabytes of strings. The file stays open (the one that was checked); each line is
     parsed and checked again as it is read."""
 
-    def __init__(self, folder: Path, fh, starts):
-        self.folder, self._fh, self._starts = folder, fh, starts
+    def __init__(self, folder: Path, reader: PositionedReader, starts):
+        self.folder, self._reader, self._starts = folder, reader, starts
 
     def __len__(self) -> int:
         return len(self._starts) - 1
@@ -327,12 +327,11 @@ class StoredTexts(collections.abc.Sequence):
             return [self[i] for i in range(*index.indices(len(self)))]
         index = range(len(self))[index]
         start, end = int(self._starts[index]), int(self._starts[index + 1])
-        self._fh.seek(start)
-        line = self._fh.read(end - start)
+        line = self._reader.read(start, end - start)
         return _parse_text(self.folder, f"texts.jsonl:{index + 1}", line[:-1] if line.endswith(b"\n") else line)
 
     def close(self) -> None:
-        self._fh.close()
+        self._reader.close()
 
 
 def _parse_text(folder: Path, where: str, line: bytes) -> str:
