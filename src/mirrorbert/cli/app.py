@@ -165,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         print("mirrorbert: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BaseException as exc:
+        from mirrorbert.safeguards.preflight import is_tokenizer_panic
+
+        if is_tokenizer_panic(exc):  # a crafted tokenizer.json that passed the probes fails on some input
+            print(f"mirrorbert: error: the model's tokenizer failed on an input ({str(exc).splitlines()[0][:160] if str(exc) else 'a panic in tokenizers'}); "
+                  "its tokenizer.json is damaged or crafted", file=sys.stderr)
+            return EXIT_USER_ERROR
         signals = sys.modules.get("mirrorbert.training.signals")  # imported by training commands only
         if signals is None or not isinstance(exc, signals.SignalStop):
             raise

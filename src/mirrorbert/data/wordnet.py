@@ -109,7 +109,9 @@ def _parse_data_line(line: str, path: Path, lineno: int) -> Synset:
 
 def _content_lines(path: Path):
     """Yield (line number, line) for non-header lines of a WordNet database file."""
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    from mirrorbert.safeguards.readback import open_text
+
+    with open_text(path, "WordNet file", errors="replace") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip() or line.startswith(" "):
                 continue

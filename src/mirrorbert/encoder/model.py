@@ -30,8 +30,10 @@ from mirrorbert.encoder.pooling import (
     sentence_transformers_modules,
 )
 from mirrorbert.search import exact as _search
-from mirrorbert.safeguards.preflight import inspect_model, max_positions, model_load_error, read_json_file, weights_load_error
-from mirrorbert.safeguards.model_loading import check_remote_code, check_trust_flag, load_model
+from mirrorbert.safeguards.preflight import (check_max_length, inspect_model, max_positions, model_load_error,
+                                             weights_load_error)
+from mirrorbert.safeguards.model_folder import vet_model_folder
+from mirrorbert.safeguards.model_loading import check_trust_flag, load_model
 from mirrorbert.safeguards.writes import atomic_output_dir
 from mirrorbert.runtime.device import autocast, check_precision, resolve_device
 from mirrorbert.reporting.metrics import library_versions
@@ -190,26 +192,13 @@ class Encoder(torch.nn.Module):
         folder = Path(name)
         saved_pooling, normalize, saved_max, info = None, False, None, {}
         if folder.is_dir():
-            if not (folder / "config.json").exists():
-                raise UserError(f"--model {name}: folder has no config.json (not a Hugging Face model folder)")
-            check_remote_code(name, trust_remote_code)  # before any file of the folder is loaded
-            try:
-                saved_pooling, normalize = pooling_from_sentence_transformers(folder)
-            except ValueError as exc:
-                raise UserError(str(exc)) from None
-            if (folder / MIRRORBERT_JSON).exists():
-                info = read_json_file(folder / MIRRORBERT_JSON, "--model")
-                saved_pooling = info.get("pooling", saved_pooling)
-                if saved_pooling is not None and saved_pooling not in POOLINGS:
-                    raise UserError(f"--model: {folder / MIRRORBERT_JSON}: unknown pooling {saved_pooling!r}")
-            st_cfg = folder / "sentence_bert_config.json"
-            if st_cfg.exists():
-                saved_max = read_json_file(st_cfg, "--model").get("max_seq_length")
-                if saved_max is not None and (not isinstance(saved_max, int) or isinstance(saved_max, bool) or saved_max < 1):
-                    raise UserError(f"--model: {st_cfg}: max_seq_length {saved_max!r} is not a positive whole number")
+            saved_pooling, normalize, saved_max, info = _saved_settings(name, trust_remote_code)
         # config, tokenizer and the weights' shapes checked before any weight is read
         config, tokenizer = inspect_model(name, max_length=max_length, config_overrides=config_overrides,
                                           warn_decoder=False, trust_remote_code=trust_remote_code)
+        if max_length is None and saved_max is not None:
+            check_max_length(saved_max, config, f"--model {folder / 'sentence_bert_config.json'}: max_seq_length",
+                             name)
         try:
             with _quiet_transformers():  # its load report of unused MLM-head weights is noise here
                 model = load_model(name, config=config, trust_remote_code=trust_remote_code)
@@ -456,6 +445,30 @@ class Encoder(torch.nn.Module):
 
         return push_encoder(self, repo_id, private=private, token=token, commit_message=commit_message,
                             dry_run_dir=dry_run_dir)
+
+
+def _saved_settings(name: str, trust_remote_code: bool) -> tuple[str | None, bool, int | None, dict[str, Any]]:
+    """(pooling, normalize, max length, mirrorbert.json) a saved folder records, read from the files the
+    folder check parsed (`vet_model_folder`), before any library opens the folder."""
+    model = vet_model_folder(name, "--model", trust_remote_code)
+    folder = Path(name)
+    if "config.json" not in model.json:
+        raise UserError(f"--model {name}: folder has no config.json (not a Hugging Face model folder)")
+    saved_pooling, normalize = pooling_from_sentence_transformers(model)
+    info = model.get(MIRRORBERT_JSON, {})
+    if not isinstance(info, dict):
+        raise UserError(f"--model: {folder / MIRRORBERT_JSON} is damaged (expected a JSON object)")
+    saved_pooling = info.get("pooling", saved_pooling)
+    if saved_pooling is not None and saved_pooling not in POOLINGS:
+        raise UserError(f"--model: {folder / MIRRORBERT_JSON}: unknown pooling {str(saved_pooling)[:40]!r}")
+    st_cfg = model.get("sentence_bert_config.json", {})
+    if not isinstance(st_cfg, dict):
+        raise UserError(f"--model: {folder / 'sentence_bert_config.json'} is damaged (expected a JSON object)")
+    saved_max = st_cfg.get("max_seq_length")
+    if saved_max is not None and (not isinstance(saved_max, int) or isinstance(saved_max, bool) or saved_max < 1):
+        raise UserError(f"--model: {folder / 'sentence_bert_config.json'}: max_seq_length {str(saved_max)[:30]!r} "
+                        "is not a positive whole number")
+    return saved_pooling, normalize, saved_max, info
 
 
 def detach_pooler(model) -> dict[str, torch.Tensor]:

@@ -95,42 +95,44 @@ def sentence_transformers_modules(mode: str, dim: int, num_layers: int, normaliz
 
 
 def pooling_from_sentence_transformers(folder) -> tuple[str | None, bool]:
-    """Read back (pooling mode, normalize) from a sentence-transformers folder; (None, False) if not one."""
-    import json
-    from pathlib import Path
+    """Read back (pooling mode, normalize) from a sentence-transformers folder; (None, False) if not one.
 
-    folder = Path(folder)
-    modules_file = folder / "modules.json"
-    if not modules_file.exists():
+    `folder` is a checked `ModelFolder` (or a path, checked here): modules.json and each module's config.json
+    are read as the confined reader parsed them, never opened again."""
+    from mirrorbert.errors import UserError
+    from mirrorbert.safeguards.model_folder import ModelFolder, vet_model_folder
+
+    model = folder if isinstance(folder, ModelFolder) else vet_model_folder(folder, trust_remote_code=True)
+    if "modules.json" not in model.json:
         return None, False
-    def read(path: Path, expect: type):
-        try:
-            value = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"--model: {path} is damaged (not valid JSON: {exc})") from None
-        if not isinstance(value, expect) or (expect is list and not all(isinstance(m, dict) for m in value)):
-            raise ValueError(f"--model: {path} is damaged (not the sentence-transformers layout)")
-        return value
-
-    modules = read(modules_file, list)
+    where = model.folder.given / "modules.json"
     mode, normalize, weighted = None, False, False
-    for module in modules:
+    for module in model.modules:
         kind = str(module.get("type", ""))
         if not kind.startswith("sentence_transformers."):  # code from elsewhere, that mirrorbert never runs
-            raise ValueError(f"--model: {modules_file} names a module type from outside sentence-transformers "
-                             f"({kind[:120]!r}); mirrorbert reads only sentence-transformers' own modules and "
-                             "runs no code from a model folder")
+            raise UserError(f"--model: {where} names a module type from outside sentence-transformers "
+                            f"({kind[:120]!r}); mirrorbert reads only sentence-transformers' own modules and "
+                            "runs no code from a model folder")
         if kind.endswith("WeightedLayerPooling"):
             weighted = True
         elif kind.endswith("Pooling"):
-            cfg_path = folder / str(module.get("path", "")) / "config.json"
-            cfg = read(cfg_path, dict) if cfg_path.exists() else {}
+            cfg_name = f"{module_folder(module)}/config.json".lstrip("./")
+            cfg = model.get(cfg_name, {})
+            if not isinstance(cfg, dict):
+                raise UserError(f"--model: {model.folder.given / cfg_name} is damaged (expected a JSON object)")
             if cfg.get("pooling_mode_cls_token") or cfg.get("pooling_mode") == "cls":
                 mode = "cls"
             elif cfg.get("pooling_mode_mean_tokens") or cfg.get("pooling_mode", "mean") == "mean":
                 mode = "first-last" if weighted else "mean"
             else:
-                raise ValueError(f"{cfg_path}: pooling mode not supported by mirrorbert ({cfg})")
+                shown = {k: v for k, v in cfg.items() if str(k).startswith("pooling_mode") and v}
+                raise UserError(f"--model: {model.folder.given / cfg_name}: pooling mode not supported by "
+                                f"mirrorbert ({str(shown)[:160]}); mirrorbert pools by cls, mean or first-last")
         elif kind.endswith("Normalize"):
             normalize = True
     return mode, normalize
+
+
+def module_folder(module: dict) -> str:
+    """The folder of a checked modules.json entry, relative to the model folder ('.' for the folder itself)."""
+    return str(module.get("_folder", "."))

@@ -111,7 +111,9 @@ class LexSubItem:
 
 def _read_lines(path: Path) -> list[str]:
     # One LS07 sentence has a stray Latin-1 byte; replacing it is harmless for scoring.
-    return path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    from mirrorbert.safeguards.readback import read_regular_bytes
+
+    return read_regular_bytes(path, "lexical substitution file", 1 << 30).decode("utf-8", errors="replace").splitlines()
 
 
 def read_preprocessed(path: str | os.PathLike) -> list[LexSubItem]:

@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 
 from mirrorbert.data.strings import check_utf8_file
 from mirrorbert.errors import UserError
+from mirrorbert.safeguards.readback import open_text
 from mirrorbert.data.wordnet import POS_FILES, WordNet, candidate_base_forms
 
 logger = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ def load_triplets_tsv(path: str | os.PathLike, wn: WordNet | None = None) -> lis
     check_utf8_file(p, "--triplets")  # binary data: one line naming the file, not a UnicodeDecodeError
     exceptions = wn.exceptions if wn is not None else None
     out: list[Triplet] = []
-    with open(p, encoding="utf-8", newline="") as fh:
+    with open_text(p, "--triplets", newline="") as fh:
         for lineno, raw in enumerate(fh, 1):
             line = raw.rstrip("\r\n")
             if not line.strip() or line.lstrip().startswith("#"):

@@ -24,7 +24,6 @@ Only this module imports mteb, and only when metadata is asked for; `import mirr
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -213,13 +212,12 @@ class MirrorBertMTEB:
         """The model this one was trained from (mirrorbert.json `base_model`), by hub id or folder name."""
         from mirrorbert.publish.model_card import public_name
 
+        from mirrorbert.safeguards.model_folder import vet_model_folder
+
         folder = self._local_folder()
-        if folder is None or not (folder / "mirrorbert.json").is_file():
+        if folder is None:
             return None
-        try:
-            info = json.loads((folder / "mirrorbert.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
+        info = vet_model_folder(folder).get("mirrorbert.json")
         base = info.get("base_model") if isinstance(info, dict) else None
         if not base:
             return None

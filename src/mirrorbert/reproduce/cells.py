@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirrorbert.safeguards.readback import open_text
+
 MIRROR_EXPERIMENTS = ("wordsim", "random-strings", "sts", "qnli", "bel", "bli", "ablation", "isotropy",
                       "datasize", "frequency")
 GRBERT_EXPERIMENTS = ("lexsub", "gr-sts", "gr-supervised")
@@ -113,7 +115,8 @@ class Skipped:
 
 
 def _lines(path: Path) -> list[str]:
-    return [s for s in (x.strip() for x in path.read_text(encoding="utf-8").splitlines()) if s]
+    with open_text(path, "--data-dir") as fh:
+        return [s for s in (x.strip() for x in fh.read().splitlines()) if s]
 
 
 def _wordfreq_has(lang: str) -> bool:
@@ -167,7 +170,7 @@ QUICK_CUT = ("sts", "qnli", "bel", "bli", "wordsim")
 
 def _head_text(path: Path, quick: QuickLimits) -> str:
     """The first lines of an evaluation file (whole documents for PubTator), as --quick evaluates it."""
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+    with open_text(path, "--data-dir", errors="surrogateescape", newline="") as f:
         if path.name.endswith(".PubTator.txt"):
             docs, current = [], []
             for line in f:

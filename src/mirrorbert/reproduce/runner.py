@@ -15,6 +15,7 @@ import importlib
 import json
 import logging
 import os
+import stat
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,9 @@ from typing import Any
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
+from mirrorbert.safeguards.model_folder import vet_model_folder
 from mirrorbert.safeguards.preflight import first_line
+from mirrorbert.safeguards.readback import open_regular, parse_json, read_regular_bytes
 from mirrorbert.reproduce.cells import Cell, QuickLimits, build_cells, quick_data_dir
 from mirrorbert.reproduce.results import CellResult, ReproduceConfig, ReproduceResult
 from mirrorbert.reproduce.paper import detect_base_model
@@ -56,7 +59,7 @@ def fingerprint(path: Path) -> str:
         return "absent"
     for f in files:
         h.update(str(f.relative_to(path)).encode() if f != path else b"")
-        with open(f, "rb") as fh:
+        with os.fdopen(open_regular(f, "--data-dir"), "rb") as fh:  # a FIFO among the data is an error, not a hang
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     _FINGERPRINTS[key] = h.hexdigest()
@@ -65,14 +68,14 @@ def fingerprint(path: Path) -> str:
 
 def model_identity(model: str) -> str:
     """The base model's identity: its config and weight file sizes for a folder, its name otherwise."""
-    folder = Path(model)
-    if not folder.is_dir():
+    if not Path(model).is_dir():
         return model
+    checked = vet_model_folder(model)
     h = hashlib.sha256()
-    for f in sorted(folder.iterdir()):
-        if f.is_file():
-            h.update(f.name.encode())
-            h.update(f.read_bytes() if f.suffix == ".json" else str(f.stat().st_size).encode())
+    for name, st in sorted(checked.folder.entries()):
+        if stat.S_ISREG(st.st_mode):
+            h.update(name.encode())
+            h.update(checked.folder.read_bytes(name) if name.endswith(".json") else str(st.st_size).encode())
     return h.hexdigest()
 
 
@@ -86,10 +89,10 @@ def _hash(obj: Any, output: Path | None = None) -> str:
 
 
 def _model_type(model: str) -> str:
-    try:
-        return json.loads((Path(model) / "config.json").read_text(encoding="utf-8")).get("model_type", "")
-    except (OSError, ValueError):
-        return "roberta" if "roberta" in model.lower() else "bert"
+    config = vet_model_folder(model).get("config.json") if Path(model).is_dir() else None
+    if isinstance(config, dict) and isinstance(config.get("model_type"), str):
+        return config["model_type"]
+    return "roberta" if "roberta" in model.lower() else "bert"
 
 
 # ----------------------------------------------------------------------------- the run
@@ -341,8 +344,8 @@ def _load_cached(path: Path, key: str) -> CellResult | None:
         _set_aside(path, "not a file")
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = parse_json(read_regular_bytes(path, "cell cache", 64 << 20), "cell cache", path)
+    except (OSError, ValueError) as exc:  # a UserError is a ValueError: damaged, so set aside
         _set_aside(path, f"not readable JSON: {exc}")
         return None
     why = _damage(data)

@@ -22,7 +22,6 @@ or `torch.load`, so this stays the one place.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -30,15 +29,12 @@ from typing import Any
 import mirrorbert.jsonio as jsonio
 from mirrorbert.compat import from_pretrained_takes_weights_only
 from mirrorbert.errors import UserError
+from mirrorbert.safeguards.model_folder import REMOTE_CODE_FILES
 
 TRUST_OPTION = "--trust-remote-code"
 TRUST_HELP = ("run Python code shipped with the model (an auto_map in its config.json or tokenizer_config.json); "
               "only for a model whose author you trust. Without it such a model is refused; nothing is ever asked "
               "on standard input")
-# Files of a model folder in which transformers looks for classes to import from the folder's own .py files.
-REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
-# sentence-transformers module types it ships itself; any other type in modules.json is code from elsewhere.
-SENTENCE_TRANSFORMERS_PREFIX = "sentence_transformers."
 
 
 def check_trust_flag(value: Any, option: str = "trust_remote_code") -> bool:
@@ -53,14 +49,13 @@ def _summary(auto_map: Any) -> str:
 
 
 def remote_code_request(folder: str | os.PathLike) -> str | None:
-    """What in a local folder asks to run code from it ("its config.json asks ... (auto_map: ...)"), or None."""
-    folder = Path(folder)
+    """What in a local folder asks to run code from it ("its config.json asks ... (auto_map: ...)"), or None;
+    the folder's files are read through the confined reader (a damaged one is its error)."""
+    from mirrorbert.safeguards.model_folder import vet_model_folder
+
+    model = vet_model_folder(folder, trust_remote_code=True)
     for name in REMOTE_CODE_FILES:
-        path = folder / name
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
-            continue  # missing or damaged: the loaders that read it name the file
+        data = model.get(name)
         if isinstance(data, dict) and data.get("auto_map"):
             return f"its {name} asks to run code from the folder (auto_map: {_summary(data['auto_map'])})"
     return None
@@ -71,33 +66,20 @@ def _refusal(name: str, option: str, reason: str) -> UserError:
 
 
 def check_remote_code(name: str | os.PathLike, trust_remote_code: bool = False, option: str = "--model") -> None:
-    """Refuse a local folder that asks to run its own code, unless the user said they trust it."""
+    """Check a local folder before any library reads it (`model_folder.vet_model_folder`: every file a loader
+    opens is a regular file inside it, bounded, parseable), and refuse one that asks to run its own code
+    (an auto_map, a module type outside sentence-transformers), unless the user said they trust it."""
+    from mirrorbert.safeguards.model_folder import vet_if_local
+
     check_trust_flag(trust_remote_code)
-    if trust_remote_code:
-        return
-    folder = Path(name)
-    if folder.is_dir():
-        reason = remote_code_request(folder)
-        if reason:
-            raise _refusal(str(name), option, reason)
+    vet_if_local(name, option, trust_remote_code)
 
 
 def check_sentence_transformers_modules(folder: str | os.PathLike, trust_remote_code: bool = False,
                                         option: str = "--model") -> None:
-    """A modules.json naming a module type outside sentence-transformers is code from elsewhere: refused unless
-    trusted (sentence-transformers would import it)."""
-    path = Path(folder) / "modules.json"
-    if trust_remote_code or not path.is_file():
-        return
-    try:
-        modules = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return  # damaged: named by the reader of modules.json
-    for module in modules if isinstance(modules, list) else []:
-        kind = module.get("type") if isinstance(module, dict) else None
-        if isinstance(kind, str) and not kind.startswith(SENTENCE_TRANSFORMERS_PREFIX):
-            raise _refusal(str(folder), option, f"its modules.json names a module type from outside "
-                                                f"sentence-transformers ({kind[:120]!r}), whose code would run")
+    """A modules.json naming a module type outside sentence-transformers' module packages is code from
+    elsewhere: refused unless trusted (sentence-transformers would import it). Part of the folder's check."""
+    check_remote_code(folder, trust_remote_code, option)
 
 
 def _remote_code_error(exc: BaseException, name: str, option: str) -> UserError | None:

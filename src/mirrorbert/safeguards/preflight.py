@@ -141,12 +141,40 @@ def warn_if_decoder(config, name: str) -> bool:
     return True
 
 
+# Strings that make a backtracking pattern in a crafted tokenizer.json blow its match budget (tokenizers then
+# panics): long runs of one character, of a pair, of spaces and digits, each ended by an odd one out.
+TOKENIZER_PROBES = tuple(run * n + end for run in ("a", "ab", " ", "0", "é", ".") for n in (64, 512)
+                         for end in ("!", "c", ""))
+
+
+def is_tokenizer_panic(exc: BaseException) -> bool:
+    """tokenizers' Rust panics arrive as pyo3's PanicException, a BaseException of no importable type."""
+    return type(exc).__name__ == "PanicException"
+
+
+def tokenizer_failure(exc: BaseException, name: str, option: str = "--model") -> UserError:
+    return UserError(f"{option} {name}: its tokenizer fails on ordinary text ({first_line(exc)[:160]}); "
+                     "tokenizer.json is damaged or crafted")
+
+
 def check_tokenizer(tokenizer, name: str, option: str = "--model") -> None:
-    """A folder without tokenizer files loads as a 5-token tokenizer that maps every word to [UNK]."""
+    """A folder without tokenizer files loads as a 5-token tokenizer that maps every word to [UNK]; a crafted
+    one whose patterns exhaust their match budget panics inside tokenizers: both refused before any work."""
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     if len(tokenizer) - len(special) < MIN_REAL_TOKENS:
         raise UserError(f"{option} {name}: the tokenizer is empty ({len(tokenizer)} tokens); the folder needs "
                         f"its tokenizer files (one of {', '.join(TOKENIZER_FILES[:4])}, ...)")
+    probe_tokenizer(lambda texts: tokenizer(texts, add_special_tokens=True, truncation=True), name, option)
+
+
+def probe_tokenizer(encode, name: str, option: str = "--model") -> None:
+    """Run `encode` (a tokenizer's batch call) on TOKENIZER_PROBES: a panic inside tokenizers is one line."""
+    try:
+        encode(list(TOKENIZER_PROBES))
+    except BaseException as exc:  # noqa: BLE001  a PanicException is no Exception
+        if not is_tokenizer_panic(exc):
+            raise
+        raise tokenizer_failure(exc, name, option) from None
 
 
 def check_tokenizer_files(folder: Path, option: str = "--model") -> None:
@@ -160,16 +188,23 @@ def read_safetensors_header(path: Path, option: str = "--model") -> dict[str, An
 
     Header-only integrity check: the data the header promises must be in the file (a truncated download or
     copy fails here, in milliseconds, instead of inside the loader)."""
-    size = path.stat().st_size
+    from mirrorbert.safeguards.readback import open_regular
+
+    from mirrorbert.safeguards.readback import json_depth_ok
+
     try:
-        with path.open("rb") as fh:
+        with os.fdopen(open_regular(path, option), "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
             head = fh.read(8)
             if len(head) < 8:
                 raise ValueError("shorter than a safetensors header")
             (n,) = struct.unpack("<Q", head)
-            if n > size - 8:
-                raise ValueError("header longer than the file")
-            header = json.loads(fh.read(n).decode("utf-8"))
+            if n > min(size - 8, 100 << 20):
+                raise ValueError("header longer than the file or 100 MB")
+            raw = fh.read(n)
+            if not json_depth_ok(raw):
+                raise ValueError("header nested too deep")
+            header = json.loads(raw.decode("utf-8"))
         if not isinstance(header, dict):
             raise ValueError("the header is not a table of tensors")
         tensors = {k: v for k, v in header.items() if k != "__metadata__"}
@@ -178,7 +213,7 @@ def read_safetensors_header(path: Path, option: str = "--model") -> dict[str, An
             [int(d) for d in v["shape"]]
     except PermissionError:
         raise UserError(f"{option}: {path}: permission denied (the file is not readable)") from None
-    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError, RecursionError) as exc:
         raise UserError(f"{option}: {path} is damaged (not a valid safetensors file: {first_line(exc)})") from None
     if 8 + n + end > size:
         raise UserError(f"{option}: {path} is truncated ({size} bytes, its header needs {8 + n + end}); "
@@ -343,20 +378,6 @@ def _load_failure(name: str, option: str, what: str, exc: Exception) -> UserErro
     if isinstance(exc, (OSError, ValueError)):
         return UserError(str(model_load_error(name, exc)).replace("--model", option, 1))
     return UserError(f"{option} {name}: cannot read the {what}: {detail}")
-
-
-def read_json_file(path: Path, option: str, expect: type = dict) -> Any:
-    """A small JSON file a model folder carries (mirrorbert.json, sentence_bert_config.json, ...): damaged
-    or of the wrong shape is one error line naming the file."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except PermissionError:
-        raise UserError(f"{option}: {path}: permission denied (the file is not readable)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{option}: {path} is damaged (not valid JSON: {first_line(exc)})") from None
-    if not isinstance(value, expect):
-        raise UserError(f"{option}: {path} is damaged (expected a JSON {'object' if expect is dict else expect.__name__})")
-    return value
 
 
 def load_config(name: str, option: str = "--model", overrides: dict[str, Any] | None = None,

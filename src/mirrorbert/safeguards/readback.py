@@ -47,6 +47,12 @@ def open_regular(path: Path, what: str) -> int:
     return fd
 
 
+def open_text(path: Path, what: str, errors: str = "strict", newline: str | None = None):
+    """A text file object over `open_regular`'s descriptor: a data file read line by line (an evaluation set,
+    a WordNet database, a triplet file) is a regular file, never a FIFO or device that blocks or never ends."""
+    return open(open_regular(Path(path), what), encoding="utf-8", errors=errors, newline=newline)
+
+
 def read_regular_bytes(path: Path, what: str, limit: int) -> bytes:
     """The bytes of a regular file of at most `limit` bytes (a bigger one is refused before reading it)."""
     fd = open_regular(path, what)
@@ -99,7 +105,7 @@ def set_aside(root: Path, option: str = "--cache-dir") -> Path:
     raise UserError(f"{option} {root.parent}: too many damaged caches set aside for {root.name}; remove them")
 
 
-__all__ = ["MAX_JSON_DEPTH", "json_depth_ok", "open_regular", "parse_json", "read_regular_bytes", "set_aside"]
+__all__ = ["MAX_JSON_DEPTH", "json_depth_ok", "open_regular", "open_text", "parse_json", "read_regular_bytes", "set_aside"]
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22, what: str = "--corpus") -> str:
