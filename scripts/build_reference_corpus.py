@@ -24,6 +24,7 @@ import argparse
 import csv
 import gzip
 import json
+import logging
 import os
 import random
 import re
@@ -268,6 +269,16 @@ def evaluation_sentences(data_dir: Path) -> dict[str, set[str]]:
 
 
 # --------------------------------------------------------------------------- assembly
+def _with_progress(lines: Iterable[str], source: str) -> Iterable[str]:
+    """A source's lines through mirrorbert's progress helper: a bar on a terminal, a line every 30 s off one
+    (the quickstart's log), so a long source (GCIDE) is not a silent minute."""
+    try:
+        from mirrorbert.reporting.progress import progress_bar
+    except ImportError:  # run outside the package's environment: the same corpus, without progress
+        return lines
+    return progress_bar(lines, desc=f"corpus {source}", unit="line")
+
+
 def build_corpus(
     data_dir: Path,
     output: Path,
@@ -299,7 +310,7 @@ def build_corpus(
     found_eval: set[str] = set()
     for source, lines in readers.items():
         s = Counter()
-        for line in lines:
+        for line in _with_progress(lines, source):
             s["read"] += 1
             key = normalize_key(line)
             if len(key.split()) < min_words:
@@ -382,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     parser.add_argument("--no-shuffle", action="store_true", help="keep source order")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
         if not args.data_dir:
             raise CorpusError("no data folder: pass --data-dir or set MIRRORBERT_DATA")

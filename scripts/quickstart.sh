@@ -29,11 +29,13 @@ bash scripts/setup_env.sh
 mkdir -p runs
 if [[ -z "${MODEL:-}" ]]; then
   # bert-base-uncased where it can be had, else the offline reference MLM (one line on stderr says which;
-  # the pre-training log goes to runs/quickstart-reference-mlm.log)
+  # the pre-training log goes to runs/quickstart-reference-mlm.log; the screen gets the quickstart's lines and
+  # a progress line at least every 30 s of corpus building and pre-training)
   if ! MODEL="$(.venv/bin/python -m mirrorbert.cli.reference_mlm --model "${QUICKSTART_DEFAULT_MODEL:-bert-base-uncased}" \
       --data-dir "$DATA_DIR" --work runs/quickstart-reference-mlm --corpus-script scripts/build_reference_corpus.py \
       --budget-s "${QUICKSTART_BUDGET_S:-600}" --architecture "${QUICKSTART_ARCH:-bert-mini}" \
-      2> >(tee runs/quickstart-reference-mlm.log | grep --line-buffered '^quickstart:' >&2))"; then
+      2> >(tee runs/quickstart-reference-mlm.log \
+           | grep --line-buffered -E '^quickstart:| mirrorbert\.(progress|mlm\.reference): ' >&2))"; then
     sleep 1; tail -n 5 runs/quickstart-reference-mlm.log >&2; exit 2
   fi
   MODEL="$(printf '%s\n' "$MODEL" | tail -n 1)"
@@ -58,15 +60,17 @@ hint() {
 
 echo "== STS-B dev before Mirror-BERT ($MODEL, mean pooling)"
 ERR="$OUT.before.err"
-if ! $MB eval --model "$MODEL" --pooling mean --tasks sts --sts-sets stsb --data-dir "$DATA_DIR" \
-    --output "$OUT.before.json" 2>"$ERR"; then
-  cat "$ERR" >&2
+status=0
+# stderr on screen as it comes (progress lines included) and in $ERR, to tell a model that fails to load
+$MB eval --model "$MODEL" --pooling mean --tasks sts --sts-sets stsb --data-dir "$DATA_DIR" \
+  --output "$OUT.before.json" 2> >(tee "$ERR" >&2) || status=$?
+if [ "$status" -ne 0 ]; then
+  sleep 1  # tee's last lines
   # only a failure to load the model gets the model hint; anything else speaks for itself above
   if grep -q "error: --model" "$ERR"; then hint; fi
   echo "quickstart: the evaluation before training failed (see the error above)" >&2
   exit 2
 fi
-cat "$ERR" >&2
 rm -f "$ERR"
 echo "== Mirror-BERT training (--preset sentence)"
 # shellcheck disable=SC2086
@@ -74,25 +78,7 @@ $MB train --model "$MODEL" --data "$TRAIN_DATA" \
   --preset sentence --output "$OUT" ${TRAIN_ARGS:-}
 echo "== STS-B dev after"
 $MB eval --model "$OUT" --tasks sts --sts-sets stsb --data-dir "$DATA_DIR" --output "$OUT.after.json"
-.venv/bin/python - "$OUT.before.json" "$OUT.after.json" "$MODEL" <<'PY'
-import json, sys
-from pathlib import Path
-def dev(path):
-    return json.load(open(path))["tasks"]["sts"]["metrics"]["stsb_dev"]
-before, after = dev(sys.argv[1]), dev(sys.argv[2])
-print("== Summary")
-print(f"STS-B dev split (1,500 pairs), Spearman x100 of cosine vs gold: before {100 * before:.2f} -> after {100 * after:.2f}")
-print("What to expect: bert-base-uncased reaches the high 70s on STS-B after Mirror-BERT (the paper, test split).")
-record = Path(sys.argv[3]) / "quickstart_reference.json"
-if record.is_file():  # the offline reference MLM pre-trained here: its score follows the tokens it got
-    ref = json.loads(record.read_text())
-    arch = ref.get("plan", {}).get("architecture", "reference")
-    print(f"Your offline reference MLM ({arch}) was pre-trained here on {ref['max_tokens']:,} tokens (corpus and")
-    print(f"pre-training {ref['wall_time_s']:.0f} s; held-out masked accuracy {100 * (ref.get('eval_accuracy') or 0):.1f}%); how far it gets")
-    print("depends on how many tokens this machine fits in the budget. For comparison, docs/results/README.md:")
-    print("a quickstart run with the same 600-s budget on a shared 2-core CPU (917,504 tokens) gave dev 17.90 -> 61.03;")
-    print("its 50.2 -> 62.6 come from a different model, pre-trained for 89 minutes on 6.0M tokens")
-    print("(scripts/train_reference_mlm.sh), not from this budget.")
-PY
+# this run's before and after only (src/mirrorbert/cli/quickstart_summary.py)
+.venv/bin/python -m mirrorbert.cli.quickstart_summary "$OUT.before.json" "$OUT.after.json" "$MODEL"
 echo "model: $OUT"
 echo "mirrorbert is installed in .venv: '. .venv/bin/activate' puts the mirrorbert command on your PATH"

@@ -5,5 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# One thread (tests/conftest.py holds torch there too): the suite takes the same time on 2 cores or 64, and
+# OpenMP's spin-waiting on a busy machine (4x slower at default threads on a shared 2-core box) is gone.
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export MIRRORBERT_DATA="${MIRRORBERT_DATA:-$(cd .. && pwd)/shared/data}"
 exec .venv/bin/python -m pytest -q -m "not slow" "$@"

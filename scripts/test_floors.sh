@@ -39,6 +39,7 @@ names = ["torch", "transformers", "tokenizers", "sentence-transformers", "numpy"
 print("floors:", ", ".join(f"{n} {version(n)}" for n in names))
 EOF
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1  # one thread, as scripts/test.sh (tests/conftest.py)
 export MIRRORBERT_DATA="${MIRRORBERT_DATA:-$(cd .. && pwd)/shared/data}"
 # pytest's exit status is this script's: 5 (no test collected) fails CI like any other non-zero one.
 exec "$VENV/bin/python" -m pytest -q -m "not slow" "$@"

@@ -8,6 +8,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One thread, for this process and the commands tests start (scripts/test.sh sets the same): the suite's time
+# does not depend on the machine's cores or its load. A test may set its own count; it is put back after it.
+TEST_THREADS = 1
+os.environ.setdefault("OMP_NUM_THREADS", str(TEST_THREADS))
+os.environ.setdefault("MKL_NUM_THREADS", str(TEST_THREADS))
 if "MIRRORBERT_CACHE" not in os.environ:  # token stores and MLM corpora of the tests: never the user's ~/.cache
     import atexit
     import shutil
@@ -23,6 +28,16 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("MIRRORBERT_DATA", REPO.parent / "shared" / "data")).resolve()
 if os.environ.get("MIRRORBERT_DATA"):  # absolute: tests that run commands in a scratch cwd read it too
     os.environ["MIRRORBERT_DATA"] = str(SHARED_DATA)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """torch at TEST_THREADS threads in every test, whatever the one before set."""
+    import torch
+
+    if torch.get_num_threads() != TEST_THREADS:
+        torch.set_num_threads(TEST_THREADS)
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MAX_README_LINES = 320
@@ -27,7 +29,7 @@ def test_site_builds_strict_and_renders_the_api_docstrings(tmp_path):
     # Encoder.encode's docstring, rendered by mkdocstrings (its first line, then the anchor of the method).
     assert "Vectors in input order" in api
     assert 'id="mirrorbert.encoder.model.Encoder.encode"' in api
-    for page in ("guide/training", "guide/saved-model", "guide/search", "guide/evaluation", "guide/pretraining",
+    for page in ("guide/quickstart", "guide/serving", "reference/cli", "guide/training", "guide/saved-model", "guide/search", "guide/evaluation", "guide/pretraining",
                  "guide/reproduce", "guide/export", "guide/mteb", "guide/hub", "benchmarks", "development",
                  "results"):
         assert (site / page / "index.html").is_file(), page
@@ -76,3 +78,61 @@ def test_readme_python_snippet_runs_offline_and_does_not_collapse(tiny_bert, tmp
     collapse = json.loads((tmp_path / "out" / "mirrorbert.json").read_text())["training"]["collapse"]
     assert collapse["collapsed"] is False and collapse["mean_pairwise_cosine"] < collapse["threshold"]
     assert namespace["vecs"].shape[0] == 2 and len(namespace["hits"]) == 2
+
+
+def _commands_in_docs() -> dict[str, str]:
+    """Where the README's and the guide's commands write (--output and the like), each with its page."""
+    found: dict[str, str] = {}
+    for page in [README, *sorted((ROOT / "docs" / "guide").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        code = "\n".join(re.findall(r"```.*?```", text, flags=re.S) + re.findall(r"^ {4}.*$", text, flags=re.M))
+        for target in re.findall(r"--(?:output|checkpoint-dir|log-dir|work|report) ([^\s`\"')\\]+)", code):
+            if not target.isupper():  # DIR, a placeholder
+                found.setdefault(target, page.name)
+    return found
+
+
+def test_every_output_the_docs_suggest_is_ignored_by_git():
+    import shutil
+
+    if shutil.which("git") is None:
+        pytest.skip("git not installed")
+    outputs = _commands_in_docs()
+    assert {"out/", "served/", "names.index"} <= set(outputs)  # the parse finds the commands
+
+    def ignored(path: str) -> bool:
+        return any(subprocess.run(["git", "check-ignore", "--no-index", "-q", candidate], cwd=ROOT).returncode == 0
+                   for candidate in (path, path.rstrip("/") + "/"))
+
+    missing = {path: page for path, page in outputs.items() if not ignored(path)}
+    assert not missing, f".gitignore lacks what these pages' commands write: {missing}"
+
+
+def test_generated_pages_are_up_to_date():
+    """docs/reference/cli.md (from the parser) and docs/index.md (from the README): scripts/gen_docs.py."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen_docs.py")
+    gen_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_docs)
+    stale = [str(page.relative_to(ROOT)) for page in gen_docs.stale_pages()]
+    assert not stale, f"out of date: {stale}; run python scripts/gen_docs.py"
+    cli = gen_docs.CLI_PAGE.read_text(encoding="utf-8")
+    for command in ("train", "encode", "search", "index", "eval", "pretrain-mlm", "reproduce"):
+        assert f"## mirrorbert {command}\n" in cli
+    assert "| `--batch-size BATCH_SIZE` | batch size; strings per forward pass (default: 64) |" in cli
+
+
+def test_the_cli_reference_check_fails_on_a_changed_option(monkeypatch):
+    """The staleness check compares with the parser as it is now: an option's new default shows."""
+    import importlib.util
+
+    from mirrorbert.cli import options
+
+    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen_docs.py")
+    gen_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen_docs)
+    spec_seed = options.SPECS["seed"]
+    monkeypatch.setitem(options.SPECS, "seed", options.Spec(spec_seed.flag, spec_seed.help,
+                                                            {**spec_seed.kwargs, "default": 43}, spec_seed.unset))
+    assert gen_docs.CLI_PAGE in gen_docs.stale_pages()

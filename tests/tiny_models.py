@@ -181,3 +181,62 @@ def make_tiny_xlm_roberta(out: Path, hidden: int = 32, layers: int = 2, heads: i
         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
     )
     return _save_tiny(out, XLMRobertaForMaskedLM, config, tok, seed)
+
+
+# Per-type sizes of a tiny random masked LM (hidden 32, 2 layers) for the architecture matrix; a type not
+# listed takes the BERT-style names. Each config keeps the type's own layout (separate embedding sizes for
+# ALBERT/ELECTRA/MobileBERT/RemBERT, ModernBERT's alternating global and sliding-window layers, ...).
+_BERT_SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                   max_position_embeddings=64)
+TINY_SIZES = {
+    "distilbert": dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64, max_position_embeddings=64),
+    "xlm": dict(emb_dim=32, n_layers=2, n_heads=2, max_position_embeddings=64),
+    "flaubert": dict(emb_dim=32, n_layers=2, n_heads=2, max_position_embeddings=64),
+    "funnel": dict(d_model=32, n_head=2, d_head=16, d_inner=64, block_sizes=[1, 1], num_decoder_layers=1,
+                   max_position_embeddings=64),
+    "albert": dict(_BERT_SIZES, embedding_size=16),
+    "electra": dict(_BERT_SIZES, embedding_size=16),
+    "mobilebert": dict(_BERT_SIZES, embedding_size=16, intra_bottleneck_size=16, true_hidden_size=16,
+                       num_feedforward_networks=1),
+    "rembert": dict(_BERT_SIZES, input_embedding_size=16, output_embedding_size=16),
+    "modernbert": dict(_BERT_SIZES, global_attn_every_n_layers=2, local_attention=8),
+    "nystromformer": dict(_BERT_SIZES, segment_means_seq_len=64, num_landmarks=64),
+    "squeezebert": dict(_BERT_SIZES, embedding_size=32),
+    "xmod": dict(_BERT_SIZES, languages=["en_XX", "de_DE"], default_language=None),
+    "deberta-v2": dict(_BERT_SIZES, relative_attention=True, position_biased_input=False, position_buckets=8,
+                       max_relative_positions=16, pos_att_type=["p2c", "c2p"]),
+    "deberta": dict(_BERT_SIZES, relative_attention=True, position_biased_input=False,
+                    max_relative_positions=16, pos_att_type=["p2c", "c2p"]),
+}
+# What the architecture matrix covers: every encoder type transformers builds as a masked LM.
+MLM_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra", "albert", "deberta",
+             "deberta-v2", "mpnet", "modernbert", "ernie", "roformer", "convbert", "megatron-bert", "xlm",
+             "flaubert", "funnel", "nystromformer", "yoso", "data2vec-text", "xmod", "rembert", "mobilebert",
+             "squeezebert")
+
+
+def make_tiny_mlm(model_type: str, out: Path, seed: int = 0, **overrides) -> Path:
+    """A tiny random masked LM of any type transformers builds, with the WordPiece tokenizer of
+    `make_tiny_bert` saved as a plain fast tokenizer (every type reads the same ids)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForMaskedLM, PreTrainedTokenizerFast
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    source = _bert_style_tokenizer(out / "src")
+    tok = PreTrainedTokenizerFast(tokenizer_object=source.backend_tokenizer, unk_token="[UNK]", sep_token="[SEP]",
+                                  pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]", bos_token="[CLS]",
+                                  eos_token="[SEP]")
+    tok.model_max_length = 60
+    sizes = dict(TINY_SIZES.get(model_type, _BERT_SIZES), vocab_size=len(tok), pad_token_id=tok.pad_token_id)
+    if model_type not in ("xlm", "flaubert"):
+        sizes.update(bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id)
+    sizes.update(overrides)
+    config = AutoConfig.for_model(model_type, **sizes)
+    torch.manual_seed(seed)
+    AutoModelForMaskedLM.from_config(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    import shutil
+
+    shutil.rmtree(out / "src", ignore_errors=True)
+    return out

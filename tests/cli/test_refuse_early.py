@@ -64,7 +64,7 @@ def damaged_copy(tiny_bert: Path, tmp_path: Path, damage: str) -> Path:
     ("config-more-layers", r"config.json asks for parameters the weights do not hold .*encoder.layer.2"),
     ("config-fewer-layers", r"the weights hold parameters config.json has no place for .*encoder.layer.1"),
     ("config-heads", r"config.json does not describe a model transformers can build"),
-    ("mirrorbert-json-damaged", r"mirrorbert.json is damaged"),
+    ("mirrorbert-json-damaged", r"mirrorbert.json: damaged \(not valid JSON"),
 ])
 def test_damaged_model_folder_is_one_line_before_the_weights(capsys, weights_trap, tiny_bert, tmp_path, strings_file,
                                                              damage, message):

@@ -116,16 +116,16 @@ def test_wrong_types_passed_programmatically(values, option):
             validate(TrainConfig(**values))
 
 
-def test_unreadable_data_file(capsys, monkeypatch, strings_file, tmp_path):
-    real_open = Path.open
+def test_unreadable_data_file(capsys, monkeypatch, strings_file, tmp_path, tiny_bert):
+    real_open = os.open
 
-    def guarded(self, *args, **kwargs):
-        if self == strings_file:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_open(self, *args, **kwargs)
+    def guarded(path, *args, **kwargs):  # root reads any file: an unreadable one is simulated
+        if os.fspath(path) == str(strings_file):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "open", guarded)
-    code, err = run_cli(capsys, ["train", "--data", strings_file, "--output", tmp_path / "o"])
+    monkeypatch.setattr(os, "open", guarded)
+    code, err = run_cli(capsys, ["train", "--data", strings_file, "--output", tmp_path / "o", "--model", tiny_bert])
     assert code == 2
     line = one_error_line(err)
     assert "permission denied" in line and str(strings_file) in line
@@ -429,8 +429,8 @@ def test_progress_bar_quiet_off_a_tty(monkeypatch):
     from mirrorbert.reporting import progress
 
     monkeypatch.setattr(sys, "stderr", io.StringIO())
-    bar = progress.progress_bar(range(3), show=True)
-    assert bar.mininterval == progress.NON_TTY_MININTERVAL
+    bar = progress.progress_bar(range(3), show=True)  # off a terminal: plain lines at a steady interval
+    assert isinstance(bar, progress.LogProgress) and bar.interval == progress.progress_interval()
     bar.close()
     assert progress.progress_bar(range(3), show=False).disable
 

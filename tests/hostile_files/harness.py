@@ -136,6 +136,7 @@ def make_environment(root: Path, data_dir: Path | None = None) -> dict[str, Path
     from tiny_models import CORPUS, make_tiny_bert
 
     root.mkdir(parents=True, exist_ok=True)
+    os.environ["MIRRORBERT_CACHE"] = str(root / "cache")  # token stores of the cases stay in the table's scratch
     env = {"root": root, "tiny": make_tiny_bert(root / "tiny")}
     env["data"] = root / "strings.txt"
     env["data"].write_text("\n".join(CORPUS) + "\n", encoding="utf-8")

@@ -37,6 +37,16 @@ ALLOWED = {
     ("reproduce/cells.py", "read_bytes"): "the --quick copy mirrorbert itself wrote, compared before rewriting",
     ("reproduce/cells.py", "read_text"): "a cell's input list mirrorbert itself wrote, compared before rewriting",
     ("safeguards/writes.py", "open"): "/proc/sys/kernel/random/boot_id",
+    ("cli/quickstart_summary.py", "read_text"): "the eval reports this quickstart run has just written",
+    ("data/hf_datasets.py", "ParquetFile"): "over a buffer mapped from a descriptor open_regular or ConfinedFolder "
+                                            "checked, never a path",
+    ("encoder/sharded.py", "load"): "the header of the .npy rank 0 of this run has just written",
+    ("gloss/pretrain.py", "load_file"): "the real path ConfinedFolder.check_file returned for the checkpoint's "
+                                        "gloss encoder",
+    ("training/state_format.py", "load_file"): "the real path the checkpoint's ConfinedFolder checked",
+    ("training/state_format.py", "load"): "torch.load(weights_only=True) of a checked legacy .pt, after its "
+                                          "globals were scanned",
+    ("training/checkpoints.py", "open"): "hashing the files this run has just written, for their manifest",
     ("reporting/timing.py", "open"): "/proc/self/stat and /proc/uptime of this process",
     ("runtime/device.py", "read_text"): "/proc/cpuinfo",
 }

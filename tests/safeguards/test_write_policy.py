@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -281,15 +280,21 @@ def test_reproduce_continues_its_own_folder_and_locks_it(proj):
         assert not (out / "cells").exists()
 
 
-def test_reproduce_claims_files_before_writing_them(proj):
-    """A run killed while writing leaves files its marker already names: the next run continues."""
+def test_a_claimed_file_proves_nothing_until_it_is_recorded(proj):
+    """A run killed between claiming a file and recording its digest leaves a file its marker names without
+    a digest: a marker's word is no proof, so the next run names it instead of replacing it."""
     from mirrorbert.reproduce.runner import REPRODUCE_KIND, output_folder
 
     with output_folder(_reproduce_cfg(proj, "rep"), proj / "data") as out:
         pass
-    # what the killed run did: name the file in the marker, then start writing it (and never reach the end)
-    safety.claim_files(out, ["report.md"], REPRODUCE_KIND)
+    safety.claim_files(out, ["report.md"], REPRODUCE_KIND)  # what the killed run did, then it wrote the file
     (proj / "rep" / "report.md").write_text("half a rep", encoding="utf-8")
+    for overwrite in (False, True):
+        with pytest.raises(UserError, match="report.md, which mirrorbert did not write"):
+            with output_folder(_reproduce_cfg(proj, "rep", overwrite=overwrite), proj / "data"):
+                pass
+    assert (proj / "rep" / "report.md").read_text(encoding="utf-8") == "half a rep"
+    (proj / "rep" / "report.md").unlink()  # moved away: a claim of a missing file loses nothing
     with output_folder(_reproduce_cfg(proj, "rep"), proj / "data"):
         pass
 
@@ -343,28 +348,33 @@ def test_foreign_file_looks_into_subfolders_and_checkpoints(tmp_path):
 
 
 # --------------------------------------------------------------------------- case 7
-def test_a_symlinked_output_keeps_its_link(proj, tmp_path):
+def test_a_link_at_the_output_is_replaced_never_followed(proj, tmp_path, capsys):
     real = tmp_path / "elsewhere" / "model"
     real.parent.mkdir()
-    (proj / "link").symlink_to(real, target_is_directory=True)
-    assert main(["train", "--model", "m", *TRAIN, "--output", "link"]) == 0
-    assert (proj / "link").is_symlink() and (real / "mirrorbert.json").is_file()
+    (proj / "link").symlink_to(real, target_is_directory=True)  # dangling: its target would be created
+    refused(capsys, ["train", "--model", "m", *TRAIN, "--output", "link"], "--output link already exists",
+            "which does not exist", "pass --overwrite to replace the link")
+    assert not real.exists() and (proj / "link").is_symlink()
     assert main(["train", "--model", "m", *TRAIN, "--output", "link", "--overwrite"]) == 0
-    assert (proj / "link").is_symlink() and os.readlink(proj / "link") == str(real)
-    assert (real / "mirrorbert.json").is_file()
+    assert not (proj / "link").is_symlink() and (proj / "link" / "mirrorbert.json").is_file()
+    assert not real.exists()
 
 
-def test_a_symlinked_file_output_keeps_its_link(proj, tmp_path):
+def test_overwrite_onto_a_linked_file_replaces_the_link_not_its_target(proj, tmp_path, capsys):
     import numpy as np
 
     target = tmp_path / "vectors" / "v.npy"
     target.parent.mkdir()
     np.save(target, np.zeros((1, 1)))
+    before = target.read_bytes()
     (proj / "v.npy").symlink_to(target)
+    refused(capsys, ["encode", "--model", "m", "--input", "sents.txt", "--output", "v.npy", "--no-progress",
+                     "--device", "cpu"], "--output v.npy already exists (a symlink to")
     assert main(["encode", "--model", "m", "--input", "sents.txt", "--output", "v.npy", "--overwrite",
                  "--no-progress", "--device", "cpu"]) == 0
-    assert (proj / "v.npy").is_symlink() and np.load(target).shape[0] == len(
+    assert not (proj / "v.npy").is_symlink() and np.load(proj / "v.npy").shape[0] == len(
         (proj / "sents.txt").read_text(encoding="utf-8").splitlines())
+    assert target.read_bytes() == before
 
 
 # --------------------------------------------------------------------------- building blocks

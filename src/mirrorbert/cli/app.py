@@ -17,6 +17,7 @@ import sys
 
 from mirrorbert._version import __version__
 from mirrorbert.errors import UserError
+from mirrorbert.reporting.progress import progress_interval
 from mirrorbert.reporting.timing import mark_main
 from mirrorbert.cli import options
 from mirrorbert.cli.encode import add_encode_parser
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     finished = False
     previous_term = _terminate_as_interrupt()
     try:
+        progress_interval()  # a bad MIRRORBERT_PROGRESS_INTERVAL is one line now, not after the model loaded
         with _stop_on_signal(getattr(args, "command", None)):
             status = int(args.func(args) or 0)
         finished = True

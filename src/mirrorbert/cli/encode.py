@@ -8,7 +8,7 @@ import mirrorbert.jsonio as jsonio
 from mirrorbert.cli import options
 from mirrorbert.cli.options import ENCODER, use
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.writes import WritePlan, atomic_output_file
+from mirrorbert.safeguards.writes import WritePlan, atomic_output_file, open_temporary
 
 
 def add_encode_parser(sub) -> None:
@@ -70,20 +70,20 @@ def run_encode(args) -> int:
                 from mirrorbert.search.quantized import quantize
 
                 vectors = quantize(vectors, opts.quantize)
-            with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
-                np.save(tmp, vectors)
+            with atomic_output_file(output, overwrite=opts.overwrite) as tmp, open_temporary(tmp) as fh:
+                np.save(fh, vectors)
             dtype = str(vectors.dtype)
         record = {"output": str(output), "rows": n_rows, "dim": dim, "pooling": pooling,
                   "dtype": dtype, "quantize": opts.quantize}
         if opts.skip_bad_lines:
             skipped, ids = (rows.skipped, rows.ids) if rows is not None else ([], list(range(n_rows)))
-            with atomic_output_file(rows_file(output), overwrite=opts.overwrite) as tmp:
-                Path(tmp).write_text(jsonio.dumps({
+            with atomic_output_file(rows_file(output), overwrite=opts.overwrite) as tmp, open_temporary(tmp) as fh:
+                fh.write((jsonio.dumps({
                     "input": str(opts.input), "output": str(output), "skipped_lines": skipped,
                     "row_ids": ids,
                     "row_ids_note": "row i of the matrix is record row_ids[i] of the input (0-based, as search ids); "
                                     "skipped_lines are 1-based line numbers",
-                }) + "\n", encoding="utf-8")
+                }) + "\n").encode("utf-8"))
             record.update(skipped_lines=len(skipped), rows_file=str(rows_file(output)))
     print(jsonio.dumps(record))
     return 0

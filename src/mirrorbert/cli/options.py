@@ -112,7 +112,8 @@ _SPECS = (
     _spec("--resume", "continue from a checkpoint folder (step-N) or a checkpoint root"),
     _spec("--log-dir", "write TensorBoard scalars here"),
     _spec("--log-every", "log training metrics every N steps", type=int),
-    _spec("--no-progress", "no progress bar", dest="show_progress", action="store_false", default=True),
+    _spec("--no-progress", "no progress: neither the bar on a terminal nor the line every 30 s "
+          "(MIRRORBERT_PROGRESS_INTERVAL) in a log", dest="show_progress", action="store_false", default=True),
 )
 SPECS: dict[str, Spec] = {spec.name: spec for spec in _SPECS}
 BY_FLAG: dict[str, Spec] = {spec.flag: spec for spec in _SPECS}

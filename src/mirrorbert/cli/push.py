@@ -25,7 +25,9 @@ def add_push_parser(sub) -> None:
         description="Upload a model folder saved by mirrorbert (`train --output`, Encoder.save) to a Hugging Face "
                     "Hub model repository, created when missing: weights, tokenizer, sentence-transformers files, "
                     "mirrorbert.json and the model card (rendered for the repo unless you edited it), without "
-                    "mirrorbert's marker, lock and temporary files or checkpoints. The login is huggingface_hub's "
+                    "mirrorbert's marker, lock and temporary files or checkpoints. Only regular files inside the "
+                    "folder, each its only link, go up: a symlink, hard link, FIFO or device there is refused, "
+                    "naming it. The login is huggingface_hub's "
                     "(HF_TOKEN or `hf auth login`). Prints a JSON record: repo, files, bytes, URL.",
     )
     options.add(p, use("model", required=True, note="here only a local folder saved by mirrorbert"))

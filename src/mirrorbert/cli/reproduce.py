@@ -35,7 +35,7 @@ def add_reproduce_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--gr-option", action="append", default=[], metavar="KEY=VALUE",
                    help="override a `mirrorbert gloss-pretrain` option of the GR-BERT models, e.g. epochs=1 "
                         "(repeatable; default none: gloss-pretrain's defaults)")
-    options.add(p, "device", "eval_batch_size")
+    options.add(p, "device", "eval_batch_size", use("no_progress", note="no progress of the cells' training"))
     p.add_argument("--report-only", action="store_true",
                    help="compute nothing: write the report from the cells already cached in OUTPUT, listing the "
                         "others as not run (e.g. while a long run is still going, or after stopping one)")
@@ -79,7 +79,7 @@ def run_reproduce(args: argparse.Namespace) -> int:
         seeds=seeds, quick=args.quick, device=args.device, eval_batch_size=args.eval_batch_size,
         train_options=parse_options(args.train_option), gr_options=parse_options(args.gr_option, "--gr-option"),
         keep_models=args.keep_models, report_only=args.report_only, overwrite=args.overwrite,
-        trust_remote_code=getattr(args, "trust_remote_code", False),
+        trust_remote_code=getattr(args, "trust_remote_code", False), show_progress=args.show_progress,
         command="mirrorbert " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["reproduce"]
         else "mirrorbert reproduce " + shlex.join(["--model", args.model, "--output", args.output]),
     )

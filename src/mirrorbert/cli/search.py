@@ -99,8 +99,6 @@ def _corpus_stream(opts):
 
 
 def run_search(args) -> int:
-    from mirrorbert.encoder.model import Encoder
-
     opts = SearchOptions.from_args(args)  # every value checked here, as in Python
     use_faiss = FAISS_CHOICES[opts.faiss]
     from mirrorbert.runtime.device import check_device_and_precision
@@ -116,12 +114,7 @@ def run_search(args) -> int:
         st_quantization()
     queries = _read_queries(opts)
     if opts.index:
-        from mirrorbert.search.index_store import check_index, load_index
-
-        manifest = check_index(Path(opts.index), opts.model, opts.corpus)  # before any weight loads
-        encoder = Encoder.load(opts.model, pooling=manifest.pooling, device=opts.device,
-                               max_length=manifest.max_length, trust_remote_code=opts.trust_remote_code, cli=True)
-        index, ids = load_index(Path(opts.index), manifest, use_faiss)
+        encoder, index, ids = _open_index(opts, use_faiss)
         results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
                                  quantize=opts.quantize)
     elif opts.quantize == "float32":
@@ -133,10 +126,35 @@ def run_search(args) -> int:
                                     show_progress=opts.show_progress)
         results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
                                  quantize=opts.quantize)
+    from mirrorbert.data.readers import json_safe_line
+
     for query, hits in zip(queries, results):
         hits = [h._replace(corpus_id=int(ids[h.corpus_id])) for h in hits]
-        sys.stdout.write(jsonio.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False) + "\n")
+        line = jsonio.dumps({"query": query, "hits": [h.to_dict() for h in hits]}, ensure_ascii=False)
+        sys.stdout.write(json_safe_line(line) + "\n")  # texts come from files: inert on a terminal
     return 0
+
+
+def _open_index(opts, use_faiss):
+    """(encoder, index, ids) of `--index`, checked against what it claims: the manifest and the corpus before
+    any weight loads, --pooling/--max-length against the manifest, then the files (ids and texts against
+    --corpus when given), then a few stored vectors against the loaded model (index_store says why)."""
+    from mirrorbert.encoder.model import Encoder
+    from mirrorbert.safeguards.preflight import check_max_length
+    from mirrorbert.search.index_store import (MANIFEST, check_index, check_settings, check_vectors_match_model,
+                                               load_index)
+
+    folder = Path(opts.index)
+    manifest = check_index(folder, opts.model, opts.corpus)  # before any weight loads
+    check_settings(manifest, folder, opts.pooling, opts.max_length)
+    encoder = Encoder.load(opts.model, pooling=manifest.pooling, device=opts.device,
+                           trust_remote_code=opts.trust_remote_code, cli=True)
+    check_max_length(manifest.max_length, encoder.model.config, f"--index {folder / MANIFEST}: max_length",
+                     str(opts.model))
+    encoder.max_length = manifest.max_length  # what the vectors were encoded with
+    index, ids = load_index(folder, manifest, use_faiss, corpus=opts.corpus, skip_bad_lines=opts.skip_bad_lines)
+    check_vectors_match_model(encoder, index, folder)
+    return encoder, index, ids
 
 
 def _corpus_encoder(opts):
@@ -194,7 +212,7 @@ def run_index(args) -> int:
     from mirrorbert.encoder.model import Encoder
     from mirrorbert.search.approximate import resolve_index_type
     from mirrorbert.search.exact import faiss_available
-    from mirrorbert.search.index_store import Manifest, corpus_size, count_lines, file_sha256, model_fingerprint
+    from mirrorbert.search.index_store import Manifest, corpus_sha256, corpus_size, count_lines, model_fingerprint
     from mirrorbert.safeguards.writes import WritePlan
     from mirrorbert.runtime.device import check_device_and_precision
 
@@ -209,7 +227,7 @@ def run_index(args) -> int:
                                trust_remote_code=opts.trust_remote_code, cli=True)
         manifest = Manifest(
             model=opts.model, model_sha256=fingerprint, pooling=encoder.pooling, max_length=encoder.max_length,
-            corpus=str(Path(opts.corpus).resolve()), corpus_sha256=file_sha256(Path(opts.corpus)),
+            corpus=str(Path(opts.corpus).resolve()), corpus_sha256=corpus_sha256(Path(opts.corpus)),
             corpus_lines=count_lines(Path(opts.corpus)), rows=rows, dim=int(encoder.dim),
             column=opts.column, field=opts.field, corpus_bytes=corpus_size(Path(opts.corpus)),
             index_type=resolve_index_type(opts.index_type, rows, faiss_available()))

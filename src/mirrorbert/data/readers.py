@@ -8,6 +8,12 @@ lines is the most that is held (the lines of the row being read).
 
 `TextRows` reads a file once to check and count it, so a bad line is one error before any long work starts,
 and then walks it in chunks as often as a command needs.
+
+A data file may come from anyone, so every read is bounded: the file is opened non-blocking and checked on its
+descriptor (`open_input`: a FIFO, device or socket is refused, never read), a line is read at most
+`MAX_LINE_BYTES` at a time (a 2 GB file without a line end is refused after the first 32 MiB, not loaded), a
+CSV field at most `MAX_FIELD_CHARS` and a header at most `MAX_COLUMNS` columns. Text from a file shown in a
+message goes through `shown` (control characters escaped: a file cannot drive the terminal).
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ import csv
 import itertools
 import json
 import logging
+import os
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, TypeVar
+from typing import BinaryIO, Iterable, Iterator, TypeVar
 
 from mirrorbert.errors import UserError
 
@@ -29,7 +37,50 @@ logger = logging.getLogger(__name__)
 CSV_SUFFIXES = {".csv": ",", ".tsv": "\t"}
 JSONL_SUFFIXES = {".jsonl", ".ndjson"}
 CHUNK_ROWS = 65536
+# Bounds no real input comes near; each is refused in one line naming the file and line when passed.
+MAX_LINE_BYTES = 32 << 20  # one line (a document on one line is kilobytes; an encoder reads 512 tokens of it)
+MAX_FIELD_CHARS = 64 << 20  # one CSV field, which may span lines
+MAX_COLUMNS = 65536  # columns of a CSV/TSV header or a table
 T = TypeVar("T")
+
+# Characters a terminal acts on: C0 and C1 controls (ESC starts a sequence; CSI is U+009B), DEL, the line and
+# paragraph separators and the bidirectional overrides (text that displays other than it reads).
+UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def shown(text, limit: int = 200) -> str:
+    """`text` from a file as a message may print it: cut at `limit` characters, every character a terminal acts
+    on escaped as Python writes it (`\\x1b`, `\\r`, `\\u202e`)."""
+    text = str(text)
+    cut = text[:limit] + ("..." if len(text) > limit else "")
+    return UNSAFE_CHARS.sub(lambda m: repr(m.group())[1:-1], cut)
+
+
+def json_safe_line(line: str) -> str:
+    """A JSON line whose strings may hold text from a file, with every character a terminal acts on written as
+    a `\\uXXXX` escape: the same JSON to a parser, inert on a terminal (json escapes only C0 controls)."""
+    return UNSAFE_CHARS.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+
+
+def open_input(path: Path, option: str | None) -> BinaryIO:
+    """A data file opened for reading through `safeguards.readback.open_regular`: opened non-blocking and
+    checked on its descriptor, so a FIFO, device, socket or folder is one error naming it, never a read that
+    blocks (and a process that no longer hears SIGTERM)."""
+    from mirrorbert.safeguards.readback import open_regular
+
+    return os.fdopen(open_regular(Path(path), option or "file"), "rb")
+
+
+def bounded_lines(fh: BinaryIO, path: Path) -> Iterator[bytes]:
+    """The raw lines of an open file (ending with their `\\n`), each at most `MAX_LINE_BYTES`: a longer one is
+    one error naming the line, after reading only that much of it."""
+    lineno = 0
+    while raw := fh.readline(MAX_LINE_BYTES + 1):
+        lineno += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):  # MAX_LINE_BYTES and its line end pass
+            raise UserError(f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES >> 20} MiB (no line end in it); "
+                            "not a text file, or a whole document on one line: split it")
+        yield raw
 
 
 def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
@@ -47,12 +98,13 @@ def split_lines(raw: bytes) -> list[bytes]:
     return raw.split(b"\r")
 
 
-def decoded_lines(path: Path, skip_bad_lines: bool, skipped: list[int]) -> Iterator[tuple[int, str]]:
+def decoded_lines(path: Path, skip_bad_lines: bool, skipped: list[int],
+                  option: str | None = None) -> Iterator[tuple[int, str]]:
     """(1-based line number, text) of each line; a line that is not UTF-8 is an error naming it, or is skipped
     on request (its number appended to `skipped`). A leading BOM is dropped."""
     lineno = 0
-    with path.open("rb") as fh:
-        for raw in fh:
+    with open_input(path, option) as fh:
+        for raw in bounded_lines(fh, path):
             for piece in split_lines(raw):
                 lineno += 1
                 try:
@@ -130,36 +182,65 @@ class _LineWindow:
 
 def _csv_records(path: Path, lines: Iterator[tuple[int, str]], delimiter: str, column: str,
                  skipped: list[int]) -> Iterator[tuple[int, str]]:
-    window = _LineWindow(lines)
-    reader = csv.DictReader(window.feed(), delimiter=delimiter)
+    """csv.reader, reading rows as csv.DictReader would (blank rows skipped, a missing cell read as blank) but
+    picking the one column: DictReader fills every header column of every row, a million of them for a crafted
+    header."""
+    window = _LineWindow(_header_bounded(path, lines, delimiter))
+    reader = csv.reader(window.feed(), delimiter=delimiter)
     try:
-        fieldnames = reader.fieldnames
+        fieldnames = next(reader, None)
     except csv.Error as exc:
         raise UserError(f"{path}:{window.file_line(reader.line_num - 1)}: not valid CSV ({exc})") from None
-    _check_header(path, fieldnames, column)
-    header_line = window.file_line(reader.line_num - 1) if reader.line_num else 1
-    start, last_start, index = reader.line_num, reader.line_num, -1
+    position = _check_header(path, fieldnames, column)
+    at = [reader.line_num]
+    header_line = window.file_line(at[0] - 1) if at[0] else 1
+    start, last_start, index = at[0], at[0], -1
     try:
-        for index, row in enumerate(reader):
+        for index, row in enumerate(_rows(reader, at)):
             first_line = window.file_line(start)  # the file line this row starts on
             # a skipped line counts as the data row it was, so ids stay the rows' places in the file
             yield (index + bisect.bisect_left(skipped, first_line) - bisect.bisect_left(skipped, header_line),
-                   row.get(column) or "")
-            last_start, start = start, reader.line_num
+                   (row[position] if position < len(row) else "") or "")
+            last_start, start = start, at[0]
             window.forget_before(last_start)
     except csv.Error as exc:
-        raise UserError(f"{path}:{window.file_line(reader.line_num - 1)}: not valid CSV ({exc})") from None
+        raise UserError(f"{path}:{window.file_line(at[0] - 1)}: not valid CSV ({exc})") from None
     if index >= 0 and start - last_start > 1:
         _check_last_row_closed(path, window, last_start, delimiter)
 
 
-def _check_header(path: Path, fieldnames, column: str) -> None:
+def _rows(reader, at: list[int]) -> Iterator[list[str]]:
+    """csv.DictReader's walk over the records: blank ones skipped; `at[0]` is its line_num (the reader's,
+    taken after a row's first record, before blank ones are skipped), which the record ids are counted from."""
+    for row in reader:
+        at[0] = reader.line_num
+        while row == []:
+            row = next(reader, None)
+            if row is None:
+                return
+        yield row
+
+
+def _header_bounded(path: Path, lines: Iterator[tuple[int, str]], delimiter: str) -> Iterator[tuple[int, str]]:
+    """The lines, the first refused when it holds MAX_COLUMNS or more delimiters (before csv splits it)."""
+    for lineno, text in lines:
+        if text.count(delimiter) >= MAX_COLUMNS:
+            raise UserError(f"{path}:{lineno}: a header of {text.count(delimiter) + 1} columns, more than the "
+                            f"{MAX_COLUMNS} a table may have here")
+        yield lineno, text
+        break
+    yield from lines
+
+
+def _check_header(path: Path, fieldnames, column: str) -> int:
+    """The place of `column` in the header."""
     if fieldnames is None or column not in fieldnames:
         found = ", ".join(fieldnames or [])
-        raise UserError(f"{path}: --column {column!r} not in the header (columns: {found})")
+        raise UserError(f"{path}: --column {column!r} not in the header (columns: {shown(found, 400)})")
     if fieldnames.count(column) > 1:
         raise UserError(f"{path}: the header names column {column!r} {fieldnames.count(column)} times; "
                         "which one holds the text is ambiguous: rename the others")
+    return fieldnames.index(column)
 
 
 def _check_last_row_closed(path: Path, window: _LineWindow, last_start: int, delimiter: str) -> None:
@@ -178,11 +259,12 @@ def _check_last_row_closed(path: Path, window: _LineWindow, last_start: int, del
 
 
 class _FieldSizeLimit:
-    """A CSV field may be as long as the file (csv's default limit of 131,072 characters would stop a long
-    document with a traceback); the limit is put back afterwards."""
+    """A CSV field may be as long as the file up to MAX_FIELD_CHARS (csv's default limit of 131,072 characters
+    would stop a long document with a traceback; a quote never closed must not swallow gigabytes); the limit is
+    put back afterwards."""
 
     def __init__(self, path: Path):
-        self.want = min(path.stat().st_size + 1, 2**31 - 1)
+        self.want = min(path.stat().st_size + 1, MAX_FIELD_CHARS)
 
     def __enter__(self):
         self.previous = csv.field_size_limit()
@@ -193,12 +275,13 @@ class _FieldSizeLimit:
 
 
 def iter_records(path: str | Path, column: str | None = None, field_name: str | None = None,
-                 skip_bad_lines: bool = False, skipped: list[int] | None = None) -> Iterator[tuple[int, str]]:
+                 skip_bad_lines: bool = False, skipped: list[int] | None = None,
+                 option: str | None = None) -> Iterator[tuple[int, str]]:
     """(record id, string) of each record of a .txt/.csv/.tsv/.jsonl file, in order; lines skipped as not
     UTF-8 are appended to `skipped` (1-based) as they are met. Format errors are `UserError`s naming the line."""
     path, skipped = Path(path), skipped if skipped is not None else []
     suffix = path.suffix.lower()
-    lines = decoded_lines(path, skip_bad_lines, skipped)
+    lines = decoded_lines(path, skip_bad_lines, skipped, option)
     if suffix in CSV_SUFFIXES:
         if not column:
             raise UserError(f"{path}: a {path.suffix} file needs --column NAME to say which column holds the text")
@@ -216,13 +299,11 @@ def iter_records(path: str | Path, column: str | None = None, field_name: str | 
 
 
 def check_text_file(path: Path, option: str) -> None:
-    """What can be said of a file before it is read: it exists, is a file, and is not empty."""
-    if not path.exists():
-        raise UserError(f"{option} {path}: no such file")
-    if path.is_dir():
-        raise UserError(f"{option} {path}: is a folder, expected a file")
-    if path.stat().st_size == 0:
-        raise UserError(f"{option} {path}: the file is empty")
+    """What can be said of a file before it is read: it exists, is a regular file (checked on the descriptor
+    opened non-blocking: a FIFO is refused, not waited on), and is not empty."""
+    with open_input(path, option) as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise UserError(f"{option} {path}: the file is empty")
 
 
 @contextmanager
@@ -255,7 +336,7 @@ class TextRows:
         self.skip_bad_lines, self.option = skip_bad_lines, option
         self.skipped: list[int] = []
         self.count, self.any_text = 0, False
-        for _, text in iter_records(self.path, column, field_name, skip_bad_lines, self.skipped):
+        for _, text in iter_records(self.path, column, field_name, skip_bad_lines, self.skipped, option):
             self.count += 1
             self.any_text = self.any_text or bool(text.strip())
 
@@ -263,7 +344,8 @@ class TextRows:
         """(record id, string) pairs, read afresh; a file that changed since it was counted is an error."""
         seen = 0
         with read_errors(self.path, self.option):
-            for record in iter_records(self.path, self.column, self.field_name, self.skip_bad_lines, []):
+            for record in iter_records(self.path, self.column, self.field_name, self.skip_bad_lines, [],
+                                       self.option):
                 seen += 1
                 if seen > self.count:
                     raise UserError(f"{self.option} {self.path}: the file grew while it was read "

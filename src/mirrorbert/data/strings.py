@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Sequence
 
 from mirrorbert.errors import UserError
-from mirrorbert.data.readers import check_text_file, iter_records, read_errors, split_lines
-from mirrorbert.data.hf_datasets import is_hub_dataset, is_table, iter_hub_column, read_table_column
+from mirrorbert.data.readers import bounded_lines, check_text_file, iter_records, open_input, read_errors, split_lines
+from mirrorbert.data.hf_datasets import input_kind, is_hub_dataset, iter_hub_column, read_table_column
 
 logger = logging.getLogger(__name__)
 
@@ -62,18 +62,16 @@ def check_utf8_file(path: str | Path, option: str, hint: str = "fix the file") -
     is an error naming the file and line. Scans in large chunks (C speed); on a failure finds the line."""
     path = Path(path)
     try:
-        with path.open("rb") as fh:
+        with open_input(path, option) as fh:
             decoder = codecs.getincrementaldecoder("utf-8")()
             for chunk in iter(lambda: fh.read(1 << 22), b""):
                 decoder.decode(chunk)
             decoder.decode(b"", final=True)
         return
-    except PermissionError:
-        raise UserError(f"{option} {path}: permission denied (the file is not readable)") from None
     except UnicodeDecodeError:
         pass
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+    with open_input(path, option) as fh:
+        for lineno, raw in enumerate(bounded_lines(fh, path), start=1):
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -86,18 +84,13 @@ def read_text_lines(path: str | Path, hint: str = "fix the file") -> list[str]:
     that is not UTF-8 is one error naming the file and line. The reader of every evaluation set."""
     path = Path(path)
     lines: list[str] = []
-    try:
-        with path.open("rb") as fh:
-            for raw in fh:
-                for piece in split_lines(raw):
-                    try:
-                        lines.append(piece.decode("utf-8"))
-                    except UnicodeDecodeError as exc:
-                        raise UserError(f"{path}:{len(lines) + 1}: not valid UTF-8 (byte {exc.start}); {hint}") from None
-    except PermissionError:
-        raise UserError(f"{path}: permission denied (the file is not readable)") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a folder, expected a file") from None
+    with open_input(path, "") as fh:
+        for raw in bounded_lines(fh, path):
+            for piece in split_lines(raw):
+                try:
+                    lines.append(piece.decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    raise UserError(f"{path}:{len(lines) + 1}: not valid UTF-8 (byte {exc.start}); {hint}") from None
     if lines:
         lines[0] = lines[0].lstrip("\ufeff")
     return lines
@@ -123,9 +116,7 @@ def read_rows(path: str | Path, column: str | None = None, field: str | None = N
         texts = [text for chunk in iter_hub_column(str(path), column, option) for text in chunk]
         return Rows(texts, list(range(len(texts))), [])
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{option} {path}: no such file")
-    if is_table(path):  # Parquet/Arrow files, saved dataset folders (data/hf_datasets.py); a row's id is its place
+    if input_kind(path, option) == "table":  # Parquet/Arrow files, saved dataset folders: a row's id is its place
         if field:
             raise UserError(f"{path}: --field applies to .jsonl files; tabular data takes --column")
         texts = read_table_column(path, column, option)
@@ -133,7 +124,7 @@ def read_rows(path: str | Path, column: str | None = None, field: str | None = N
     check_text_file(path, option)
     skipped: list[int] = []
     with read_errors(path, option):
-        records = list(iter_records(path, column, field, skip_bad_lines, skipped))
+        records = list(iter_records(path, column, field, skip_bad_lines, skipped, option))
     return Rows([text for _, text in records], [record_id for record_id, _ in records], skipped)
 
 
@@ -302,7 +293,7 @@ def stream_training_strings(data: str | Path, column: str | None, field: str | N
     from mirrorbert.data.hf_datasets import TableRows
     from mirrorbert.data.readers import text_rows
 
-    if Path(data).exists() and is_table(Path(data)):
+    if input_kind(Path(data), "--data") == "table":
         if field:
             raise UserError(f"{data}: --field applies to .jsonl files; tabular data takes --column")
         rows = TableRows(data, column, "--data")

@@ -8,7 +8,9 @@ string i (in the order given, after dropping strings without tokens):
   `max_length` exactly as `tokenizer(s, add_special_tokens=True, truncation=True, max_length=L)` gives them, are
   `ids[off[i]:off[i + 1]]`;
 * `text.bin` (UTF-8) and `text_offsets.bin` (int64, n + 1): the string itself (character masking re-tokenises a
-  batch's masked strings; the collapse check encodes a sample).
+  batch's masked strings; the collapse check encodes a sample);
+* `dropped.bin`, `dropped_offsets.bin` and `dropped_at.bin` (int64): the strings without real tokens and their
+  positions among the strings read, so that the store's strings can be checked against the data's hash.
 
 A batch reads only its strings (positioned reads: `os.pread`; the files are also open as `numpy.memmap` for bulk
 use), so a run's memory does not grow with the number of strings. They are written in one streaming pass over chunks of strings
@@ -25,12 +27,28 @@ strings with the same tokenizer opens the files written before instead of tokeni
 temporary folder beside it that replaces the key's folder in one rename: an interrupted build never leaves a
 half store; a full disk is one line naming the cache.
 
-Read back as untrusted (the cache outlives the run that wrote it; anyone who can write there can edit it):
-`manifest.json` must be a bounded, well-formed object of this key with non-negative counts; every file must be a
-regular file of the size the counts give and the SHA-256 the manifest records; offsets must start at 0, never
-decrease and end at their file's length; ids must lie inside the tokenizer's vocabulary. A store that fails any
-check is set aside (renamed `<key>.damaged-<time>`, never used or deleted) with one warning line naming the
-reason, and the strings are tokenised again.
+Read back as untrusted (the cache outlives the run that wrote it, and anyone who can write there can edit it
+and rehash its manifest): a store is used only once its content is checked against the data it claims to hold.
+Every file is read through `safeguards.confined.ConfinedFolder` (inside the store, a regular file, of exactly the
+size the counts give, the manifest bounded and nested no deeper than JSON's limit) from the descriptor that the
+run then reads; then
+
+* the strings: the SHA-256 of the strings as the data gives them (`data_sha256`, which the caller computed from
+  the data, never read from the store) is recomputed from `text.bin` and the dropped strings (`dropped*.bin`,
+  with their positions), so the store holds exactly the data's strings, in order; every dropped string is
+  tokenised again and must give no real token;
+* the ids: offsets from 0, never decreasing, to their file's end; ids inside the vocabulary; every string with a
+  real token; the strings tokenised again and compared with the stored ids: all of them when the store holds
+  at most `FULL_CHECK` strings (a few seconds of the fast tokenizer), else `SAMPLE` strings drawn afresh each run
+  from the operating system's randomness (a fixed sample would tell a forger which strings to leave alone; a
+  fresh one finds a forgery of a share f of the strings with probability 1 - (1 - f) ** SAMPLE);
+* the manifest's counts (`max_chars`, `max_real_tokens`, the dropped example) are recomputed and must agree;
+  the files' SHA-256 in the manifest still catch bit rot in strings a sample skips.
+
+A store that fails any check is set aside (renamed `<key>.damaged-<time>`, never used or deleted) with one warning
+line naming the file and the reason, and the strings are tokenised again. While building, the strings streamed
+are hashed as they are tokenised: when they are not the strings `data_sha256` was taken from (the data file was
+edited during the run), nothing is kept and the run stops with one error line.
 """
 
 from __future__ import annotations
@@ -41,7 +59,7 @@ import itertools
 import json
 import logging
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -49,21 +67,35 @@ import numpy as np
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.readback import PositionedReader, file_sha256, parse_json, read_regular_bytes, set_aside
-from mirrorbert.safeguards.writes import remove_tree, write_error, write_errors, write_failure
+from mirrorbert.safeguards.confined import ConfinedFolder
+from mirrorbert.safeguards.readback import PositionedReader, file_sha256, set_aside, stream_sha256
+from mirrorbert.safeguards.writes import make_temporary, remove_tree, write_error, write_errors, write_failure
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "mirrorbert-tokens/1"
+FORMAT = "mirrorbert-tokens/2"  # 2: the dropped strings kept, so the strings can be checked against the data
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 16
+KIND = "token store"
 CHUNK = 8192  # strings per fast-tokenizer call: large enough for its batch speed, small enough to bound memory
 OPTION = "MIRRORBERT_CACHE"  # what a cache error names: the variable that moves the cache
 # file stem -> dtype; a string's ids and text are slices between consecutive offsets
 FILES: dict[str, np.dtype] = {"ids": np.dtype(np.int32), "ids_offsets": np.dtype(np.int64),
                               "text": np.dtype(np.uint8), "text_offsets": np.dtype(np.int64)}
+# the strings without real tokens, kept aside with their positions among the strings read
+DROPPED: dict[str, np.dtype] = {"dropped": np.dtype(np.uint8), "dropped_offsets": np.dtype(np.int64),
+                                "dropped_at": np.dtype(np.int64)}
+ALL_FILES = {**FILES, **DROPPED}
 EXAMPLE_CHARS = 40
 CHECKED = 32  # strings of each chunk also tokenised through the tokenizer's own call, as a check
+FULL_CHECK = 50_000  # a store of at most this many strings is tokenised again whole before it is used
+SAMPLE = 4096  # strings of a bigger store tokenised again, drawn afresh each run
+ROWS = 1 << 16  # strings checked a block at a time
+INT64 = np.dtype(np.int64)
+
+
+class StoreDamaged(Exception):
+    """Why a cached store cannot be used (its message is the reason the warning names)."""
 
 
 # --------------------------------------------------------------------------- where, and under which key
@@ -116,21 +148,31 @@ def special_ids(tokenizer) -> np.ndarray:
     return np.array(sorted({int(i) for i in tokenizer.all_special_ids}), dtype=np.int64)
 
 
+def _string_bytes(s: str) -> bytes:
+    return s.encode("utf-8", "surrogatepass")  # as written (a lone surrogate of a Python caller kept)
+
+
 # --------------------------------------------------------------------------- the stores
 class TokenStore:
-    """A built store folder, memory-mapped: `token_ids(indices)` and `texts(indices)` read only those strings."""
+    """A built store folder, memory-mapped: `token_ids(indices)` and `texts(indices)` read only those strings.
 
-    def __init__(self, root: Path, meta: dict[str, Any]):
+    `files` are the store's files, opened (and checked) by `open_token_store`; without them they are opened
+    through the store's `ConfinedFolder`."""
+
+    def __init__(self, root: Path, meta: dict[str, Any], files: dict[str, Any] | None = None):
         self.root, self.meta = Path(root), meta
         self.n = int(meta["strings"])
         counts = _file_counts(meta)
-        self._arrays = {stem: _memmap(self.root / f"{stem}.bin", dtype, counts[stem]) for stem, dtype in FILES.items()}
+        if files is None:
+            files = _open_files(ConfinedFolder(self.root, OPTION, KIND), counts)
+        self._handles = files
+        self._arrays = {stem: _memmap(files[stem], dtype, counts[stem]) for stem, dtype in FILES.items()}
         self.ids, self.id_offsets = self._arrays["ids"], self._arrays["ids_offsets"]
         self.text, self.text_offsets = self._arrays["text"], self._arrays["text_offsets"]
         # A batch is read with positioned reads, not through the maps: a page fault maps the neighbouring pages
         # too (the kernel's fault-around), so random batches through a map left most of the store resident in
         # the process (10M strings, 100 steps: 2.4 GB of its RSS). The maps stay for bulk use.
-        self._files = {stem: PositionedReader(open(self.root / f"{stem}.bin", "rb")) for stem in FILES}  # noqa: SIM115
+        self._files = {stem: PositionedReader(fh) for stem, fh in files.items()}
 
     def __len__(self) -> int:
         return self.n
@@ -143,6 +185,13 @@ class TokenStore:
 
     def texts(self, indices: Sequence[int]) -> list[str]:
         return [_decode(raw) for raw in self._slices("text", indices)]
+
+    def dropped_texts(self) -> list[str]:
+        """The strings without real tokens that the store left out, in their order."""
+        count = int(self.meta["dropped"])
+        bounds = _array(self._files["dropped_offsets"], INT64, 0, count + 1).tolist()
+        raw = self._files["dropped"].read(0, bounds[-1]) if count else b""
+        return [_decode(raw[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
     def _slices(self, stem: str, indices: Sequence[int]) -> list[bytes]:
         """The raw bytes of strings `indices` in `<stem>.bin`: two positioned reads per string, or two in all
@@ -160,6 +209,10 @@ class TokenStore:
             a, b = np.frombuffer(offsets.read(8 * range(self.n)[i], 16), dtype=np.int64).tolist()
             out.append(data.read(size * a, size * (b - a)))
         return out
+
+    def close(self) -> None:
+        for reader in self._files.values():
+            reader.close()
 
     @property
     def strings(self) -> "StoreStrings":
@@ -181,7 +234,7 @@ class TokenStore:
 def _decode(raw: bytes) -> str:
     try:
         return raw.decode("utf-8", "surrogatepass")  # as written (a lone surrogate of a Python caller kept)
-    except UnicodeDecodeError:  # edited bytes with a matching manifest: shown replaced, never a traceback
+    except UnicodeDecodeError:  # never for a checked store; shown replaced, never a traceback
         return raw.decode("utf-8", "replace")
 
 
@@ -235,38 +288,62 @@ class ListStore:
 
 
 def _file_counts(meta: dict[str, Any]) -> dict[str, int]:
-    n = int(meta["strings"])
-    return {"ids": int(meta["tokens"]), "ids_offsets": n + 1, "text": int(meta["text_bytes"]), "text_offsets": n + 1}
+    n, dropped = int(meta["strings"]), int(meta["dropped"])
+    return {"ids": int(meta["tokens"]), "ids_offsets": n + 1, "text": int(meta["text_bytes"]), "text_offsets": n + 1,
+            "dropped": int(meta["dropped_bytes"]), "dropped_offsets": dropped + 1, "dropped_at": dropped}
 
 
-def _memmap(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+def _open_files(folder: ConfinedFolder, counts: dict[str, int]) -> dict[str, Any]:
+    """Each file of the store opened through the folder (inside it, a regular file), of exactly the size the
+    counts give; the run reads these descriptors, so what is checked is what is read."""
+    files: dict[str, Any] = {}
+    try:
+        for stem, dtype in ALL_FILES.items():
+            size = counts[stem] * dtype.itemsize
+            fh = os.fdopen(folder.open(f"{stem}.bin", limit=size), "rb")
+            files[stem] = fh
+            actual = os.fstat(fh.fileno()).st_size
+            if actual != size:
+                raise StoreDamaged(f"{stem}.bin has {actual} bytes, the manifest needs {size}")
+    except BaseException:
+        for fh in files.values():
+            fh.close()
+        raise
+    return files
+
+
+def _memmap(fh, dtype: np.dtype, count: int) -> np.ndarray:
     if count == 0:
         return np.zeros(0, dtype=dtype)
-    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+    return np.memmap(fh, dtype=dtype, mode="r", shape=(count,))
+
+
+def _array(reader: PositionedReader, dtype: np.dtype, start: int, count: int) -> np.ndarray:
+    """`count` values of `dtype` from value `start` of a file, by one positioned read (nothing mapped)."""
+    return np.frombuffer(reader.read(start * dtype.itemsize, count * dtype.itemsize), dtype=dtype)
 
 
 # --------------------------------------------------------------------------- open or build
 def open_token_store(chunks: Iterable[Sequence[str]], data_sha256: str, tokenizer, max_length: int,
-                     cache_dir: str | Path | None = None) -> TokenStore:
-    """The store of these strings under this tokenizer: the cached one when intact, else built from `chunks`
-    (read only when building). `data_sha256` must be the strings' content hash (it keys the cache)."""
+                     cache_dir: str | Path | None = None, source: str = "--data") -> TokenStore:
+    """The store of these strings under this tokenizer: the cached one once checked against `data_sha256`, else
+    built from `chunks` (read only when building). `data_sha256` must be the strings' content hash
+    (`data.strings.fingerprint`): it keys the cache and is what a cached store is checked against; `source`
+    names the data in the error when the strings streamed are not the ones it was taken from."""
     cache_dir = Path(cache_dir) if cache_dir is not None else token_cache_dir()
     key = store_key(data_sha256, tokenizer, max_length)
     root = cache_dir / key
-    store = _cached(root, key, len(tokenizer))
+    store = _cached(root, key, data_sha256, tokenizer, max_length)
     if store is not None:
         return store
     with write_errors(cache_dir, OPTION):  # a full disk: one line naming the cache, nothing left there
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=cache_dir))
+        tmp = make_temporary(root, folder=True)  # a killed build's leftovers for this key are removed first
     try:
-        meta = _write_store(tmp, chunks, tokenizer, max_length)
-        meta.update(format=FORMAT, key=key, data_sha256=data_sha256, max_length=int(max_length),
-                    vocab_size=len(tokenizer), tokenizer_class=type(tokenizer).__name__,
-                    files={f"{stem}.bin": file_sha256(tmp / f"{stem}.bin", what=OPTION) for stem in FILES},
-                    complete=True)
+        meta = _build(tmp, chunks, data_sha256, tokenizer, max_length, source)
+        meta.update(key=key)
         (tmp / MANIFEST).write_text(jsonio.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        store = _cached(root, key, len(tokenizer), quiet=True)  # another run may have built it meanwhile
+        store = _cached(root, key, data_sha256, tokenizer, max_length, quiet=True)  # built by another run meanwhile
         if store is not None:
             remove_tree(tmp)
             return store
@@ -281,41 +358,63 @@ def open_token_store(chunks: Iterable[Sequence[str]], data_sha256: str, tokenize
     return TokenStore(root, meta)
 
 
-def _cached(root: Path, key: str, vocab_size: int, quiet: bool = False) -> TokenStore | None:
-    """The intact store at `root`, or None (nothing there, or a damaged one, which is set aside)."""
+def _build(out: Path, chunks: Iterable[Sequence[str]], data_sha256: str, tokenizer, max_length: int,
+           source: str) -> dict[str, Any]:
+    """Write the store's files into `out`; its manifest (without the key). The strings streamed must be those
+    `data_sha256` was taken from: otherwise the data changed under the run, and nothing is kept."""
+    meta, streamed = _write_store(out, chunks, tokenizer, max_length)
+    if streamed != data_sha256:
+        raise UserError(f"{source}: the strings changed while they were read (their SHA-256 is no longer the one "
+                        "taken when the run read them: was the file edited during the run?); nothing was cached, "
+                        "run again once the file is complete")
+    meta.update(format=FORMAT, data_sha256=data_sha256, max_length=int(max_length), vocab_size=len(tokenizer),
+                tokenizer_class=type(tokenizer).__name__, complete=True,
+                files={f"{stem}.bin": file_sha256(out / f"{stem}.bin", what=OPTION) for stem in ALL_FILES})
+    return meta
+
+
+def _cached(root: Path, key: str, data_sha256: str, tokenizer, max_length: int,
+            quiet: bool = False) -> TokenStore | None:
+    """The store at `root` once checked against the data, or None (nothing there, or a damaged or forged one,
+    which is set aside with one warning)."""
     if not os.path.lexists(root):
         return None
-    problem = store_problem(root, key, vocab_size)
-    if problem is None:
-        meta = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
-        if not quiet:
-            logger.info("using the token store %s (%d strings)", root, meta["strings"])
-        return TokenStore(root, meta)
-    aside = set_aside(root, OPTION)
-    logger.warning("token store %s is damaged (%s): set aside as %s; tokenising the strings again", root, problem,
-                   aside.name)
-    return None
+    try:
+        store = check_store(root, key, data_sha256, tokenizer, max_length)
+    except StoreDamaged as exc:
+        aside = set_aside(root, OPTION)
+        logger.warning("token store %s is damaged (%s): set aside as %s; tokenising the strings again", root, exc,
+                       aside.name)
+        return None
+    if not quiet:
+        logger.info("using the token store %s (%d strings)", root, store.n)
+    return store
 
 
 # --------------------------------------------------------------------------- the streaming pass
-def _write_store(out: Path, chunks: Iterable[Sequence[str]], tokenizer, max_length: int) -> dict[str, Any]:
-    """One pass: each chunk tokenised in one call and appended to the four files; returns the counts."""
+def _write_store(out: Path, chunks: Iterable[Sequence[str]], tokenizer,
+                 max_length: int) -> tuple[dict[str, Any], str]:
+    """One pass: each chunk tokenised in one call and appended to the files; returns the counts and the SHA-256
+    of the strings streamed (as `data.strings.fingerprint` takes it)."""
     special = special_ids(tokenizer)
+    digest = hashlib.sha256()
     stack = contextlib.ExitStack()
-    meta: dict[str, Any] = {"strings": 0, "tokens": 0, "text_bytes": 0, "read": 0, "dropped": 0,
+    meta: dict[str, Any] = {"strings": 0, "tokens": 0, "text_bytes": 0, "read": 0, "dropped": 0, "dropped_bytes": 0,
                             "dropped_example": None, "max_chars": 0, "max_real_tokens": 0}
-    handles = {stem: open(out / f"{stem}.bin", "wb") for stem in FILES}
+    handles = {stem: open(out / f"{stem}.bin", "wb") for stem in ALL_FILES}
     try:
         stack.enter_context(_tokenizer_threads())
-        np.zeros(1, dtype=np.int64).tofile(handles["ids_offsets"])
-        np.zeros(1, dtype=np.int64).tofile(handles["text_offsets"])
+        for stem in ("ids_offsets", "text_offsets", "dropped_offsets"):
+            np.zeros(1, dtype=np.int64).tofile(handles[stem])
         for chunk in chunks:
-            _append_chunk(handles, list(chunk), tokenizer, max_length, special, meta)
+            chunk = list(chunk)
+            digest.update(b"".join(_string_bytes(s) + b"\n" for s in chunk))
+            _append_chunk(handles, chunk, tokenizer, max_length, special, meta)
     finally:
         stack.close()
         for fh in handles.values():
             fh.close()
-    return meta
+    return meta, digest.hexdigest()
 
 
 @contextlib.contextmanager
@@ -334,28 +433,31 @@ def _tokenizer_threads() -> Iterator[None]:
             os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
+def _real_counts(flat: np.ndarray, lengths: np.ndarray, special: np.ndarray) -> np.ndarray:
+    """The number of ids of each string (consecutive runs of `lengths` in `flat`) that are not special."""
+    ends = np.cumsum(lengths)
+    real_cum = np.concatenate([[0], np.cumsum(~np.isin(flat, special))])
+    return real_cum[ends] - real_cum[ends - lengths]
+
+
 def _append_chunk(handles, chunk: list[str], tokenizer, max_length: int, special: np.ndarray,
                   meta: dict[str, Any]) -> None:
-    """Tokenise one chunk, drop its strings without real tokens, append ids, text and both offsets."""
+    """Tokenise one chunk, set aside its strings without real tokens, append ids, text and both offsets."""
     if not chunk:
         return
     encoded = _encode(tokenizer, chunk, max_length)
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int64, count=int(lengths.sum()))
-    ends = np.cumsum(lengths)
-    real_cum = np.concatenate([[0], np.cumsum(~np.isin(flat, special))])
-    real = real_cum[ends] - real_cum[ends - lengths]
+    real = _real_counts(flat, lengths, special)
     keep = real > 0
-    meta["read"] += len(chunk)
     if not keep.all():
-        if meta["dropped_example"] is None:
-            meta["dropped_example"] = chunk[int(np.argmin(keep))][:EXAMPLE_CHARS]
-        meta["dropped"] += int((~keep).sum())
+        _append_dropped(handles, chunk, keep, meta)
         flat = flat[np.repeat(keep, lengths)]
         lengths, chunk = lengths[keep], [s for s, k in zip(chunk, keep) if k]
+    meta["read"] += len(keep)
     if not chunk:
         return
-    texts = [s.encode("utf-8", "surrogatepass") for s in chunk]
+    texts = [_string_bytes(s) for s in chunk]
     text_lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     flat.astype(np.int32).tofile(handles["ids"])
     (meta["tokens"] + np.cumsum(lengths)).tofile(handles["ids_offsets"])
@@ -368,6 +470,19 @@ def _append_chunk(handles, chunk: list[str], tokenizer, max_length: int, special
     meta["max_real_tokens"] = max(meta["max_real_tokens"], int(real[keep].max()))
 
 
+def _append_dropped(handles, chunk: list[str], keep: np.ndarray, meta: dict[str, Any]) -> None:
+    """The chunk's strings without real tokens, kept aside with their positions among the strings read."""
+    where = np.flatnonzero(~keep)
+    texts = [_string_bytes(chunk[i]) for i in where.tolist()]
+    if meta["dropped_example"] is None:
+        meta["dropped_example"] = chunk[int(where[0])][:EXAMPLE_CHARS]
+    handles["dropped"].write(b"".join(texts))
+    (meta["dropped_bytes"] + np.cumsum([len(t) for t in texts], dtype=np.int64)).tofile(handles["dropped_offsets"])
+    (meta["read"] + where.astype(np.int64)).tofile(handles["dropped_at"])
+    meta["dropped"] += len(texts)
+    meta["dropped_bytes"] += sum(map(len, texts))
+
+
 def _encode(tokenizer, chunk: list[str], max_length: int) -> list[list[int]]:
     """`tokenizer(chunk, add_special_tokens=True, truncation=True, max_length=L)["input_ids"]`, through the fast
     backend's `encode_batch_fast` (no offsets computed: about twice the speed) where the tokenizer has one.
@@ -376,6 +491,8 @@ def _encode(tokenizer, chunk: list[str], max_length: int) -> list[list[int]]:
     tokenizer's side, no padding), with the backend's settings put back afterwards; the first strings of each
     chunk are checked against the tokenizer's own call, and any difference sends the chunk that way.
     """
+    if not chunk:
+        return []
     backend = getattr(tokenizer, "backend_tokenizer", None)
     encode = getattr(backend, "encode_batch_fast", None) if getattr(tokenizer, "is_fast", False) else None
     reference = lambda texts: tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length,
@@ -408,70 +525,158 @@ def _restore(backend, truncation, padding) -> None:
 
 
 # --------------------------------------------------------------------------- checks on read-back
-def store_problem(root: Path, key: str, vocab_size: int) -> str | None:
-    """Why the store folder `root` cannot be used, or None when it is complete and intact (module docstring)."""
+def check_store(root: Path, key: str, data_sha256: str, tokenizer, max_length: int) -> TokenStore:
+    """The store at `root`, opened and checked against the data (module docstring); `StoreDamaged` naming the
+    file and the reason when any check fails."""
     if root.is_symlink() or not root.is_dir():
-        return "not a folder"
+        raise StoreDamaged("not a folder")
     try:
-        meta = parse_json(read_regular_bytes(root / MANIFEST, OPTION, MAX_MANIFEST_BYTES), OPTION, root / MANIFEST)
-    except UserError as exc:
-        return str(exc).split(": ", 1)[-1]
-    problem = _manifest_problem(meta, key)
-    if problem is not None:
-        return problem
-    counts = _file_counts(meta)
-    for stem, dtype in FILES.items():
-        path = root / f"{stem}.bin"
-        if path.is_symlink() or not path.is_file():
-            return f"{path.name} is missing or not a regular file"
-        if path.stat().st_size != counts[stem] * dtype.itemsize:
-            return f"{path.name} has {path.stat().st_size} bytes, the manifest needs {counts[stem] * dtype.itemsize}"
-        if meta["files"].get(path.name) != file_sha256(path, what=OPTION):
-            return f"{path.name}: SHA-256 differs from the manifest's"
-    return _content_problem(root, meta, counts, vocab_size)
+        folder = ConfinedFolder(root, OPTION, KIND)
+        meta = folder.read_json(MANIFEST, limit=MAX_MANIFEST_BYTES)
+        _check_manifest(meta, key, data_sha256, max_length)
+        files = _open_files(folder, _file_counts(meta))
+    except UserError as exc:  # the refusal names the file and the path; the option is the warning's
+        raise StoreDamaged(str(exc).removeprefix(f"{OPTION} ")) from None
+    store = TokenStore(root, meta, files)
+    try:
+        with _tokenizer_threads():
+            _check_content(store, data_sha256, tokenizer, max_length)
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
-def _manifest_problem(meta: Any, key: str) -> str | None:
-    if not isinstance(meta, dict) or meta.get("complete") is not True or meta.get("key") != key \
-            or meta.get("format") != FORMAT:
-        return "manifest.json is incomplete or of other strings"
-    for name in ("strings", "tokens", "text_bytes", "read", "dropped", "max_chars", "max_real_tokens"):
+def store_problem(root: Path, key: str, data_sha256: str, tokenizer, max_length: int) -> str | None:
+    """Why the store folder `root` cannot be used, or None when it holds the data's strings and their ids."""
+    try:
+        check_store(root, key, data_sha256, tokenizer, max_length).close()
+    except StoreDamaged as exc:
+        return str(exc)
+    return None
+
+
+COUNTS = ("strings", "tokens", "text_bytes", "read", "dropped", "dropped_bytes", "max_chars", "max_real_tokens")
+
+
+def _check_manifest(meta: Any, key: str, data_sha256: str, max_length: int) -> None:
+    if meta.get("complete") is not True or meta.get("key") != key or meta.get("format") != FORMAT \
+            or meta.get("data_sha256") != data_sha256 or meta.get("max_length") != int(max_length):
+        raise StoreDamaged("manifest.json is incomplete or of other strings")
+    for name in COUNTS:
         value = meta.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            return f"manifest.json: {name} is not a count"
-    if not isinstance(meta.get("files"), dict) or not isinstance(meta.get("dropped_example"), (str, type(None))):
-        return "manifest.json has no checksums"
-    return None
+            raise StoreDamaged(f"manifest.json: {name} is not a count")
+    if meta["read"] != meta["strings"] + meta["dropped"]:
+        raise StoreDamaged("manifest.json: the strings read are not those kept plus those dropped")
+    files = meta.get("files")
+    if not isinstance(files, dict) or set(files) != {f"{stem}.bin" for stem in ALL_FILES} \
+            or not all(isinstance(v, str) for v in files.values()):
+        raise StoreDamaged("manifest.json names other files than a store's, or no checksums")
+    if not isinstance(meta.get("dropped_example"), (str, type(None))):
+        raise StoreDamaged("manifest.json: dropped_example is not a string")
 
 
-def _content_problem(root: Path, meta: dict[str, Any], counts: dict[str, int], vocab_size: int) -> str | None:
-    """Offsets from 0, never decreasing, to their file's end; ids inside the vocabulary. Read a block at a time
-    with plain reads, not through the memory map: a check of every page would otherwise leave the whole store
-    resident in this process (10M sentences: 1.4 GB of ids)."""
-    for stem, target in (("ids", "ids_offsets"), ("text", "text_offsets")):
-        previous, last = None, None
-        for block in _blocks(root / f"{target}.bin", FILES[target], counts[target]):
-            if (previous is None and int(block[0]) != 0) or (previous is not None and int(block[0]) < previous) \
-                    or bool((np.diff(block) < 0).any()):
-                return f"{target}.bin holds offsets out of order or past {stem}.bin"
-            previous = last = int(block[-1])
-        if last != counts[stem]:
-            return f"{target}.bin holds offsets out of order or past {stem}.bin"
-    for block in _blocks(root / "ids.bin", FILES["ids"], counts["ids"]):
-        if int(block.min()) < 0 or int(block.max()) >= vocab_size:
-            return "ids.bin holds ids outside the vocabulary"
-    return None
+def _check_content(store: TokenStore, data_sha256: str, tokenizer, max_length: int) -> None:
+    """Every file's checksum (bit rot); offsets, ids and the recomputed counts; the strings against the data;
+    the dropped strings without tokens; the ids against the tokenizer (all, or a fresh sample)."""
+    for stem, reader in store._handles.items():
+        reader.seek(0)
+        if stream_sha256(reader) != store.meta["files"][f"{stem}.bin"]:
+            raise StoreDamaged(f"{stem}.bin: SHA-256 differs from the manifest's")
+    special = special_ids(tokenizer)
+    max_chars, max_real = _check_rows(store, len(tokenizer), special)
+    if (max_chars, max_real) != (store.max_chars, store.max_real_tokens):
+        raise StoreDamaged("manifest.json: max_chars or max_real_tokens are not those of the strings")
+    _check_strings(store, data_sha256)
+    dropped = store.dropped_texts()
+    for start in range(0, len(dropped), CHUNK):
+        chunk = dropped[start:start + CHUNK]
+        if any(any(int(t) not in special for t in ids) for ids in _encode(tokenizer, chunk, max_length)):
+            raise StoreDamaged("dropped.bin holds a string with tokens (a string was taken out of the store)")
+    example = dropped[0][:EXAMPLE_CHARS] if dropped else None
+    if store.meta["dropped_example"] != example:
+        raise StoreDamaged("manifest.json: dropped_example is not the first dropped string")
+    _check_ids(store, tokenizer, max_length)
 
 
-def _blocks(path: Path, dtype: np.dtype, count: int, size: int = 1 << 22):
-    """The file's `count` values, `size` at a time (plain reads: nothing stays mapped)."""
-    with open(path, "rb") as fh:
-        for start in range(0, count, size):
-            block = np.fromfile(fh, dtype=dtype, count=min(size, count - start))
-            if block.size == 0:
-                return
-            yield block
+def _check_rows(store: TokenStore, vocab_size: int, special: np.ndarray) -> tuple[int, int]:
+    """Offsets from 0, never decreasing, to their file's end; ids in the vocabulary; a real token in every
+    string. Read a block of strings at a time with positioned reads (nothing mapped: a check of every page would
+    leave the whole store resident, 10M strings: 1.4 GB of ids). Returns (max_chars, max_real_tokens)."""
+    counts, files = _file_counts(store.meta), store._files
+    max_chars = max_real = 0
+    n = store.n
+    for a in range(0, max(n, 1), ROWS):
+        b = min(n, a + ROWS)
+        bounds = {}
+        for stem in ("ids", "text"):
+            off = _array(files[f"{stem}_offsets"], INT64, a, b - a + 1)
+            if (a == 0 and int(off[0]) != 0) or bool((np.diff(off) < 0).any()) or int(off[-1]) > counts[stem] \
+                    or (b == n and int(off[-1]) != counts[stem]):
+                raise StoreDamaged(f"{stem}_offsets.bin holds offsets out of order or past {stem}.bin")
+            bounds[stem] = off
+        if b == a:
+            break
+        ids = _array(files["ids"], FILES["ids"], int(bounds["ids"][0]), int(bounds["ids"][-1] - bounds["ids"][0]))
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+            raise StoreDamaged("ids.bin holds ids outside the vocabulary")
+        real = _real_counts(ids.astype(np.int64), np.diff(bounds["ids"]), special)
+        if bool((real <= 0).any()):
+            raise StoreDamaged("ids.bin holds a string without real tokens")
+        text = _array(files["text"], FILES["text"], int(bounds["text"][0]),
+                      int(bounds["text"][-1] - bounds["text"][0]))
+        chars = np.concatenate([[0], np.cumsum((text & 0xC0) != 0x80)])  # UTF-8: bytes that start a character
+        rel = bounds["text"] - bounds["text"][0]
+        max_chars = max(max_chars, int((chars[rel[1:]] - chars[rel[:-1]]).max()))
+        max_real = max(max_real, int(real.max()))
+    return max_chars, max_real
 
 
-__all__ = ["CHUNK", "ListStore", "StoreStrings", "TokenStore", "cache_root", "open_token_store",
-           "store_key", "store_problem", "token_cache_dir", "tokenizer_fingerprint"]
+def _check_strings(store: TokenStore, data_sha256: str) -> None:
+    """The strings of the store, the dropped ones put back at their positions, hashed as `data.strings.
+    fingerprint` hashes the data's: equal to `data_sha256` only when the store holds exactly the data's strings."""
+    counts, files = _file_counts(store.meta), store._files
+    d = counts["dropped_at"]
+    at = _array(files["dropped_at"], INT64, 0, d)
+    bounds = _array(files["dropped_offsets"], INT64, 0, d + 1)
+    if d and (int(at[0]) < 0 or bool((np.diff(at) <= 0).any()) or int(at[-1]) >= int(store.meta["read"])):
+        raise StoreDamaged("dropped_at.bin holds positions out of order or past the strings read")
+    if int(bounds[0]) != 0 or bool((np.diff(bounds) < 0).any()) or int(bounds[-1]) != counts["dropped"]:
+        raise StoreDamaged("dropped_offsets.bin holds offsets out of order or past dropped.bin")
+    digest, kept = hashlib.sha256(), 0
+    for i, before in enumerate((at - np.arange(d)).tolist()):  # kept strings before the i-th dropped one
+        _hash_kept(digest, files, kept, before)
+        kept = before
+        digest.update(files["dropped"].read(int(bounds[i]), int(bounds[i + 1] - bounds[i])) + b"\n")
+    _hash_kept(digest, files, kept, store.n)
+    if digest.hexdigest() != data_sha256:
+        raise StoreDamaged("text.bin and dropped.bin do not hold the data's strings (their SHA-256 is not the "
+                           "data's)")
+
+
+def _hash_kept(digest, files: dict[str, PositionedReader], a: int, b: int) -> None:
+    """Add strings a..b of text.bin to `digest`, each followed by a newline, a block at a time."""
+    for start in range(a, b, ROWS):
+        off = _array(files["text_offsets"], INT64, start, min(b, start + ROWS) - start + 1)
+        raw = np.frombuffer(files["text"].read(int(off[0]), int(off[-1] - off[0])), dtype=np.uint8)
+        digest.update(np.insert(raw, (off[1:] - off[0]).astype(np.intp), 10).tobytes())
+
+
+def _check_ids(store: TokenStore, tokenizer, max_length: int) -> None:
+    """The stored ids of every string (a store of at most FULL_CHECK strings) or of SAMPLE strings drawn afresh
+    from the system's randomness, against the tokenizer's ids of the (already checked) strings."""
+    if store.n <= FULL_CHECK:
+        groups: Iterable[Sequence[int]] = (range(a, min(store.n, a + CHUNK)) for a in range(0, store.n, CHUNK))
+    else:
+        rng = np.random.default_rng(secrets.randbits(128))
+        rows = np.sort(rng.choice(store.n, size=SAMPLE, replace=False)).tolist()
+        groups = (rows[a:a + CHUNK] for a in range(0, len(rows), CHUNK))
+    for rows in groups:
+        rows = rows if isinstance(rows, range) else list(rows)
+        if len(rows) and store.token_ids(rows) != _encode(tokenizer, store.texts(rows), max_length):
+            raise StoreDamaged("ids.bin holds ids that are not the tokenizer's ids of the strings")
+
+
+__all__ = ["CHUNK", "ListStore", "StoreDamaged", "StoreStrings", "TokenStore", "cache_root", "check_store",
+           "open_token_store", "store_key", "store_problem", "token_cache_dir", "tokenizer_fingerprint"]

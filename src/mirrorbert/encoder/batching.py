@@ -11,9 +11,9 @@ from typing import Sequence
 import torch
 
 
-def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad only to the longest sequence of this batch."""
-    longest = max(len(s) for s in sequences)
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int, length: int | None = None) -> dict[str, torch.Tensor]:
+    """Pad only to the longest sequence of this batch (or to `length`, for a model that takes one length only)."""
+    longest = max(max(len(s) for s in sequences), length or 0)
     input_ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(sequences), longest), dtype=torch.long)
     for row, seq in enumerate(sequences):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import warnings
 from pathlib import Path
@@ -163,12 +162,15 @@ class ExportedEncoder:
         folder = Path(folder)
         if backend not in BACKENDS:
             raise UserError(f"backend: unknown value {backend!r}; choose one of {', '.join(BACKENDS)}")
-        graph_file = folder / BACKENDS[backend]
-        if not graph_file.is_file():
+        from mirrorbert.safeguards.model_folder import vet_model_folder
+
+        model = vet_model_folder(folder, "folder")  # every file below is read as checked there
+        if not model.folder.exists(BACKENDS[backend]):
             raise UserError(f"{folder}: no {BACKENDS[backend]} (export it with mirrorbert export --format {backend})")
+        graph_file = model.folder.check_file(BACKENDS[backend])
         self.folder, self.backend = folder, backend
-        self.tokenizer, self.pad_id, self.max_length = _load_tokenizer(folder)
-        self.normalize_default = _saved_normalize(folder)
+        self.tokenizer, self.pad_id, self.max_length = _load_tokenizer(model)
+        self.normalize_default = _saved_normalize(model)
         self._run = _onnxruntime_runner(graph_file, threads) if backend == "onnx" else \
             _openvino_runner(graph_file, threads)
 
@@ -204,40 +206,40 @@ class ExportedEncoder:
         return vectors[0] if single else vectors
 
 
-def _load_tokenizer(folder: Path):
+def _load_tokenizer(model):
     """The folder's fast tokenizer, truncating at the saved maximum length; (tokenizer, pad id, max length)."""
     from tokenizers import Tokenizer
 
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        raise UserError(f"{folder}: no tokenizer.json (only fast tokenizers can be exported)")
-    tokenizer = Tokenizer.from_file(str(path))
+    if "tokenizer.json" not in model.json:
+        raise UserError(f"{model.folder.given}: no tokenizer.json (only fast tokenizers can be exported)")
+    try:
+        tokenizer = Tokenizer.from_str(model.folder.read_text("tokenizer.json"))
+    except Exception as exc:  # noqa: BLE001  tokenizers raises its own exception types for a damaged file
+        raise UserError(f"{model.folder.given / 'tokenizer.json'}: damaged ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})") from None
+    from mirrorbert.safeguards.preflight import probe_tokenizer
+
+    probe_tokenizer(tokenizer.encode_batch, str(model.folder.given / "tokenizer.json"), "folder")
     tokenizer.no_padding()  # we pad per batch; the saved file may carry a padding setting
-    max_length = _read_json(folder / "sentence_bert_config.json").get("max_seq_length") or 512
+    max_length = _saved_dict(model, "sentence_bert_config.json").get("max_seq_length") or 512
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or not 0 < max_length <= 1 << 20:
+        raise UserError(f"{model.folder.given / 'sentence_bert_config.json'}: max_seq_length {str(max_length)[:30]!r} "
+                        "is not a positive whole number")
     tokenizer.enable_truncation(int(max_length))
-    pad_token = _read_json(folder / "tokenizer_config.json").get("pad_token")
+    pad_token = _saved_dict(model, "tokenizer_config.json").get("pad_token")
     if isinstance(pad_token, dict):
         pad_token = pad_token.get("content")
     pad_id = tokenizer.token_to_id(pad_token) if isinstance(pad_token, str) else None
     return tokenizer, (pad_id if pad_id is not None else 0), int(max_length)
 
 
-def _saved_normalize(folder: Path) -> bool:
+def _saved_normalize(model) -> bool:
     from mirrorbert.encoder.pooling import pooling_from_sentence_transformers
 
-    try:
-        return pooling_from_sentence_transformers(folder)[1]
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    return pooling_from_sentence_transformers(model)[1]
 
 
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: damaged (not valid JSON: {exc})") from None
+def _saved_dict(model, name: str) -> dict:
+    value = model.get(name, {})
     return value if isinstance(value, dict) else {}
 
 

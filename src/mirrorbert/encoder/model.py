@@ -38,6 +38,8 @@ from mirrorbert.safeguards.writes import atomic_output_dir
 from mirrorbert.runtime.device import autocast, check_precision, resolve_device
 from mirrorbert.reporting.metrics import library_versions
 from mirrorbert.encoder.batching import pad_batch
+from mirrorbert.encoder.architectures import (NoPooler, check_supported, fixed_length, prepare_model,
+                                              usable_precision)
 from mirrorbert.encoder.packing import choose_layout, grouped_embed, packed_embed
 
 logger = logging.getLogger(__name__)
@@ -160,7 +162,7 @@ class Encoder(torch.nn.Module):
         self.training_info: dict[str, Any] = {}
         self.packing: bool | str | None = None  # default of `embed`: None = auto (packing.choose_layout)
         # The model's pooler head (unused by every pooling here), kept aside and written back on save
-        self.pooler_state: dict[str, torch.Tensor] = detach_pooler(model)
+        self.pooler_state: dict[str, torch.Tensor] = detach_pooler(prepare_model(model))
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -196,6 +198,7 @@ class Encoder(torch.nn.Module):
         # config, tokenizer and the weights' shapes checked before any weight is read
         config, tokenizer = inspect_model(name, max_length=max_length, config_overrides=config_overrides,
                                           warn_decoder=False, trust_remote_code=trust_remote_code)
+        check_supported(config, name)
         if max_length is None and saved_max is not None:
             check_max_length(saved_max, config, f"--model {folder / 'sentence_bert_config.json'}: max_seq_length",
                              name)
@@ -269,7 +272,7 @@ class Encoder(torch.nn.Module):
         return self._embed_padded(sequences, pad_id)
 
     def _embed_padded(self, sequences: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
-        batch = {k: v.to(self.device) for k, v in pad_batch(sequences, pad_id).items()}
+        batch = {k: v.to(self.device) for k, v in pad_batch(sequences, pad_id, fixed_length(self.model)).items()}
         return self(**batch)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
@@ -320,6 +323,7 @@ class Encoder(torch.nn.Module):
         texts = [texts] if single else list(texts)
         device = self.device
         check_precision(precision, device)
+        precision = usable_precision(self.model, precision)
         normalize = self.normalize_default if normalize is None else normalize
         rows = encoding_rows(len(texts))  # all rows, or this process's share under sharded encoding
         out = torch.empty((len(rows), self.dim), dtype=torch.float32)
@@ -482,7 +486,7 @@ def detach_pooler(model) -> dict[str, torch.Tensor]:
     if not isinstance(pooler, torch.nn.Module):
         return {}
     state = {f"pooler.{k}": v.detach().cpu().clone() for k, v in pooler.state_dict().items()}
-    model.pooler = None
+    model.pooler = NoPooler()  # some types (SqueezeBERT) call their pooler without checking for one
     return state
 
 

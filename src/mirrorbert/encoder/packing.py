@@ -22,6 +22,7 @@ view lengths, which are the same for x and x-bar, so both replayed passes see th
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import weakref
@@ -45,11 +46,41 @@ logger = logging.getLogger(__name__)
 # still holds ~8 typical sentences, so the partly filled rows waste little. A longer view gets its own row.
 ROW_BUDGET = 128
 
-# Model types whose embeddings take explicit position ids and whose attention takes a prepared 4D mask,
-# verified equal to padded execution in tests/encoder/test_packing.py. The value: the first position id.
-FIRST_POSITION_ZERO = ("bert", "electra", "distilbert")
-FIRST_POSITION_AFTER_PAD = ("roberta", "xlm-roberta", "camembert")
-PACKABLE_MODEL_TYPES = FIRST_POSITION_ZERO + FIRST_POSITION_AFTER_PAD
+@dataclass(frozen=True)
+class PackingRecipe:
+    """How one model type takes a packed row, proven equal to padded execution per type in
+    tests/encoder/test_packing.py.
+
+    `positions`: "zero" or "after_pad" (absolute position embeddings: ids restart at the model's first
+    position for each view, 0 or padding_idx + 1), or "relative" (rotary or relative-position models,
+    whose scores depend only on the distance between two tokens of a view: nothing to pass).
+    `mask`: "prepared" (a block-diagonal 4D mask that transformers 5's mask builders pass through; the 3D
+    1/0 form on 4.x), "pairwise" (DeBERTa's own (rows, width, width) 1/0 mask, on any version) or
+    "per_layer_type" (ModernBERT: one prepared mask per layer type, the sliding-window one intersected
+    with the view's window)."""
+
+    positions: str
+    mask: str = "prepared"
+    needs_4d: bool = False  # packs only where transformers takes a prepared 4D mask (5.x)
+
+
+PACKING_RECIPES = {
+    "bert": PackingRecipe("zero"),
+    "electra": PackingRecipe("zero"),
+    "distilbert": PackingRecipe("zero"),
+    "megatron-bert": PackingRecipe("zero"),
+    "ernie": PackingRecipe("zero"),
+    "albert": PackingRecipe("zero", needs_4d=True),  # 4.x unsqueezes the mask itself: 2D only
+    "roberta": PackingRecipe("after_pad"),
+    "xlm-roberta": PackingRecipe("after_pad"),
+    "camembert": PackingRecipe("after_pad"),
+    "data2vec-text": PackingRecipe("after_pad"),
+    "mpnet": PackingRecipe("after_pad"),
+    "roformer": PackingRecipe("relative"),
+    "deberta-v2": PackingRecipe("zero", mask="pairwise"),
+    "modernbert": PackingRecipe("zero", mask="per_layer_type", needs_4d=True),
+}
+PACKABLE_MODEL_TYPES = tuple(PACKING_RECIPES)
 # Attention implementations reading a dense 4D mask: sdpa takes a boolean one, eager an additive one.
 PACKABLE_ATTENTION = ("sdpa", "eager")
 
@@ -77,11 +108,14 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     model_type = getattr(config, "model_type", type(model).__name__)
     if model_type not in PACKABLE_MODEL_TYPES:
         return f"model type {model_type!r} is not one of the packable ones ({', '.join(PACKABLE_MODEL_TYPES)})"
+    recipe = PACKING_RECIPES[model_type]
     attention = getattr(config, "_attn_implementation", None) or "eager"
     if attention not in PACKABLE_ATTENTION:
         return f"attention implementation {attention!r} takes no block-diagonal mask (packable: sdpa, eager)"
-    if "position_ids" not in inspect.signature(model.forward).parameters:
+    if recipe.positions != "relative" and "position_ids" not in inspect.signature(model.forward).parameters:
         return f"{type(model).__name__}.forward takes no position_ids"
+    if recipe.needs_4d and not transformers_takes_4d_mask():
+        return f"{model_type} takes a block-diagonal mask only on transformers 5"
     return None
 
 
@@ -199,12 +233,17 @@ class PackedBatch:
         return PackedBatch(self.input_ids.to(device), self.position_ids.to(device), self.view_of_token.to(device),
                            self.first_token.to(device), self.n_views)
 
-    def attention_mask(self, attention: str, dtype: torch.dtype, prepared: bool = True) -> torch.Tensor:
-        """A token sees the tokens of its own view; padding sees padding only. `prepared` (transformers 5):
-        (rows, 1, width, width), boolean for sdpa, additive for eager; else (transformers 4.x) the
-        (rows, width, width) 1/0 mask the model turns into an additive one itself."""
+    def attention_mask(self, attention: str, dtype: torch.dtype, prepared: bool = True,
+                       within: torch.Tensor | None = None) -> torch.Tensor:
+        """A token sees the tokens of its own view (and of those, only the ones `within` allows, a
+        (width, width) window); padding sees padding only. `prepared` (transformers 5): (rows, 1, width,
+        width), boolean for sdpa, additive for eager; else (transformers 4.x) the (rows, width, width) 1/0
+        mask the model turns into an additive one itself."""
         segment = self.view_of_token
-        allowed = (segment[:, :, None] == segment[:, None, :]).unsqueeze(1)
+        allowed = segment[:, :, None] == segment[:, None, :]
+        if within is not None:
+            allowed = allowed & (within | (segment[:, :, None] < 0))  # padding keeps seeing itself
+        allowed = allowed.unsqueeze(1)
         if not prepared:
             return allowed[:, 0].to(dtype)
         if attention == "sdpa":
@@ -239,27 +278,75 @@ def pack(sequences: Sequence[Sequence[int]], pad_id: int, first_position: int = 
     )
 
 
-def first_position_id(config) -> int:
-    """RoBERTa-style models count positions from padding_idx + 1; BERT-style ones from 0."""
-    if config.model_type in FIRST_POSITION_AFTER_PAD:
-        return int(config.pad_token_id) + 1
-    return 0
+def row_budget(model: torch.nn.Module) -> int:
+    """ROW_BUDGET, or fewer where a row must fit the model's position table: RoFormer looks its rotary angles
+    up by column, so a row wider than max_position_embeddings would index past the table."""
+    positions = getattr(unwrapped(model).config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        return max(1, min(ROW_BUDGET, positions - _first_position(model)))
+    return ROW_BUDGET
+
+
+def _first_position(model: torch.nn.Module) -> int:
+    """The first position id of this model: after its embeddings' own padding index where it counts from
+    there (MPNet fixes that index at 1, whatever the config's pad_token_id)."""
+    model = unwrapped(model)
+    recipe = PACKING_RECIPES.get(model.config.model_type)
+    if recipe is None or recipe.positions != "after_pad":
+        return 0
+    base = getattr(model, model.base_model_prefix, model)
+    padding_idx = getattr(getattr(base, "embeddings", None), "padding_idx", None)
+    return int(padding_idx if isinstance(padding_idx, int) else model.config.pad_token_id) + 1
+
+
+def _packed_mask(model: torch.nn.Module, packed: PackedBatch) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The block-diagonal attention mask in the form this model type takes (PackingRecipe.mask)."""
+    config = unwrapped(model).config
+    recipe = PACKING_RECIPES[config.model_type]
+    attention = getattr(config, "_attn_implementation", None) or "eager"
+    dtype = next(model.parameters()).dtype
+    if recipe.mask == "pairwise":
+        return packed.attention_mask(attention, torch.long, prepared=False)
+    if recipe.mask == "per_layer_type":
+        window = int(config.sliding_window)
+        column = torch.arange(packed.input_ids.shape[1], device=packed.input_ids.device)
+        near = (column[:, None] - column[None, :]).abs() <= window  # a view's tokens are contiguous in its row
+        return {"full_attention": packed.attention_mask(attention, dtype),
+                "sliding_attention": packed.attention_mask(attention, dtype, within=near)}
+    return packed.attention_mask(attention, dtype, prepared=transformers_takes_4d_mask())
+
+
+@contextlib.contextmanager
+def _embeddings_mask(model: torch.nn.Module, packed: PackedBatch):
+    """DeBERTa's embeddings multiply by the attention mask it was given, which must be per token there while
+    its encoder takes the pairwise one: hand the embeddings the token mask (real tokens) for this call."""
+    inner = unwrapped(model)
+    if PACKING_RECIPES[inner.config.model_type].mask != "pairwise":
+        yield
+        return
+    embeddings = getattr(getattr(inner, inner.base_model_prefix, inner), "embeddings")
+    tokens = (packed.view_of_token >= 0).long()
+
+    def token_mask(module, args, kwargs):
+        return args, {**kwargs, "mask": tokens}
+
+    handle = embeddings.register_forward_pre_hook(token_mask, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def packed_embed(model: torch.nn.Module, sequences: Sequence[Sequence[int]], pooling: str,
                  pad_id: int) -> torch.Tensor:
     """Pooled vectors of the sequences, in order, from one packed forward pass."""
     device = next(model.parameters()).device
-    packed = pack(sequences, pad_id, first_position_id(model.config), ROW_BUDGET).to(device)
-    attention = getattr(model.config, "_attn_implementation", None) or "eager"
-    inputs = {
-        "input_ids": packed.input_ids,
-        "position_ids": packed.position_ids,
-        "attention_mask": packed.attention_mask(attention, next(model.parameters()).dtype,
-                                                prepared=transformers_takes_4d_mask()),
-    }
+    packed = pack(sequences, pad_id, _first_position(model), row_budget(model)).to(device)
+    inputs = {"input_ids": packed.input_ids, "attention_mask": _packed_mask(model, packed)}
+    if PACKING_RECIPES[unwrapped(model).config.model_type].positions != "relative":
+        inputs["position_ids"] = packed.position_ids
     if "token_type_ids" in inspect.signature(unwrapped(model).forward).parameters:
         inputs["token_type_ids"] = torch.zeros_like(packed.input_ids)
-    with drophead_groups(packed.view_of_token, packed.n_views):
+    with drophead_groups(packed.view_of_token, packed.n_views), _embeddings_mask(model, packed):
         outputs = model(**inputs, output_hidden_states=needs_hidden_states(pooling), return_dict=True)
     return pool_views(outputs, packed.view_of_token, packed.first_token, packed.n_views, pooling)

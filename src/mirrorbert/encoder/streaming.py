@@ -60,20 +60,21 @@ def chunked_input(path: str, column: str | None, field: str | None, skip_bad_lin
 
 
 def create_npy(path: Path, rows: int, dim: int, target: Path | None = None, option: str = "--output") -> Path:
-    """A float32 .npy of `rows` x `dim` at `path`, its blocks reserved before any row is written
-    (`safeguards.writes.preallocate`): a full disk is one error naming `target` (what `path` becomes) and the
-    bytes needed, not a SIGBUS halfway."""
+    """A float32 .npy of `rows` x `dim` at `path` (a temporary mirrorbert just made: opened without following
+    a link), its blocks reserved before any row is written (`safeguards.writes.preallocate`): a full disk is
+    one error naming `target` (what `path` becomes) and the bytes needed, not a SIGBUS halfway."""
     import os
 
-    from mirrorbert.safeguards.writes import preallocate
+    from mirrorbert.safeguards.writes import open_temporary, preallocate
 
-    out = np.lib.format.open_memmap(str(path), mode="w+", dtype=np.float32, shape=(rows, dim))
-    del out
-    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-    try:
-        preallocate(fd, os.fstat(fd).st_size, target or path, option)
-    finally:
-        os.close(fd)
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+              "shape": (rows, dim)}
+    with open_temporary(path, "r+b") as fh:
+        np.lib.format.write_array_header_1_0(fh, header)
+        size = fh.tell() + rows * dim * np.dtype(np.float32).itemsize
+        fh.truncate(size)
+        fh.flush()
+        preallocate(fh.fileno(), os.fstat(fh.fileno()).st_size, target or path, option)
     return Path(path)
 
 

@@ -133,6 +133,9 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
     idx = subset_indices(len(train), fraction, seed)
     encoder = Encoder.load(cfg.model, pooling=cfg.pooling, device=str(device), trust_remote_code=cfg.trust_remote_code,
                            cli=True)  # errors name the options, as FinetuneStsConfig's own do
+    from mirrorbert.encoder.architectures import usable_precision
+
+    precision = usable_precision(encoder.model, precision)
     encoder.max_length = min(cfg.max_length, encoder.max_length)  # at most the model's positions, like gloss-pretrain
     encoder.train()
     ids1 = encoder.tokenize([train.s1[i] for i in idx])

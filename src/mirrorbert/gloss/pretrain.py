@@ -170,7 +170,10 @@ def load_start_model(name: str, trust_remote_code: bool = False):
     from mirrorbert.safeguards.preflight import first_line, inspect_model, weights_load_error
 
     # cheap checks before the weights load
-    inspect_model(name, need_mask=True, mask_option="--model", trust_remote_code=trust_remote_code)
+    config, _ = inspect_model(name, need_mask=True, mask_option="--model", trust_remote_code=trust_remote_code)
+    from mirrorbert.encoder.architectures import check_supported
+
+    check_supported(config, name)
     try:
         tok = load_tokenizer(name, trust_remote_code=trust_remote_code)
         mlm = load_model(name, "AutoModelForMaskedLM", trust_remote_code=trust_remote_code)
@@ -202,13 +205,16 @@ def load_parts(folder: Path, cfg: GlossPretrainConfig):
     from mirrorbert.safeguards.model_loading import load_model, load_tokenizer
 
     option, trust = f"--resume {folder.parent}:", cfg.trust_remote_code
+    ck = _checkpoint(folder)
+    ck.subfolder(f"{folder.name}/context")  # the encoders' folders inside the checkpoint, never a link out
     tok = load_tokenizer(folder / "context", trust_remote_code=trust, option=option)
     model = GlossRegularizedMLM.from_mlm(load_model(folder / "context", "AutoModelForMaskedLM",
                                                     trust_remote_code=trust, option=option),
                                          arch=cfg.arch, lam=cfg.lam, tau=cfg.tau)
     if cfg.arch == "sc":
-        if not (folder / "context2").is_dir():
+        if not ck.is_dir(f"{folder.name}/context2"):
             raise UserError(f"--resume {folder.parent}: checkpoint has no enc2 (was it written with --arch mt?)")
+        ck.subfolder(f"{folder.name}/context2")
         model.context2 = load_model(folder / "context2", "AutoModelForMaskedLM", trust_remote_code=trust,
                                     option=option)
     model.gloss_encoder.load_state_dict(_gloss_encoder_state(folder))
@@ -219,23 +225,33 @@ GLOSS_ENCODER = "gloss_encoder.safetensors"
 LEGACY_GLOSS_ENCODER = "gloss_encoder.pt"  # older mirrorbert: a pickle, read with weights_only=True only
 
 
+def _checkpoint(folder: Path):
+    """The confined reader of the checkpoint holding the parts folder `folder` (`step-N/model`)."""
+    from mirrorbert.training.checkpoints import checkpoint_folder
+
+    return checkpoint_folder(folder.parent, f"--resume {folder.parent}:")
+
+
 def _gloss_encoder_state(folder: Path) -> dict[str, Any]:
-    """The gloss encoder's weights of a checkpoint: safetensors, or an older `.pt` read without running code."""
+    """The gloss encoder's weights of a checkpoint: safetensors, or an older `.pt` read without running code;
+    either only inside the checkpoint folder, a regular file."""
     import torch
 
     from mirrorbert.errors import first_line
     from mirrorbert.training.state_format import load_legacy_pt
 
-    option = f"--resume {folder.parent}"
-    if (folder / GLOSS_ENCODER).exists():
+    option, ck = f"--resume {folder.parent}", _checkpoint(folder)
+    if ck.exists(f"{folder.name}/{GLOSS_ENCODER}"):
         from safetensors.torch import load_file
 
+        real = ck.check_file(f"{folder.name}/{GLOSS_ENCODER}")
         try:
-            return load_file(str(folder / GLOSS_ENCODER), device="cpu")
+            return load_file(str(real), device="cpu")
         except Exception as exc:  # noqa: BLE001  safetensors raises its own error type
             raise UserError(f"{option}: {folder / GLOSS_ENCODER} cannot be read ({first_line(exc)})") from None
-    if (folder / LEGACY_GLOSS_ENCODER).exists():
-        state = load_legacy_pt(folder / LEGACY_GLOSS_ENCODER, option)
+    if ck.exists(f"{folder.name}/{LEGACY_GLOSS_ENCODER}"):
+        state = load_legacy_pt(ck.check_file(f"{folder.name}/{LEGACY_GLOSS_ENCODER}"), option,
+                               shown=folder / LEGACY_GLOSS_ENCODER)
         if isinstance(state, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
             return state
         raise UserError(f"{option}: {folder / LEGACY_GLOSS_ENCODER} does not hold a gloss encoder's weights")
@@ -345,15 +361,14 @@ class GlossMethod:
 
     def save_best_dir(self) -> None:
         """Keep the best model on disk too, so that a resumed run still knows it."""
-        import tempfile
-
-        from mirrorbert.safeguards.writes import mark_folder, remove_tree
+        from mirrorbert.safeguards.writes import make_temporary, mark_folder, record_files, remove_tree
 
         self.ckpt_root.mkdir(parents=True, exist_ok=True)
         mark_folder(self.ckpt_root)  # a later run over this folder needs --resume or --overwrite
-        tmp = Path(tempfile.mkdtemp(prefix=".best-model.tmp-", dir=self.ckpt_root))
-        self.model.save_inference(tmp, self.tokenizer)
         final = self.ckpt_root / "best-model"
+        tmp = make_temporary(final, folder=True)
+        self.model.save_inference(tmp, self.tokenizer)
+        record_files(tmp, "best-model")  # what --overwrite may later prove it wrote
         remove_tree(final)  # a link there: only the link
         os.replace(tmp, final)
 
@@ -457,6 +472,9 @@ def _restore(resume, engine, method: GlossMethod) -> None:
     best_dir = method.ckpt_root / "best-model"
     if method.best is not None and best_dir.is_dir():
         from mirrorbert.safeguards.model_loading import load_model
+        from mirrorbert.training.checkpoints import checkpoint_folder
+
+        checkpoint_folder(method.ckpt_root, "--checkpoint-dir").subfolder("best-model")  # never a link out
 
         method.best_state = _cpu_state(load_model(best_dir, "AutoModelForMaskedLM", option=f"--resume {resume.path}:",
                                                   trust_remote_code=method.cfg.trust_remote_code))
@@ -481,6 +499,12 @@ def _pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
 
     resume = _load_resume(cfg, fingerprint)
     tokenizer, model, train_enc, held_enc, masker, gloss_length = _model_and_data(cfg, resume, train_t, held_t, device)
+    from mirrorbert.encoder.architectures import prepare_model, usable_precision
+
+    for part in (model.context, model.context2, model.gloss_encoder):
+        if part is not None:
+            prepare_model(part)
+    cfg = replace(cfg, precision=usable_precision(model.context, cfg.precision))
 
     batch_size = min(cfg.batch_size, len(train_enc))
     n = len(train_enc)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 import mirrorbert.jsonio as jsonio
+from mirrorbert.encoder.architectures import usable_precision
 from mirrorbert.data.strings import TrainingStrings, strings_for_config
 from mirrorbert.data.readers import chunked
 from mirrorbert.data.token_store import CHUNK, StoreStrings, TokenStore, open_token_store, store_key
@@ -125,6 +126,7 @@ def _train_on(cfg: TrainConfig, strings: TrainingStrings | None, eval_tasks, dis
             raise UserError(f"--resume {resume.path}: the training data differ from the run that wrote this checkpoint")
         check_resume_step(resume.path, int(resume.meta.get("step", 0)), planned_steps(cfg, len(strings.strings)))
     encoder, views, pooling, drophead = _build_encoder(cfg, strings, resume, device, timer, dist_ctx)
+    precision = usable_precision(encoder.model, precision)
     n_strings = len(views.store)
     with timer.phase("compile"):
         compiled = cfg.compile and compile_model(
@@ -221,7 +223,8 @@ def training_store(strings: TrainingStrings, tokenizer, max_length: int, dist_ct
         return current.store  # the same object trained on before: its strings are the store already
 
     def build() -> TokenStore:
-        return open_token_store(chunked(current, CHUNK), strings.fingerprint, tokenizer, max_length)
+        return open_token_store(chunked(current, CHUNK), strings.fingerprint, tokenizer, max_length,
+                                source=f"--data {strings.source}")
 
     store = build() if dist_ctx is None else dist_ctx.on_main(build, None)
     if store is None:  # another rank: rank 0 has written (and checked) it, this one opens it

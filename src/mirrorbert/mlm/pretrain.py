@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -210,10 +209,9 @@ def architecture_config(architecture: str, tokenizer, seq_length: int):
             raise UserError(
                 f"--architecture {architecture}: not a named size ({', '.join(ARCHITECTURES)}) nor a config JSON file"
             )
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise UserError(f"--architecture {path}: not valid JSON ({exc})") from None
+        from mirrorbert.safeguards.readback import parse_json, read_regular_bytes
+
+        values = parse_json(read_regular_bytes(path, "--architecture", 16 << 20), "--architecture", path)
         if not isinstance(values, dict):
             raise UserError(f"--architecture {path}: expected a JSON object of config fields")
         values = {k: v for k, v in values.items() if k not in ("architectures", "transformers_version")}
@@ -254,9 +252,12 @@ def build_model(cfg: PretrainConfig):
     if Path(name).is_dir() and not (Path(name) / "config.json").exists():
         raise UserError(f"--model {name}: folder has no config.json (not a Hugging Face model folder)")
     # config, tokenizer, weight-file headers and --seq-length first: cheap, and before the weights load
-    inspect_model(name, max_length=cfg.seq_length, max_length_option="--seq-length", need_mask=True,
-                  mask_option="--model", tokenizer_source=cfg.tokenizer, trust_remote_code=cfg.trust_remote_code,
-                  tokenizer_option="--tokenizer")
+    config, _ = inspect_model(name, max_length=cfg.seq_length, max_length_option="--seq-length", need_mask=True,
+                              mask_option="--model", tokenizer_source=cfg.tokenizer,
+                              trust_remote_code=cfg.trust_remote_code, tokenizer_option="--tokenizer")
+    from mirrorbert.encoder.architectures import check_supported
+
+    check_supported(config, name)
     check_model_reachable(name, cfg.trust_remote_code)
     try:
         model = load_model(name, "AutoModelForMaskedLM", trust_remote_code=cfg.trust_remote_code)
@@ -590,6 +591,9 @@ def _pretrain(cfg: PretrainConfig) -> PretrainResult:
     check_corpus_files(cfg.corpus)  # a missing or binary corpus fails before the model loads
     resume = _load_resume(cfg)
     model, tokenizer, source, masker, corpus, packed, eval_packed = _model_and_data(cfg)
+    from mirrorbert.encoder.architectures import prepare_model, usable_precision
+
+    cfg = dataclasses.replace(cfg, precision=usable_precision(prepare_model(model), cfg.precision))
 
     plan, tokens_per_step, warmup, lr = _budget(cfg, len(packed))
 

@@ -62,9 +62,12 @@ def script_corpus_builder(script: Path, data_dir: Path) -> Callable[[Path], None
             logger.info("GCIDE (Debian package dict-gcide) is not installed: the corpus is built without it")
             cmd.append("--skip-gcide")
         corpus.parent.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        logger.info("building the offline reference corpus %s", corpus)
+        # Its table goes to stdout (kept for an error); its progress lines and errors to our stderr as they come.
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if done.returncode != 0:
-            raise UserError(f"building the reference corpus failed: {done.stdout.strip().splitlines()[-1:]}")
+            raise UserError(f"building the reference corpus failed (exit status {done.returncode}; its error is "
+                            f"on stderr above): {done.stdout.strip().splitlines()[-1:]}")
 
     return build
 
@@ -89,7 +92,7 @@ def ensure_reference_mlm(work: Path, data_dir: Path, build_corpus: Callable[[Pat
         build_corpus(corpus)
     common = dict(corpus=[str(corpus)], architecture=plan.architecture, tokenizer=str(tokenizer),
                   batch_size=plan.batch_size, seq_length=plan.seq_length, lr=plan.lr, threads=plan.threads,
-                  cache_dir=str(work / "cache"), device=plan.device, show_progress=False, eval_every=10**9, seed=0,
+                  cache_dir=str(work / "cache"), device=plan.device, show_progress=True, eval_every=10**9, seed=0,
                   overwrite=True)
     step_tokens = plan.batch_size * plan.seq_length
     calibration = work / "calibration"
@@ -99,7 +102,8 @@ def ensure_reference_mlm(work: Path, data_dir: Path, build_corpus: Callable[[Pat
     rate = max(cal.tokens_per_s, 1.0)
     left = plan.budget_s - (time.monotonic() - start)
     max_tokens = max(step_tokens * plan.min_steps, int(rate * left))
-    logger.info("reference MLM: %.0f tokens/s measured; %.0f s left of the budget -> %d tokens", rate, left, max_tokens)
+    logger.info("reference MLM: %.0f tokens/s measured; %.0f s left of the budget -> %d tokens (%d steps)", rate, left,
+                max_tokens, -(-max_tokens // step_tokens))
     result = pretrain(PretrainConfig(output=str(out), max_tokens=max_tokens, **common))
     (out / "quickstart_reference.json").write_text(jsonio.dumps(
         {"plan": asdict(plan), "calibration_tokens_per_s": rate, "max_tokens": max_tokens, "steps": result.steps,

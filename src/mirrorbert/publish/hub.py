@@ -7,6 +7,14 @@ dot-file), checkpoints (`step-N/`, `best-model/`) and folders that are outputs o
 rendered again for the repo (its usage snippets then load the repo id) unless it was edited since mirrorbert
 wrote it; an edited card goes up as it is.
 
+Nothing leaves the machine that mirrorbert cannot show came from inside the folder. This module is that
+boundary: the folder is listed without following a link, and a symlink anywhere in what would go up, a
+hard link (a file with more than one name: another may lie outside), a FIFO, socket or device is refused,
+naming it; each listed file is then opened one folder at a time from the model folder without following a
+link and copied from that descriptor only if it is the very file listed (same device and inode). The card
+is rendered from the folder's own files, read through `ConfinedFolder`: a module folder named in
+modules.json that leads out is refused, and no path written in mirrorbert.json is ever opened.
+
 A dry run writes exactly the files that would be uploaded into a folder, through the write policy, and
 touches no network. The real push stages the same files (hard links where possible) in a temporary folder
 beside the model and calls `HfApi.create_repo(exist_ok=True)` and `HfApi.upload_folder`; a network or Hub
@@ -17,16 +25,20 @@ Nothing here imports torch or transformers: `mirrorbert push` never loads the mo
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import re
+import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.safeguards.writes import remove_tree
+from mirrorbert.publish.model_card import CARD_FILE
+from mirrorbert.safeguards.confined import ConfinedFolder, describe_kind
+from mirrorbert.safeguards.writes import MARKER, remove_tree
 
 DEFAULT_COMMIT_MESSAGE = "Upload a sentence encoder trained with mirrorbert"
 # The Hub's rules for one part of a repo id (huggingface_hub.utils.validate_repo_id): 1 to 96 of
@@ -39,6 +51,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "voca
                    "sentencepiece.bpe.model")
 # Checkpoint folders a training output may hold (training/checkpoints.py): never part of the published model.
 CHECKPOINT_DIR = re.compile(r"^(step-\d+|best-model)$")
+MARKER_LIMIT = 64 << 20  # the write policy's marker lists each file of the folder with its digest
 
 
 # ----------------------------------------------------------------------------- checks (no network, no model load)
@@ -63,19 +76,12 @@ def check_repo_id(repo_id: Any, option: str = "--repo") -> str:
     return text
 
 
-def _json_file(path: Path, option: str, shown: Any, expect: type) -> Any:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"{option} {shown}: {path.name} is damaged ({first_line(exc)})") from None
-    if not isinstance(value, expect):
-        raise UserError(f"{option} {shown}: {path.name} is damaged (expected a JSON "
-                        f"{'object' if expect is dict else 'list'})")
-    return value
+# The JSON files the card is written from, besides mirrorbert.json and each module's config.json: checked with
+# the folder, so that a damaged one is refused before anything is written or sent.
+CARD_SOURCES = ("sentence_bert_config.json", "config_sentence_transformers.json")
 
 
-def check_model_folder(folder: Any, option: str = "--model") -> Path:
-    """The folder of a model saved by mirrorbert (`train --output`, `Encoder.save`), checked from its files alone."""
+def _model_path(folder: Any, option: str) -> Path:
     if folder is None or not str(folder).strip():
         raise UserError(f"{option}: must not be empty; give the folder of a model saved by mirrorbert")
     path = Path(os.path.expanduser(str(folder)))
@@ -84,124 +90,303 @@ def check_model_folder(folder: Any, option: str = "--model") -> Path:
                         f"`mirrorbert train`, or one written by Encoder.save)")
     if not path.is_dir():
         raise UserError(f"{option} {folder}: is a file, not a model folder")
-    if not (path / MIRRORBERT_JSON).is_file():
-        raise UserError(f"{option} {folder}: not a model folder saved by mirrorbert (no {MIRRORBERT_JSON}); "
-                        f"save it with `mirrorbert train --output` or Encoder.save first")
-    _json_file(path / MIRRORBERT_JSON, option, folder, dict)
-    if not (path / "config.json").is_file():
-        raise UserError(f"{option} {folder}: incomplete, it has no config.json")
-    _json_file(path / "config.json", option, folder, dict)
-    if not any((path / name).is_file() for name in WEIGHT_FILES):
-        raise UserError(f"{option} {folder}: incomplete, it has no weights ({', '.join(WEIGHT_FILES[::2])})")
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise UserError(f"{option} {folder}: incomplete, it has no tokenizer files")
-    if not (path / "modules.json").is_file():
-        raise UserError(f"{option} {folder}: incomplete, it has no modules.json (sentence-transformers could not "
-                        f"load it)")
-    modules = _json_file(path / "modules.json", option, folder, list)
-    for module in modules:
-        if not isinstance(module, dict) or not isinstance(module.get("path", ""), str):
-            raise UserError(f"{option} {folder}: modules.json is damaged (not the sentence-transformers layout)")
-        if module.get("path") and not (path / module["path"]).is_dir():
-            raise UserError(f"{option} {folder}: incomplete, modules.json names {module['path']}/, which is missing")
     return path
 
 
-# ----------------------------------------------------------------------------- what is uploaded
-def upload_files(folder: str | Path, option: str = "--model") -> list[str]:
-    """The files of a saved model folder that go to the Hub (relative POSIX paths, sorted): everything but
-    dot-files and dot-folders (the write policy's marker, locks, temporaries), checkpoint folders and
-    subfolders holding an output of their own. Only regular files inside the folder go out: a symlink (to a
-    token elsewhere, or to a file inside), a device, FIFO or socket among them is refused, naming it."""
-    from mirrorbert.safeguards.writes import MARKER, kind_of
+def open_model_folder(folder: Any, option: str = "--model") -> ConfinedFolder:
+    """The folder of a model saved by mirrorbert (`train --output`, `Encoder.save`), checked from its files alone,
+    every one read through `ConfinedFolder`: a file, or a module folder named in modules.json, that leads out
+    of the folder is refused, naming it."""
+    model = ConfinedFolder(_model_path(folder, option), option, kind="model folder")
+    if not model.exists(MIRRORBERT_JSON):
+        raise UserError(f"{option} {folder}: not a model folder saved by mirrorbert (no {MIRRORBERT_JSON}); "
+                        f"save it with `mirrorbert train --output` or Encoder.save first")
+    model.read_json(MIRRORBERT_JSON, dict)
+    if not model.exists("config.json"):
+        raise UserError(f"{option} {folder}: incomplete, it has no config.json")
+    model.read_json("config.json", dict)
+    if not any(model.exists(name) for name in WEIGHT_FILES):
+        raise UserError(f"{option} {folder}: incomplete, it has no weights ({', '.join(WEIGHT_FILES[::2])})")
+    if not any(model.exists(name) for name in TOKENIZER_FILES):
+        raise UserError(f"{option} {folder}: incomplete, it has no tokenizer files")
+    if not model.exists("modules.json"):
+        raise UserError(f"{option} {folder}: incomplete, it has no modules.json (sentence-transformers could not "
+                        f"load it)")
+    _check_modules(model, model.read_json("modules.json", list))
+    for name in CARD_SOURCES:
+        if model.exists(name):
+            model.read_json(name, dict)
+    return model
 
-    folder = Path(folder)
-    found = []
-    for root, dirs, files in os.walk(folder):
-        base = Path(root)
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not CHECKPOINT_DIR.match(d)
-                         and not (base / d / MARKER).exists())
-        for name in [*dirs, *files]:
-            if name.startswith("."):
+
+def _check_modules(model: ConfinedFolder, modules: list) -> None:
+    """Each module of modules.json is an object whose folder (if any) lies inside the model folder; the
+    module's config.json, which the card shows, is JSON read from there."""
+    for module in modules:
+        if not isinstance(module, dict) or not isinstance(module.get("path", ""), str):
+            raise model.refuse("modules.json", "damaged (not the sentence-transformers layout)")
+        if module.get("path"):
+            sub = model.subfolder(module["path"], named_in="modules.json")
+            if sub.exists("config.json"):
+                sub.read_json("config.json", dict)
+
+
+def check_model_folder(folder: Any, option: str = "--model") -> Path:
+    """`open_model_folder`, as the path the user gave."""
+    return open_model_folder(folder, option).given
+
+
+# ----------------------------------------------------------------------------- what is uploaded
+PUBLISHED = "only regular files inside the model folder, each its only link, are published"
+
+
+def _refusal(model: ConfinedFolder, rel: str, st: os.stat_result) -> UserError | None:
+    """Why the entry `rel` (its lstat `st`) may not go out, or None: a symlink may bring a file from anywhere,
+    and so may a hard link (its other name can lie outside the folder); a FIFO, socket or device is no file."""
+    if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            what = f"a symlink to {os.readlink(model.root / rel)}"
+        except OSError:
+            what = "a symlink"
+    elif stat.S_ISREG(st.st_mode):
+        what = f"a hard link ({st.st_nlink} names of one file; another may lie outside the folder)"
+    else:
+        what = describe_kind(st.st_mode)
+    return UserError(f"{model.option} {model.given}: {rel} is {what}; {PUBLISHED} (copy the file in or remove it)")
+
+
+def _left_out(model: ConfinedFolder, rel: str, name: str, st: os.stat_result) -> bool:
+    """mirrorbert's own bookkeeping: dot-entries (marker, locks, temporaries), checkpoints, nested outputs."""
+    if name.startswith("."):
+        return True
+    return stat.S_ISDIR(st.st_mode) and (bool(CHECKPOINT_DIR.match(name)) or model.exists(f"{rel}/{MARKER}"))
+
+
+def list_upload(model: ConfinedFolder) -> dict[str, os.stat_result]:
+    """The files of a model folder that go to the Hub (relative POSIX path -> its lstat, sorted by path); an
+    entry that may not go out (see `_refusal`) is refused, naming it. Links are never followed."""
+    found: dict[str, os.stat_result] = {}
+    pending = ["."]
+    while pending:
+        base = pending.pop()
+        for name, st in model.entries(base):
+            rel = name if base == "." else f"{base}/{name}"
+            if _left_out(model, rel, name, st):
                 continue
-            kind = kind_of(base / name, follow=False)
-            if kind not in ("a file", "a folder"):
-                what = f"a symlink to {os.readlink(base / name)}" if kind == "a symlink" else kind
-                raise UserError(f"{option} {folder}: {(base / name).relative_to(folder).as_posix()} is {what}; "
-                                f"only regular files inside the model folder are published (copy the file in or "
-                                f"remove it)")
-        found += [(base / f).relative_to(folder).as_posix() for f in files if not f.startswith(".")]
-    return sorted(found)
+            if stat.S_ISDIR(st.st_mode):
+                pending.append(rel)
+                continue
+            problem = _refusal(model, rel, st)
+            if problem is not None:
+                raise problem
+            found[rel] = st
+    return dict(sorted(found.items()))
+
+
+def upload_files(folder: str | Path, option: str = "--model") -> list[str]:
+    """The relative paths (sorted) of the files of a saved model folder that go to the Hub: everything but
+    dot-files and dot-folders, checkpoint folders and subfolders holding an output of their own; only regular
+    files with a single link, none reached through a symlink."""
+    return list(list_upload(ConfinedFolder(folder, option, kind="model folder")))
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _checked_fds(model: ConfinedFolder, rel: str, listed: os.stat_result) -> list[int]:
+    """Descriptors of the model folder, of each folder on the way to the listed file `rel` and of the file,
+    opened one at a time without following a link; the file checked on its descriptor to be the very file
+    that was listed (same device and inode, regular, one link). Anything else is refused, naming `rel`."""
+    changed = model.refuse(rel, f"changed since the folder was listed (replaced, or a link swapped in); "
+                                f"{PUBLISHED}")
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(os.open(model.root, _DIR_FLAGS))
+            for part in rel.split("/")[:-1]:
+                fds.append(os.open(part, _DIR_FLAGS, dir_fd=fds[-1]))
+            fds.append(os.open(rel.rsplit("/", 1)[-1], _FILE_FLAGS, dir_fd=fds[-1]))
+        except OSError:
+            raise changed from None
+        st = os.fstat(fds[-1])
+        if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and os.path.samestat(st, listed)):
+            raise changed
+        os.set_blocking(fds[-1], True)
+        return fds
+    except BaseException:
+        for fd in reversed(fds):
+            os.close(fd)
+        raise
+
+
+@contextlib.contextmanager
+def open_listed(model: ConfinedFolder, rel: str, listed: os.stat_result) -> Iterator[tuple[int, int, str]]:
+    """(descriptor of the file, descriptor of its folder, its name) of the listed file `rel`, checked as
+    `_checked_fds` does: what is copied is what was checked."""
+    fds = _checked_fds(model, rel, listed)
+    try:
+        yield fds[-1], fds[-2], rel.rsplit("/", 1)[-1]
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+
+
+class PublishedFolder(ConfinedFolder):
+    """The model folder as a push sees it, for the card: a file is read only if it is one of the files that
+    go up, and only as the very file that was listed. So a module folder that is left out of the upload (a
+    dot-folder, a checkpoint) cannot bring a hard-linked file from outside into the card."""
+
+    top: ConfinedFolder
+    listing: dict[str, os.stat_result]
+
+    @classmethod
+    def of(cls, folder: ConfinedFolder, top: ConfinedFolder,
+           listing: dict[str, os.stat_result]) -> "PublishedFolder":
+        view = cls.__new__(cls)
+        view.__dict__.update(folder.__dict__)
+        view.top, view.listing = top, listing
+        return view
+
+    def subfolder(self, name: str, named_in: str | None = None) -> "PublishedFolder":
+        return PublishedFolder.of(super().subfolder(name, named_in), self.top, self.listing)
+
+    def open(self, name: str, limit: int | None = None, named_in: str | None = None) -> int:
+        rel = Path(os.path.relpath(self.resolve(name, named_in), self.top.root)).as_posix()
+        if rel not in self.listing:
+            raise self.refuse(name, "is not one of the files that go up (the card is written from those only)",
+                              named_in)
+        fds = _checked_fds(self.top, rel, self.listing[rel])
+        for fd in fds[:-1]:
+            os.close(fd)
+        if limit is not None and os.fstat(fds[-1]).st_size > limit:
+            os.close(fds[-1])
+            raise self.refuse(name, f"more than the {limit} bytes such a file may hold", named_in)
+        return fds[-1]
+
+
+def _new_file(target: Path) -> BinaryIO:
+    """A file mirrorbert creates in a folder of its own: never through a link, never over an existing one."""
+    return os.fdopen(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), "wb")
+
+
+def _link_checked(fd: int, dir_fd: int, name: str, target: Path) -> bool:
+    """Hard-link the checked file (by its folder's descriptor) to `target`; False where that fails or where the
+    name no longer leads to the checked file (then it is copied from the descriptor instead)."""
+    try:
+        os.link(name, target, src_dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    if os.path.samestat(os.lstat(target), os.fstat(fd)):
+        return True
+    os.unlink(target)
+    return False
 
 
 @dataclass
 class Upload:
-    """The files one push sends: relative path -> the source file, or the card's text when it is rendered."""
+    """The files one push sends: the listed files of the folder (relative path -> lstat at listing), and the
+    card's text when it is rendered for the repo (then it replaces the folder's README.md)."""
 
-    folder: Path
+    model: ConfinedFolder
     repo_id: str
-    sources: dict[str, Path] = field(default_factory=dict)
+    listing: dict[str, os.stat_result] = field(default_factory=dict)
     card: str | None = None
     card_note: str = ""
 
     @property
-    def files(self) -> list[str]:
-        from mirrorbert.publish.model_card import CARD_FILE
+    def folder(self) -> Path:
+        return self.model.given
 
-        return sorted({*self.sources, *([CARD_FILE] if self.card is not None else [])})
+    @property
+    def files(self) -> list[str]:
+        return sorted({*self.listing, *([CARD_FILE] if self.card is not None else [])})
 
     @property
     def bytes(self) -> int:
-        from mirrorbert.publish.model_card import CARD_FILE
-
-        total = sum(p.stat().st_size for rel, p in self.sources.items() if not (rel == CARD_FILE and self.card))
+        total = sum(st.st_size for rel, st in self.listing.items() if not (rel == CARD_FILE and self.card))
         return total + (len(self.card.encode("utf-8")) if self.card is not None else 0)
 
-    def write(self, dest: str | Path, link: bool = False, option: str = "--model") -> None:
-        """Put the files into `dest` (an empty folder): copies, or hard links where `link` and the filesystem allow
-        (each source checked again to be a regular file, on the descriptor it is copied from)."""
-        from mirrorbert.publish.model_card import CARD_FILE
-        from mirrorbert.safeguards.writes import copy_regular_file
-
+    def write(self, dest: str | Path, link: bool = False) -> None:
+        """Put the files into `dest` (an empty folder of mirrorbert's): the rendered card, and each listed file
+        copied (or hard-linked, where `link` and the filesystem allow) from the descriptor it was checked on."""
         dest = Path(dest)
         for rel in self.files:
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             if rel == CARD_FILE and self.card is not None:
-                target.write_text(self.card, encoding="utf-8")
+                with _new_file(target) as out:
+                    out.write(self.card.encode("utf-8"))
                 continue
-            copy_regular_file(self.sources[rel], target, option, self.folder, link=link)
+            with open_listed(self.model, rel, self.listing[rel]) as (fd, dir_fd, name):
+                if link and _link_checked(fd, dir_fd, name, target):
+                    continue
+                with _new_file(target) as out, os.fdopen(os.dup(fd), "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
 
     def record(self) -> dict[str, Any]:
         return {"repo": self.repo_id, "model": str(self.folder), "files": self.files, "bytes": self.bytes,
                 "card": self.card_note}
 
 
-def plan_upload(folder: str | Path, repo_id: str, render_card: bool | None = None,
+def _card_digest(model: ConfinedFolder, listing: dict[str, os.stat_result]) -> list | None:
+    """[size, sha256] of the folder's listed README.md, as the write policy's marker records it."""
+    from mirrorbert.safeguards.readback import stream_sha256
+
+    if CARD_FILE not in listing:
+        return None
+    with open_listed(model, CARD_FILE, listing[CARD_FILE]) as (fd, _, _):
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return [os.fstat(fd).st_size, stream_sha256(fh)]
+
+
+def _recorded_card_digest(model: ConfinedFolder) -> list | None:
+    """The card's digest in the folder's marker (None without one, or when the marker is no readable JSON
+    file inside the folder: the card then counts as edited and goes up as it is)."""
+    try:
+        marker = model.read_json(MARKER, dict, limit=MARKER_LIMIT)
+    except UserError:
+        return None
+    digests = marker.get("digests")
+    recorded = digests.get(CARD_FILE) if isinstance(digests, dict) else None
+    return list(recorded) if isinstance(recorded, list) else None
+
+
+def plan_upload(folder: str | Path | ConfinedFolder, repo_id: str, render_card: bool | None = None,
                 option: str = "--model") -> Upload:
     """What pushing `folder` to `repo_id` sends. `render_card`: None renders the card for the repo unless it
-    was edited since mirrorbert wrote it (the write policy's marker records its digest); True/False force it."""
-    from mirrorbert.publish.model_card import CARD_FILE, render_model_card
-    from mirrorbert.safeguards.writes import _digest, read_marker
-
-    folder = Path(folder)
-    sources = {rel: folder / rel for rel in upload_files(folder, option)}
-    card_path = folder / CARD_FILE
+    was edited since mirrorbert wrote it (the write policy's marker records its digest); True/False force it.
+    The card is rendered from the folder's own files only (mirrorbert.json, modules.json, module configs)."""
+    model = folder if isinstance(folder, ConfinedFolder) else ConfinedFolder(folder, option, kind="model folder")
+    listing = list_upload(model)
     if render_card is None:
-        marker = read_marker(folder) or {}
-        digests = marker.get("digests") if isinstance(marker.get("digests"), dict) else {}
-        recorded = digests.get(CARD_FILE)
-        render_card = not card_path.is_file() or (recorded is not None and _digest(card_path) == list(recorded))
-        note = ("written for the repo from mirrorbert.json" if not card_path.is_file() else
+        recorded = _recorded_card_digest(model) if CARD_FILE in listing else None
+        render_card = CARD_FILE not in listing or (recorded is not None and _card_digest(model, listing) == recorded)
+        note = ("written for the repo from mirrorbert.json" if CARD_FILE not in listing else
                 "rendered for the repo" if render_card else
                 "uploaded as it is (edited since mirrorbert wrote it, or written by another tool)")
     else:
         note = "rendered for the repo" if render_card else "uploaded as it is"
-    card = None
-    if render_card:
-        meta = json.loads((folder / MIRRORBERT_JSON).read_text(encoding="utf-8"))
-        card = render_model_card(meta, folder=folder, name=repo_id, hub=True)
-    return Upload(folder, repo_id, sources, card, note)
+    card = _render_card(PublishedFolder.of(model, model, listing), repo_id) if render_card else None
+    return Upload(model, repo_id, listing, card, note)
+
+
+def _render_card(model: PublishedFolder, repo_id: str) -> str:
+    """The card for the repo, from the folder's files that go up (mirrorbert.json and the module files); a
+    field of a type the card cannot show (a list where a name belongs, an object where a count does) is a
+    damaged mirrorbert.json, refused."""
+    from mirrorbert.publish.model_card import render_model_card
+
+    meta = model.read_json(MIRRORBERT_JSON, dict)
+    try:
+        return render_model_card(meta, folder=model, name=repo_id, hub=True)
+    except UserError:  # a file of the folder, refused by name
+        raise
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        raise model.refuse(MIRRORBERT_JSON, f"damaged (the model card cannot be written from it: "
+                                            f"{type(exc).__name__}: {first_line(exc)})") from None
 
 
 # ----------------------------------------------------------------------------- dry run and push
@@ -219,10 +404,9 @@ def dry_run(folder: str | Path, repo_id: str, output: str | Path, overwrite: boo
     repo_id = check_repo_id(repo_id, repo_option)
     plan = WritePlan({model_option: folder}, overwrite=overwrite).folder(output_option, output)
     with plan.locked():
-        path = check_model_folder(folder, model_option)
-        upload = plan_upload(path, repo_id, render_card, model_option)
+        upload = plan_upload(open_model_folder(folder, model_option), repo_id, render_card)
         with atomic_output_dir(output, overwrite=overwrite, option=output_option) as tmp:
-            upload.write(tmp, option=model_option)
+            upload.write(tmp)
     return {**upload.record(), "dry_run": True, "output": str(output)}
 
 
@@ -249,7 +433,7 @@ def _staging_dir(folder: Path) -> Path:
     """A temporary folder beside the model (hard links work there), else in the system's temporary folder.
     Its name is one the write policy knows as a mirrorbert temporary."""
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-push-", dir=folder.resolve().parent))
+        return Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-push-", dir=folder.parent))
     except OSError:
         return Path(tempfile.mkdtemp(prefix="mirrorbert-push-"))
 
@@ -263,16 +447,16 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
     `token`: a Hub token (default: `HF_TOKEN` or the login saved by `hf auth login`).
     """
     repo_id = check_repo_id(repo_id, repo_option)
-    path = check_model_folder(folder, model_option)
-    upload = plan_upload(path, repo_id, render_card, model_option)
+    model = open_model_folder(folder, model_option)
+    upload = plan_upload(model, repo_id, render_card)
     try:
         from huggingface_hub import HfApi
     except ImportError:  # pragma: no cover - transformers depends on it
         raise UserError(f"{repo_option} {repo_id}: pushing needs the huggingface_hub package "
                         f"(pip install huggingface_hub)") from None
-    staging = _staging_dir(path)
+    staging = _staging_dir(model.root)
     try:
-        upload.write(staging, link=True, option=model_option)
+        upload.write(staging, link=True)
         api = HfApi(token=token)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
@@ -310,5 +494,6 @@ def push_encoder(encoder, repo_id: str, *, private: bool | None = None, token: s
     return record
 
 
-__all__ = ["DEFAULT_COMMIT_MESSAGE", "Upload", "check_model_folder", "check_repo_id", "dry_run", "plan_upload",
+__all__ = ["DEFAULT_COMMIT_MESSAGE", "Upload", "check_model_folder", "check_repo_id", "dry_run", "list_upload",
+           "open_listed", "open_model_folder", "plan_upload", "PublishedFolder",
            "push_encoder", "push_folder", "upload_files"]

@@ -6,18 +6,26 @@ Citation) and is written from the same facts as `mirrorbert.json`, so the two ne
 architecture is read from the folder's own `modules.json` and module configs (no model is loaded). The
 `--eval-after` scores come in as data (`meta["training"]["eval_after"]`, written by
 `mirrorbert.mirror.eval_after`); the card imports nothing of the evaluation package.
+
+A card goes out with the model (`mirrorbert push`), so it holds nothing from outside the folder: its files
+are read through `ConfinedFolder` (a module folder in modules.json that leads out is refused; for a push,
+`hub.PublishedFolder` narrows that to the files that go up, as they were listed), and a path written in
+mirrorbert.json (the base model, the data, the eval data, the output) is only ever named, by its last part,
+never opened.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.reporting.scores import format_value
+
+if TYPE_CHECKING:
+    from mirrorbert.safeguards.confined import ConfinedFolder
 
 logger = logging.getLogger(__name__)
 
@@ -100,13 +108,22 @@ def public_name(value: Any) -> str:
     cluster mounts) mean nothing there and leak where the model was made.
     """
     text = str(value)
-    if text.startswith(("/", "~", "./", "../")) or "\\" in text or Path(text).exists() or text.count("/") > 1:
+    if text.startswith(("/", "~", "./", "../")) or "\\" in text or _exists(text) or text.count("/") > 1:
         return re.split(r"[\\/]", text.rstrip("/\\"))[-1] or text
     return text
 
 
-def render_model_card(meta: dict[str, Any], folder: str | Path | None = None, name: str | None = None,
-                      hub: bool = False) -> str:
+def _exists(text: str) -> bool:
+    """Whether a name recorded in mirrorbert.json is a local path here (a name too long for the filesystem,
+    or holding a NUL, is none)."""
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):
+        return False
+
+
+def render_model_card(meta: dict[str, Any], folder: str | Path | ConfinedFolder | None = None,
+                      name: str | None = None, hub: bool = False) -> str:
     """The card's text. `folder`: the saved model folder (its module files give the architecture and the
     sentence-transformers version); `name`: what the usage snippets load (a hub repo id when pushing;
     default: the training output's folder name); `hub`: the card goes to the Hub, whose metadata check
@@ -121,7 +138,7 @@ def render_model_card(meta: dict[str, Any], folder: str | Path | None = None, na
         name = public_name(config["output"]) if config.get("output") else PLACEHOLDER_NAME
     method = info.get("method")
     dim = meta.get("dim", "(hidden_size in config.json)")
-    folder = Path(folder) if folder is not None else None
+    model = model_folder(folder) if folder is not None else None
     data = info.get("data") or {}
     language = config.get("lang") if config.get("words_top") and isinstance(config.get("lang"), str) else None
     tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "mirrorbert",
@@ -160,14 +177,14 @@ def render_model_card(meta: dict[str, Any], folder: str | Path | None = None, na
         "- **Papers:** " + ", ".join(f"[{paper}]({url})" for paper, url in PAPERS.items()),
         "- **Documentation:** [Sentence Transformers Documentation](https://sbert.net)",
     ]
-    architecture = model_architecture(folder) if folder is not None else None
+    architecture = model_architecture(model) if model is not None else None
     if architecture:
         lines += ["", "### Full Model Architecture", "", "```", architecture, "```"]
     lines += _usage_section(name, pooling, dim)
     lines += _evaluation_section(info.get("eval_after"))
     if info:
         lines += _training_section(info, config, data, method)
-    lines += _versions_section(meta.get("versions") or {}, folder)
+    lines += _versions_section(meta.get("versions") or {}, model)
     lines += ["", "## Citation", "", "### BibTeX"]
     for paper, citation in CITATIONS.items():
         lines += ["", f"#### {paper}", "", "```bibtex", citation, "```"]
@@ -187,7 +204,7 @@ HUB_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?
 
 def _is_hub_id(raw: Any, shown: str) -> bool:
     """A base model named by hub id (linked in the card); a local folder is named, not linked."""
-    return str(raw) == shown and bool(HUB_ID.fullmatch(shown)) and not Path(shown).exists()
+    return str(raw) == shown and bool(HUB_ID.fullmatch(shown)) and not _exists(shown)
 
 
 def _base_link(raw: Any, base: str) -> str:
@@ -203,13 +220,18 @@ def _summary(base: str, linked: bool, method: str | None, dim: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------ architecture
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
+def model_folder(folder: str | Path | ConfinedFolder, option: str = "--model") -> ConfinedFolder:
+    """The card's reader of a model folder: every file it shows comes from inside the folder."""
+    from mirrorbert.safeguards.confined import ConfinedFolder
+
+    return folder if isinstance(folder, ConfinedFolder) else ConfinedFolder(folder, option, kind="model folder")
 
 
-def model_architecture(folder: str | Path) -> str | None:
+def model_architecture(folder: str | Path | ConfinedFolder) -> str | None:
     """The model as sentence-transformers prints it (`print(SentenceTransformer(folder))`, in the layout of
     its v3 to v5 releases), read from `modules.json` and the module configs; None if the folder has none.
+    A module folder that leads out of the model folder, or a file that is not a regular JSON file inside it,
+    is refused (`UserError`): the card never shows what lies outside the folder.
 
     >>> print(model_architecture("out"))
     SentenceTransformer(
@@ -217,38 +239,41 @@ def model_architecture(folder: str | Path) -> str | None:
       (1): Pooling({'word_embedding_dimension': 768, 'pooling_mode_cls_token': True, ...})
     )
     """
-    folder = Path(folder)
-    try:
-        modules = _read_json(folder / "modules.json")
-        if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
-            return None
-        lines = ["SentenceTransformer("]
-        for position, module in enumerate(modules):
-            kind = str(module.get("type", "")).rsplit(".", 1)[-1] or "Module"
-            where = folder / str(module.get("path", ""))
-            if kind == "Transformer":
-                settings = _optional_json(folder / "sentence_bert_config.json")
-                hf = _optional_json(where / "config.json")
-                architectures = hf.get("architectures") or [hf.get("model_type", "unknown")]
-                shown = {"max_seq_length": settings.get("max_seq_length"),
-                         "do_lower_case": settings.get("do_lower_case", False),
-                         "architecture": architectures[0]}
-                text = f"Transformer({shown!r})"
-            elif kind == "Normalize":
-                text = "Normalize()"
-            else:
-                text = f"{kind}({_optional_json(where / 'config.json')!r})"
-            lines.append(f"  ({module.get('idx', position)}): {text}")
-        lines.append(")")
-        return "\n".join(lines)
-    except (OSError, ValueError):
+    model = model_folder(folder)
+    if not model.exists("modules.json"):
         return None
+    modules = model.read_json("modules.json", None)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        return None
+    lines = ["SentenceTransformer("]
+    for position, module in enumerate(modules):
+        lines.append(f"  ({module.get('idx', position)}): {_module_line(model, module)}")
+    lines.append(")")
+    return "\n".join(lines)
 
 
-def _optional_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+def _module_line(model: ConfinedFolder, module: dict[str, Any]) -> str:
+    kind = str(module.get("type", "")).rsplit(".", 1)[-1] or "Module"
+    path = module.get("path") or ""
+    where = model.subfolder(str(path), named_in="modules.json") if path else model
+    if kind == "Transformer":
+        settings = _optional_json(model, "sentence_bert_config.json")
+        hf = _optional_json(where, "config.json")
+        architectures = hf.get("architectures")
+        shown = {"max_seq_length": settings.get("max_seq_length"),
+                 "do_lower_case": settings.get("do_lower_case", False),
+                 "architecture": architectures[0] if isinstance(architectures, list) and architectures
+                 else hf.get("model_type", "unknown")}
+        return f"Transformer({shown!r})"
+    if kind == "Normalize":
+        return "Normalize()"
+    return f"{kind}({_optional_json(where, 'config.json')!r})"
+
+
+def _optional_json(model: ConfinedFolder, name: str) -> dict[str, Any]:
+    if not model.exists(name):
         return {}
-    value = _read_json(path)
+    value = model.read_json(name, None)
     return value if isinstance(value, dict) else {}
 
 
@@ -298,13 +323,10 @@ def _training_section(info: dict[str, Any], config: dict[str, Any], data: dict[s
     return lines
 
 
-def _versions_section(versions: dict[str, Any], folder: Path | None) -> list[str]:
+def _versions_section(versions: dict[str, Any], folder: ConfinedFolder | None) -> list[str]:
     versions = dict(versions)
     if folder is not None and "sentence_transformers" not in versions:
-        try:
-            recorded = _optional_json(folder / "config_sentence_transformers.json").get("__version__") or {}
-        except (OSError, ValueError):
-            recorded = {}
+        recorded = _optional_json(folder, "config_sentence_transformers.json").get("__version__") or {}
         if isinstance(recorded, dict) and recorded.get("sentence_transformers") not in (None, "unknown"):
             versions["sentence_transformers"] = recorded["sentence_transformers"]
     if not versions:

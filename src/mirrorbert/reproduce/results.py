@@ -35,6 +35,7 @@ class ReproduceConfig:
     overwrite: bool = False  # discard an earlier run in `output` (only a folder mirrorbert wrote) and start over
     command: str = ""  # the command line, for the report
     trust_remote_code: bool = False  # --trust-remote-code (safeguards/model_loading.py)
+    show_progress: bool = True  # the progress of each cell's training (a bar, or a line every 30 s off a terminal)
 
     def validate(self) -> list[str]:
         from mirrorbert.settings.typed import check_types

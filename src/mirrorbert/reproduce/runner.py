@@ -203,7 +203,9 @@ def _prepare_model(ctx: _Context, cell: Cell, seed: int | None) -> tuple[str, li
         command = _train_command(overrides, folder)
         data = {"train": fingerprint(Path(overrides["data"]))} if overrides.get("data") else {}
         if not (folder / "mirrorbert.json").is_file():
-            result = train(resolve_config({**overrides, "output": str(folder), "overwrite": True}))
+            # show_progress is left out of `overrides`: it names the model folder and the cell's cache key
+            result = train(resolve_config({**overrides, "output": str(folder), "overwrite": True,
+                                           "show_progress": ctx.cfg.show_progress}))
             if result.interrupted:
                 raise KeyboardInterrupt
         return str(folder), [command], data
@@ -216,7 +218,7 @@ def _prepare_model(ctx: _Context, cell: Cell, seed: int | None) -> tuple[str, li
                    + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in opts.items()))
         if not (folder / "config.json").is_file():
             gcfg = GlossPretrainConfig(model=ctx.cfg.model, output=str(folder), data_dir=str(ctx.data_dir), overwrite=True,
-                                       device=ctx.cfg.device, show_progress=False,
+                                       device=ctx.cfg.device, show_progress=ctx.cfg.show_progress,
                                        trust_remote_code=ctx.cfg.trust_remote_code, **opts)
             gcfg.validate()
             result = pretrain(gcfg)
@@ -277,7 +279,7 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
 
         fcfg = FinetuneStsConfig(model=model, data_dir=str(ctx.data_dir), fractions=tuple(ev.options["fractions"]),
                                  seeds=(seed or 0,), epochs=ev.options.get("epochs", 4), device=ctx.cfg.device,
-                                 show_progress=False, trust_remote_code=ctx.cfg.trust_remote_code)
+                                 show_progress=ctx.cfg.show_progress, trust_remote_code=ctx.cfg.trust_remote_code)
         summary = finetune_sts(fcfg).summary()
         result.metrics = {f"stsb_{float(k) * 100:g}%": v["mean"] / 100.0 for k, v in summary.items()}
     else:

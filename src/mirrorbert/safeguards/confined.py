@@ -45,6 +45,17 @@ def describe_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def shown(path: Any) -> str:
+    """A path or name from a stranger's folder as it may be printed: control characters escaped, so a
+    crafted file name cannot move the cursor or recolour the terminal."""
+    text = str(path)
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[:1] in "aeiou" else f"a {kind}"
+
+
 def _inside(path: str, area: str) -> bool:
     return path == area or path.startswith(area.rstrip(os.sep) + os.sep)
 
@@ -68,18 +79,20 @@ class ConfinedFolder:
         try:
             st = os.stat(self.given)
         except FileNotFoundError:
-            raise UserError(f"{option} {self.given}: no such folder") from None
+            raise UserError(f"{option} {shown(self.given)}: no such folder") from None
         except OSError as exc:
-            raise UserError(f"{option} {self.given}: cannot open it ({exc.strerror or type(exc).__name__})") from None
+            raise UserError(f"{option} {shown(self.given)}: cannot open it ({exc.strerror or type(exc).__name__})") from None
         if not stat.S_ISDIR(st.st_mode):
-            raise UserError(f"{option} {self.given}: is {describe_kind(st.st_mode)}, expected a {kind}")
+            raise UserError(f"{option} {shown(self.given)}: is {describe_kind(st.st_mode)}, expected {_a(kind)}")
         self.root = Path(os.path.realpath(self.given))
         blobs = hf_blob_store(self.root)
         self.areas = [str(self.root)] + ([os.path.realpath(blobs)] if blobs is not None else [])
 
     # ------------------------------------------------------------------ names
     def _where(self, name: str, named_in: str | None) -> str:
-        return f"{self.given / named_in} names {name!r}" if named_in else str(self.given / name)
+        if named_in:
+            return f"{shown(self.given / named_in)} names {name!r}"
+        return shown(self.given / name)
 
     def refuse(self, name: str, reason: str, named_in: str | None = None) -> UserError:
         return UserError(f"{self.option} {self._where(name, named_in)}: {reason}")
@@ -95,7 +108,7 @@ class ConfinedFolder:
             raise self.refuse(text[:200], f"leads out of the {self.kind}", named_in)
         real = os.path.realpath(self.root / pure)
         if not any(_inside(real, area) for area in self.areas):
-            raise self.refuse(text[:200], f"leads out of the {self.kind} (a link to {real[:200]})", named_in)
+            raise self.refuse(text[:200], f"leads out of the {self.kind} (a link to {shown(real[:200])})", named_in)
         return Path(real)
 
     def exists(self, name: str) -> bool:
@@ -202,4 +215,4 @@ class ConfinedFolder:
         return value
 
 
-__all__ = ["ConfinedFolder", "JSON_LIMIT", "MAX_ENTRIES", "TEXT_LIMIT", "describe_kind", "hf_blob_store"]
+__all__ = ["ConfinedFolder", "JSON_LIMIT", "MAX_ENTRIES", "TEXT_LIMIT", "describe_kind", "hf_blob_store", "shown"]

@@ -33,9 +33,18 @@ REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
 # Module packages of sentence-transformers whose classes modules.json may name; anything else is imported code.
 SENTENCE_TRANSFORMERS_MODULES = ("sentence_transformers.models", "sentence_transformers.sparse_encoder.models")
 _CLASS_NAME = re.compile(r"^[A-Z][A-Za-z0-9_]{0,63}$")
+TRUST_OPTION = "--trust-remote-code"
 # Pooling modes of sentence-transformers' Pooling module.
 POOLING_MODES = ("cls", "lasttoken", "max", "mean", "mean_sqrt_len_tokens", "weightedmean")
 SAFETENSORS_HEADER_LIMIT = 100 << 20  # safetensors itself refuses headers over 100 MB
+
+
+def summary(auto_map: Any) -> str:
+    """An auto_map as one short line, for a refusal."""
+    import mirrorbert.jsonio as jsonio
+
+    text = jsonio.dumps(auto_map, ensure_ascii=True, sort_keys=True)
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def is_local_folder(name: Any) -> bool:
@@ -127,19 +136,15 @@ def _check_entries(model: ModelFolder, sub: str) -> list[str]:
 
 
 def _check_remote_code(model: ModelFolder, sub: str, trust_remote_code: bool) -> None:
-    from mirrorbert.safeguards.model_loading import TRUST_OPTION, _summary
-
     for name in REMOTE_CODE_FILES:
         rel = name if sub == "." else f"{sub}/{name}"
         data = model.json.get(rel)
         if isinstance(data, dict) and data.get("auto_map") and not trust_remote_code:
             raise UserError(f"{model.folder.option} {model.folder.given}: its {rel} asks to run code from the folder "
-                            f"(auto_map: {_summary(data['auto_map'])}); pass {TRUST_OPTION} if you trust its author")
+                            f"(auto_map: {summary(data['auto_map'])}); pass {TRUST_OPTION} if you trust its author")
 
 
 def _check_modules(model: ModelFolder, trust_remote_code: bool) -> None:
-    from mirrorbert.safeguards.model_loading import TRUST_OPTION
-
     folder = model.folder
     if "modules.json" not in model.json:
         return

@@ -26,12 +26,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import mirrorbert.jsonio as jsonio
 from mirrorbert.compat import from_pretrained_takes_weights_only
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.model_folder import REMOTE_CODE_FILES
+from mirrorbert.safeguards.model_folder import REMOTE_CODE_FILES, TRUST_OPTION, summary as _summary
 
-TRUST_OPTION = "--trust-remote-code"
 TRUST_HELP = ("run Python code shipped with the model (an auto_map in its config.json or tokenizer_config.json); "
               "only for a model whose author you trust. Without it such a model is refused; nothing is ever asked "
               "on standard input")
@@ -41,11 +39,6 @@ def check_trust_flag(value: Any, option: str = "trust_remote_code") -> bool:
     if not isinstance(value, bool):
         raise UserError(f"{option}: must be true or false, not {value!r}")
     return value
-
-
-def _summary(auto_map: Any) -> str:
-    text = jsonio.dumps(auto_map, ensure_ascii=True, sort_keys=True)
-    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def remote_code_request(folder: str | os.PathLike) -> str | None:

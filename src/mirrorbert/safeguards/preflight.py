@@ -238,6 +238,9 @@ CONFIG_SIZE_LIMITS = {
     "type_vocab_size": 1 << 16,
 }
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layer|layers|h|block|blocks)\.(\d+)\.")
+# Fields a config may carry for the width of its input embeddings, most specific first (RemBERT's
+# input_embedding_size, ALBERT/ELECTRA/MobileBERT's embedding_size, XLM's emb_dim, DistilBERT's dim).
+EMBEDDING_WIDTH_FIELDS = ("input_embedding_size", "embedding_size", "emb_dim", "hidden_size", "dim", "d_model")
 _EMBEDDING_NAMES = ("word_embeddings.weight", "embed_tokens.weight", "wte.weight")
 
 
@@ -282,7 +285,9 @@ def check_config_sizes(folder: str | os.PathLike, config, option: str = "--model
                         "num_hidden_layers in config.json match the weights?")
     embedding = next(((name, shape) for name, shape in shapes.items() if name.endswith(_EMBEDDING_NAMES)), None)
     if embedding is not None and len(embedding[1]) == 2:
-        width = "embedding_size" if isinstance(getattr(config, "embedding_size", None), int) else "hidden_size"
+        # the input embedding's width: its own field where a type keeps one apart from the hidden size
+        width = next((key for key in EMBEDDING_WIDTH_FIELDS if isinstance(getattr(config, key, None), int)),
+                     "hidden_size")
         wanted = [getattr(config, "vocab_size", None), getattr(config, width, None)]
         if all(isinstance(w, int) for w in wanted) and wanted != embedding[1]:
             raise UserError(f"{option} {folder}: config.json and the weights disagree: {embedding[0]} is "

@@ -8,11 +8,17 @@ finished run. The rules (also in docs/guide/training.md, "What mirrorbert will a
   `--corpus`, `--config`, `--resume`, ...), and may not be or contain the current or the home
   directory (a fresh subfolder of either, such as `./out`, is fine).
 * Two outputs of one command are never the same path, nor one inside the other.
-* An existing file or folder is replaced only with `--overwrite`; a folder only when mirrorbert
-  wrote everything in it: its marker (`MARKER`, JSON) lists the files mirrorbert wrote, and a folder
-  holding any other file is refused, naming the first one. A folder without a marker (or with the
-  marker of an older mirrorbert, which listed nothing) is never replaced.
-* A symlinked output is resolved: the target is written, the link survives.
+* An existing file or folder is replaced only with `--overwrite`; a folder only when mirrorbert can prove
+  it wrote everything in it: its marker (`MARKER`, JSON) lists the files mirrorbert wrote with their size
+  and SHA-256, and a folder holding any other file, a listed file whose content no longer matches, or one
+  listed without a digest, is refused, naming the first one. A `step-N` checkpoint (or `best-model`)
+  proves its files the same way through its manifest. A folder without a marker is never replaced: what
+  a file says about itself is not proof.
+* A link at an output's own name is never followed: without `--overwrite` it is refused like any
+  existing file, with it the link itself is replaced (its target, even a missing one, is never written).
+  Links among the folders above an output are resolved as usual. The folder an output is written in is
+  opened at the start and must still be that folder at the final rename (a folder swapped for a link
+  meanwhile is refused). A mount point is never replaced: a rename cannot replace it.
 * Only a regular file or a folder is ever replaced: a device, FIFO or socket (or a link to one) is
   refused, with or without `--overwrite`; a folder is removed with `remove_tree`, which unlinks a
   symlink instead of following it (a symlinked `step-N` loses the link, never the target's files).
@@ -24,8 +30,12 @@ finished run. The rules (also in docs/guide/training.md, "What mirrorbert will a
 * Files and folders are written under a temporary name beside the target, created exclusively without
   following links (`mkstemp`/`mkdtemp`), and renamed into place; a temporary name that would pass the
   filesystem's name limit is shortened (a hash of the name), so any name the filesystem accepts works.
+  The name carries its writer's owner record (pid, boot and start time: `make_temporary`), so the next
+  writer of the same target removes what a killed run left there (`kill -9` runs no cleanup), and only
+  that: this user's files and folders of that exact pattern whose writer is gone, never a link.
 * A write that fails for want of space, quota, a writable filesystem or a name the filesystem accepts
-  (`ENOSPC`, `EDQUOT`, `EROFS`, `ENAMETOOLONG`, ...) ends in one `UserError` line naming the output and
+  (`ENOSPC`, `EDQUOT`, `EROFS`, `ENAMETOOLONG`, ...), or because the path to it cannot hold a folder (a
+  file or a missing link target in it, `/proc`), ends in one `UserError` line naming the output and
   what was missing; its temporaries are removed and what was there before is left as it was. A file
   written through a memory map is preallocated (`posix_fallocate`) first, so a full disk is that error,
   not a SIGBUS.
@@ -45,6 +55,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,11 +74,16 @@ REPRODUCE_KIND = "reproduce"
 # Where a resumable kind of output keeps its cache (see `foreign_file`).
 RESUMABLE_CACHE: dict[str, str] = {REPRODUCE_KIND: "cells/"}
 # Names of mirrorbert's own locks and temporaries (an interrupted write may leave them behind).
-OWN_TEMPORARY = re.compile(r"^\.(.+\.(lock|tmp(-.*)?|tmp\.npy|old-\d+)|mirrorbert-write-test-.*)$")
+OWN_TEMPORARY = re.compile(r"^\.(.+\.(lock|tmp(-.*)?|tmp\.npy|old-[0-9a-f.]+)|mirrorbert-write-test-.*)$")
 STEP_DIR = re.compile(r"^step-\d+$")
-# Listed files up to this size are recorded with their SHA-256 (a changed file is no longer ours), larger
-# ones (weights) with their size.
-DIGEST_LIMIT = 1 << 20
+# A marker or checkpoint manifest larger than this is not one of ours (it is read whole to check it).
+RECORD_LIMIT = 64 << 20
+# A temporary's owner record in its name, `{pid}.{boot}.{start}`: the writer's process id, the first hex
+# digits of the kernel's boot id and the process's start time (clock ticks since boot). A pid alone is
+# reused; with its start time and the boot it names one process, so a killed writer is told apart from a
+# live one. OWNER_ROOM: the bytes it may take in a name.
+OWNER_ROOM = 40
+_OWNER = r"(\d+)\.([0-9a-f]{8})\.(\d+)"
 BEST_MODEL = "best-model"
 # Created folders get these permissions minus the umask (tempfile.mkdtemp makes 0700 folders).
 FOLDER_MODE = 0o777
@@ -172,6 +188,134 @@ def remove_tree(path: PathLike) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+# --------------------------------------------------------------------------- temporaries and their owners
+def _boot_id() -> str:
+    """The first 8 hex digits of this boot's id ("00000000" where the kernel does not say)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            text = fh.read().strip().replace("-", "").lower()
+    except OSError:
+        return "0" * 8
+    return text[:8] if re.fullmatch(r"[0-9a-f]{8,}", text) else "0" * 8
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22); None when there is no
+    such process or no /proc to ask."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            text = fh.read()
+        return int(text[text.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_OWNER_RECORDS: dict[int, str] = {}
+
+
+def owner_record() -> str:
+    """This process's owner record, `{pid}.{boot}.{start}` (see OWNER_ROOM)."""
+    pid = os.getpid()
+    if pid not in _OWNER_RECORDS:  # keyed by pid: a forked child is another owner
+        _OWNER_RECORDS[pid] = f"{pid}.{_boot_id()}.{_start_ticks(pid) or 0}"
+    return _OWNER_RECORDS[pid]
+
+
+def owner_gone(pid: int, boot: str, start: int) -> bool:
+    """True only when the process an owner record names cannot be running: it was of another boot, no
+    process has its id, or the one that has it started at another time (the id was reused)."""
+    here = _boot_id()
+    if boot != here and here != "0" * 8:
+        return True
+    ticks = _start_ticks(pid)
+    if ticks is not None:
+        return ticks != start
+    if os.path.isdir(f"/proc/{os.getpid()}"):
+        return True  # /proc answers for this process but knows no process `pid`
+    try:  # no /proc (macOS): a pid that answers is taken to be the owner
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _temporary_prefix(target: Path, kind: str, suffix: str = "") -> str:
+    """The fixed start of the names of `target`'s temporaries (`kind` "tmp", then owner, random part and
+    `suffix`) or set-aside copies ("old", then owner): `.{name}.{kind}-`, shortened as `own_name` does."""
+    name = target.name
+    if suffix and name.endswith(suffix) and len(name) > len(suffix):
+        target = target.with_name(name[: -len(suffix)])
+    room = OWNER_ROOM + (8 + len(_bytes(suffix)) if kind == "tmp" else 0)
+    return own_name(target, f"{kind}-", room=room)
+
+
+def _leftover_pattern(target: Path, suffix: str) -> re.Pattern:
+    tmp, old = _temporary_prefix(target, "tmp", suffix), _temporary_prefix(target, "old")
+    return re.compile(rf"^(?:{re.escape(tmp)}{_OWNER}-[A-Za-z0-9_]+{re.escape(suffix)}"
+                      rf"|{re.escape(old)}{_OWNER})$")
+
+
+def remove_stale_temporaries(target: PathLike, suffix: str = "") -> list[Path]:
+    """Remove what a killed writer of `target` left beside it: its temporaries and set-aside copies whose
+    owner record names a process that is gone. Only this user's regular files and folders whose names
+    match that pattern exactly; a link, anything of another user's or of a live process stays."""
+    target = Path(target)
+    pattern = _leftover_pattern(target, suffix)
+    try:
+        names = [entry.name for entry in os.scandir(target.parent)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = pattern.match(name)
+        if match is None:
+            continue
+        groups = [g for g in match.groups() if g is not None]
+        if not owner_gone(int(groups[0]), groups[1], int(groups[2])):
+            continue
+        path = target.parent / name
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_uid != os.geteuid() or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            continue
+        remove_tree(path)
+        logger.info("removed %s, left behind by a mirrorbert run that was killed", path)
+        removed.append(path)
+    return removed
+
+
+def make_temporary(target: PathLike, folder: bool = False, suffix: str = "") -> Path:
+    """A new temporary file (or `folder`) beside `target`, created exclusively and never through a link,
+    whose name carries this process's owner record; a killed writer's leftovers there are removed first
+    (`remove_stale_temporaries`). `suffix` ends the file's name (`.npy`: numpy keeps a name it ends)."""
+    target = Path(target)
+    remove_stale_temporaries(target, suffix)
+    prefix = f"{_temporary_prefix(target, 'tmp', suffix)}{owner_record()}-"
+    if folder:
+        return Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=target.parent))
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=target.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def open_temporary(path: PathLike, mode: str = "wb"):
+    """A temporary (one `make_temporary` made, or a new file inside a temporary folder), opened for writing
+    without following a link at its name (it is emptied, except with mode "r+b"): what a writer hands a
+    library instead of the path, which the library would open following links."""
+    flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_RDWR if "+" in mode else os.O_WRONLY | os.O_TRUNC)
+    return os.fdopen(os.open(path, flags, FILE_MODE), mode)
+
+
+def set_aside_name(target: PathLike) -> Path:
+    """Where `target` is moved while its replacement is renamed into place (removed right after)."""
+    target = Path(target)
+    return target.with_name(f"{_temporary_prefix(target, 'old')}{owner_record()}")
+
+
 def write_failure(exc: BaseException) -> int | None:
     """The errno of a write that failed for want of space, quota, a writable filesystem or a shorter name
     (also as libraries without OSError spell it); None for any other error."""
@@ -202,9 +346,50 @@ def write_errors(target: PathLike, option: str = "--output", needed_bytes: int =
         raise
     except Exception as exc:  # noqa: BLE001  only write failures are translated, the rest re-raised
         code = write_failure(exc)
-        if code is None:
+        if code is not None:
+            raise write_error(target, option, code, needed_bytes) from None
+        problem = _path_problem(exc, target)
+        if problem is None:
             raise
-        raise write_error(target, option, code, needed_bytes) from None
+        raise UserError(f"{option} {target}: cannot write it: {problem}; nothing was changed there, choose "
+                        f"another location") from None
+
+
+_PATH_ERRNOS = {errno.ENOTDIR, errno.EEXIST, errno.ENOENT, errno.EACCES, errno.EPERM, errno.ELOOP, errno.EBUSY}
+
+
+def _related(filename: str, target: PathLike) -> bool:
+    """`filename` (of a failed call) is `target`, a folder above it, something inside it, or one of its
+    temporaries beside it."""
+    name = os.path.abspath(os.fsdecode(filename))
+    for where in {os.path.abspath(os.path.expanduser(str(target))), str(locate(target)), str(resolve(target))}:
+        if name == where or where.startswith(name.rstrip("/") + "/") or name.startswith(where + "/"):
+            return True
+        for part in (Path(name), *Path(name).parents):  # in one of its temporaries
+            if str(part.parent) == os.path.dirname(where) and OWN_TEMPORARY.match(part.name):
+                return True
+    return False
+
+
+def _path_problem(exc: BaseException, target: PathLike) -> str | None:
+    """What in the path to `target` made a write fail (a file or a missing link target where a folder must
+    go, a filesystem that holds no new folders such as /proc, no permission, a mount point), in words;
+    None for an error that is not about that path."""
+    if not isinstance(exc, OSError) or exc.errno not in _PATH_ERRNOS or not exc.filename \
+            or not _related(exc.filename, target):
+        return None
+    where = os.fsdecode(exc.filename)
+    if exc.errno == errno.EEXIST and os.path.islink(where):
+        return f"{where} is {_link_words(Path(where))} (mirrorbert never writes through a link)"
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        blocking = next((p for p in (Path(where), *Path(where).parents) if os.path.lexists(p) and not p.is_dir()),
+                        Path(where))
+        return f"{blocking} is {kind_of(blocking, follow=False) or 'not a folder'}, where a folder must go"
+    if exc.errno == errno.EBUSY:
+        return f"{where} is busy (a mount point cannot be replaced)"
+    if exc.errno == errno.ENOENT:
+        return f"{where} cannot be created ({os.strerror(exc.errno).lower()})"
+    return f"{where}: {os.strerror(exc.errno).lower()}"
 
 
 def write_error(target: PathLike, option: str, code: int, needed_bytes: int = 0) -> UserError:
@@ -249,9 +434,9 @@ def replace_file(path: PathLike, data: str | bytes, option: str = "") -> Path:
 
 
 def _replace_file(path: Path, data: str | bytes) -> Path:
-    fd, name = tempfile.mkstemp(prefix=own_name(path, "tmp-", room=8), dir=path.parent)
+    name = make_temporary(path)
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with open_temporary(name) as fh:
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
         os.chmod(name, FILE_MODE & ~_umask())
         os.replace(name, path)
@@ -302,8 +487,27 @@ def _umask() -> int:
 
 # --------------------------------------------------------------------------- path rules
 def resolve(path: PathLike) -> Path:
-    """Absolute, `~` expanded, every symlink resolved (a link's target is what gets written)."""
+    """Absolute, `~` expanded, every symlink resolved (where a path leads: for the overlap rules)."""
     return Path(os.path.realpath(os.path.expanduser(str(path))))
+
+
+def locate(path: PathLike) -> Path:
+    """Where an output is written: absolute, `~` expanded, the links among its folders resolved, but not a
+    link at its own name, which is never followed (a write replaces such a link, never its target)."""
+    path = Path(os.path.abspath(os.path.expanduser(str(path))))
+    if path.name in ("", ".", ".."):
+        return resolve(path)
+    return Path(os.path.realpath(path.parent)) / path.name
+
+
+def _link_words(path: Path) -> str:
+    """`a symlink to X` (`, which does not exist` when dangling), for a refusal naming a link at an output."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return "a symlink"
+    missing = "" if os.path.exists(path) else ", which does not exist"
+    return f"a symlink to {target}{missing}"
 
 
 def _inside(child: Path, parent: Path) -> bool:
@@ -359,16 +563,41 @@ def check_not_nested(a: PathLike, a_option: str, b: PathLike, b_option: str) -> 
 
 
 # --------------------------------------------------------------------------- markers
-def read_marker(folder: PathLike) -> dict[str, Any] | None:
-    """The folder's marker as a dict; None without one. An older plain-text marker lists no files."""
-    path = Path(folder) / MARKER
-    if not path.is_file():
+def _read_record(path: Path) -> Any:
+    """The JSON of a marker or manifest at `path`: a regular file (not a link, FIFO or device, checked on
+    the open descriptor) of at most RECORD_LIMIT bytes; None when there is none or it is anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > RECORD_LIMIT:
+        os.close(fd)
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(RECORD_LIMIT + 1)
+    from mirrorbert.safeguards.readback import json_depth_ok
+
+    if not json_depth_ok(raw):
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {"kind": "output", "files": None}
-    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def read_marker(folder: PathLike) -> dict[str, Any] | None:
+    """The folder's marker as a dict; None without one (a link or special file there is none). An older
+    plain-text marker, or one that cannot be read, lists no files."""
+    path = Path(folder) / MARKER
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+    except OSError:
+        return None
+    data = _read_record(path)
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list) \
+            or not all(isinstance(name, str) for name in data["files"]):
         return {"kind": "output", "files": None}
     return data
 
@@ -386,21 +615,61 @@ def _files_below(folder: Path) -> list[str]:
 
 
 def _digest(path: Path) -> list | None:
-    """[size, sha256] of a small file, [size, None] of a large one (weights: size only), None if absent or not
-    a regular file (a FIFO planted there is never opened: reading it would wait forever)."""
+    """[size, sha256] of a regular file, ["symlink", target] of a link (never followed), None if absent or
+    anything else (a FIFO planted there is never read: it would wait forever)."""
+    try:
+        if os.path.islink(path):
+            return ["symlink", os.readlink(path)]
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if key not in _DIGESTS:  # a check and the rename after it each ask: large files are read once
+            digest = hashlib.sha256()
+            try:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    digest.update(block)
+            except OSError:
+                return None
+            _DIGESTS[key] = digest.hexdigest()
+    return [st.st_size, _DIGESTS[key]]
+
+
+# (device, inode, size, mtime, ctime) -> SHA-256 of a file this process read: any change to the file
+# changes its ctime, which no caller can set back.
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _is_digest(value: Any) -> bool:
+    """A recorded [size, sha256] (or ["symlink", target] of a link mirrorbert made): what proves a listed
+    file is the one mirrorbert wrote."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or not isinstance(value[1], str):
+        return False
+    if value[0] == "symlink":
+        return bool(value[1])
+    return (isinstance(value[0], int) and not isinstance(value[0], bool) and value[0] >= 0
+            and re.fullmatch(r"[0-9a-f]{64}", value[1]) is not None)
+
+
+def proven(path: Path, recorded: Any) -> bool:
+    """`path` is a regular file whose size and SHA-256 are the `recorded` ones, or a link to the recorded
+    target (a real record: a missing, null or malformed one proves nothing)."""
+    if not _is_digest(recorded):
+        return False
     try:
         st = os.lstat(path)
     except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    if st.st_size > DIGEST_LIMIT:
-        return [st.st_size, None]
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as fh:
-            return [st.st_size, hashlib.sha256(fh.read()).hexdigest()]
-    return None
+        return False
+    if recorded[0] == "symlink":
+        return stat.S_ISLNK(st.st_mode) and _digest(path) == ["symlink", recorded[1]]
+    if not stat.S_ISREG(st.st_mode) or st.st_size != recorded[0]:
+        return False
+    return _digest(path) == [recorded[0], recorded[1]]
 
 
 def mark_folder(folder: PathLike, kind: str = "output", files: Iterable[str] = (),
@@ -408,7 +677,7 @@ def mark_folder(folder: PathLike, kind: str = "output", files: Iterable[str] = (
     """Claim a folder as ours, listing the files mirrorbert wrote there with their size and SHA-256 (a
     checkpoint root lists none: its `step-N` checkpoints carry manifests). A later `--overwrite` replaces
     the folder only while it holds nothing but these files, unchanged. `being_written`: listed without a
-    digest, as any content (a run about to write them may be killed halfway).
+    digest (a run about to write them may be killed halfway); such a file proves nothing until recorded.
     """
     folder = Path(folder)
     pending = set(being_written)
@@ -419,56 +688,62 @@ def mark_folder(folder: PathLike, kind: str = "output", files: Iterable[str] = (
     replace_file(folder / MARKER, text)
 
 
-def _checkpoint_files(folder: Path) -> set[str] | None:
-    """Files a mirrorbert checkpoint lists in its manifest (it is written last), or None."""
-    try:
-        files = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return set(files) | {"manifest.json"} if isinstance(files, dict) else None
+def checkpoint_stray(folder: Path) -> Path | None:
+    """The first file below a `step-N` checkpoint (or `best-model`) that its manifest does not prove: not
+    listed, or not of the listed size and SHA-256. Without a readable manifest nothing is proven (the
+    first file is returned); a checkpoint with its own marker is judged by that marker instead."""
+    if os.path.lexists(folder / MARKER):
+        return foreign_file(folder)
+    manifest = _read_record(folder / "manifest.json")
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    below = _files_below(folder)
+    for rel in below:
+        if rel == "manifest.json" and isinstance(files, dict):
+            continue
+        record = files.get(rel) if isinstance(files, dict) else None
+        expected = [record.get("size"), record.get("sha256")] if isinstance(record, dict) else None
+        if not proven(folder / rel, expected):
+            return folder / rel
+    return None
 
 
 def foreign_file(folder: PathLike, cache_prefix: str | None = None) -> Path | None:
-    """The first file below `folder` that mirrorbert did not write, or None when all are ours.
+    """The first file below `folder` that mirrorbert cannot prove it wrote, or None when all are ours.
 
-    Ours: a file the folder's marker lists; anything in a subfolder (at any depth) with its own marker
-    that vouches for it; in a marked folder, a `step-N` checkpoint whose manifest lists its files and
-    gloss-pretrain's `best-model`; mirrorbert's own locks and temporaries. A folder without a marker,
-    or whose marker lists nothing (older mirrorbert), holds only foreign files. Files under
-    `cache_prefix` count by being listed, not by content: a continued run sets a damaged cache file
-    aside itself (renamed, never deleted).
+    Ours: a file the folder's marker lists with the size and SHA-256 it still has; anything in a subfolder
+    (at any depth) with its own marker that proves it; in a marked folder, a `step-N` checkpoint or
+    gloss-pretrain's `best-model` whose manifest proves its files; mirrorbert's own locks and temporaries.
+    A folder without a marker, or whose marker lists nothing (older mirrorbert), holds only foreign files.
+    Files under `cache_prefix` count by being listed, not by content: a continued run sets a damaged cache
+    file aside itself (renamed, never deleted).
     """
     folder = Path(folder)
     marker = read_marker(folder)
     listed = set(marker["files"]) if marker and marker.get("files") is not None else set()
     digests = marker.get("digests") if marker and isinstance(marker.get("digests"), dict) else {}
-    if cache_prefix:
-        digests = {rel: d for rel, d in digests.items() if not rel.startswith(cache_prefix)}
-    return _foreign_below(folder, folder, listed, marker is not None, digests)
+    trusted = {rel for rel in listed if cache_prefix and rel.startswith(cache_prefix)}
+    return _foreign_below(folder, folder, listed, marker is not None, digests, trusted)
 
 
-def _foreign_below(root: Path, current: Path, listed: set[str], marked: bool, digests: dict) -> Path | None:
+def _foreign_below(root: Path, current: Path, listed: set[str], marked: bool, digests: dict,
+                   trusted: set[str]) -> Path | None:
     for entry in sorted(current.iterdir()):
         name = entry.name
         if name == MARKER or OWN_TEMPORARY.match(name):
             continue
         if not entry.is_dir() or entry.is_symlink():
             rel = entry.relative_to(root).as_posix()
-            if rel not in listed:
-                return entry
-            expected = digests.get(rel)
-            if expected is not None and not entry.is_symlink() and _digest(entry) != expected:
-                return entry  # changed since mirrorbert wrote it: the user's now
+            if rel in trusted and not entry.is_symlink():
+                continue  # a continued run's cache file: listed is enough (it is set aside, never deleted)
+            if rel not in listed or not proven(entry, digests.get(rel)):
+                return entry  # not listed, listed without a digest, or changed since: not provably ours
             continue
-        if (entry / MARKER).is_file():
+        if (entry / MARKER).is_file() and not (entry / MARKER).is_symlink():
             stray = foreign_file(entry)
-        elif marked and STEP_DIR.match(name):  # a checkpoint: its manifest lists its files
-            inner = _checkpoint_files(entry)
-            stray = next((entry / f for f in _files_below(entry) if inner is None or f not in inner), None)
-        elif marked and name == BEST_MODEL:  # gloss-pretrain's best epoch in its checkpoint folder
-            stray = None
+        elif marked and (STEP_DIR.match(name) or name == BEST_MODEL):  # a checkpoint: its manifest proves it
+            stray = checkpoint_stray(entry)
         else:
-            stray = _foreign_below(root, entry, listed, marked, digests)
+            stray = _foreign_below(root, entry, listed, marked, digests, trusted)
         if stray is not None:
             return stray
     return None
@@ -503,25 +778,43 @@ def record_files(folder: PathLike, kind: str) -> None:
 
 
 def discard_folder(folder: PathLike) -> None:
-    """Remove a folder mirrorbert wrote (the caller checked `foreign_file`): renamed aside, then deleted."""
-    folder = resolve(folder)
-    aside = folder.with_name(own_name(folder, f"old-{os.getpid()}"))
+    """Remove a folder mirrorbert wrote (the caller checked `foreign_file`; a link there loses only the link):
+    renamed aside, then deleted."""
+    folder = locate(folder)
+    remove_stale_temporaries(folder)
+    aside = set_aside_name(folder)
     os.replace(folder, aside)
     remove_tree(aside)
 
 
 # --------------------------------------------------------------------------- existing outputs
+def _check_link_or_mount(path: Path, shown: Any, overwrite: bool, option: str, into: bool = False) -> bool:
+    """True when `path` is a link (replaced only with --overwrite, and then as a link: never followed);
+    a mount point is refused (a rename cannot replace it) unless the output is written `into` it."""
+    if path.is_symlink():
+        if not overwrite:
+            raise UserError(f"{option} {shown} already exists ({_link_words(path)}); pass --overwrite to replace "
+                            f"the link (mirrorbert never writes through it)")
+        return True
+    if not into and path.is_dir() and os.path.ismount(path):
+        raise UserError(f"{option} {shown} is a mount point: it cannot be replaced atomically (mirrorbert writes "
+                        f"beside an output and renames it into place); name a new folder inside it instead")
+    return False
+
+
 def check_replaceable(path: PathLike, overwrite: bool, option: str = "--output", resume_kind: str | None = None
                       ) -> Path:
-    """An existing folder is replaced only with --overwrite, and only when mirrorbert wrote all of it.
+    """An existing folder is replaced only with --overwrite, and only when mirrorbert can prove it wrote all
+    of it (`foreign_file`); a link at `path` only with --overwrite, and then only the link.
 
     `resume_kind`: an empty folder, or one whose marker has this kind (and nothing foreign), is continued
     without --overwrite (reproduce's cache).
     """
     check_name_length(path, option)
-    shown, path = path, resolve(path)
+    shown, path = path, locate(path)
     check_not_special(path, option, shown)
-    if not path.exists():
+    into = resume_kind is not None and not overwrite  # a continued output is written into, never renamed
+    if not os.path.lexists(path) or _check_link_or_mount(path, shown, overwrite, option, into):
         return path
     if not path.is_dir():
         raise UserError(f"{option} {shown} exists and is not a folder")
@@ -540,18 +833,22 @@ def check_replaceable(path: PathLike, overwrite: bool, option: str = "--output",
     stray = foreign_file(path, RESUMABLE_CACHE.get(resume_kind) if continuing else None)
     if stray is not None:
         raise UserError(f"{option} {shown}: holds {stray}, which mirrorbert did not write (or which changed "
-                        f"since); move it away or choose another folder")
+                        f"since: its marker must record the size and SHA-256 it has); move it away or choose "
+                        f"another folder")
     return path
 
 
 def check_replaceable_file(path: PathLike, overwrite: bool, option: str = "--output") -> Path:
-    """An existing file is replaced only with --overwrite; a folder is never a file output."""
+    """An existing file is replaced only with --overwrite (a link there: the link, never its target); a folder
+    is never a file output."""
     check_name_length(path, option)
-    shown, path = path, resolve(path)
+    shown, path = path, locate(path)
     check_not_special(path, option, shown)
+    if not os.path.lexists(path) or _check_link_or_mount(path, shown, overwrite, option):
+        return path
     if path.is_dir():
         raise UserError(f"{option} {shown} is a folder; expected a file name")
-    if path.exists() and not overwrite:
+    if not overwrite:
         raise UserError(f"{option} {shown} already exists; pass --overwrite to replace it")
     return path
 
@@ -577,6 +874,67 @@ def fix_folder_mode(folder: PathLike) -> None:
 
 
 # --------------------------------------------------------------------------- atomic writers
+class _Folder:
+    """The folder an output is written in, opened (never through a link) when the write starts: the final
+    rename happens in this very folder, and only while its path still leads to it (a folder swapped for a
+    link or another folder meanwhile is refused, the temporary removed from the folder it was made in)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.fstat(self.fd)
+        self.identity = (st.st_dev, st.st_ino)
+
+    def check(self, option: str, shown: Any) -> None:
+        try:
+            st = os.lstat(self.path)
+            now = (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+            what = _KINDS.get(stat.S_IFMT(st.st_mode), "a special file")
+        except OSError:
+            now, what = None, "gone"
+        if now != self.identity:
+            what = "another folder" if now is not None else what
+            raise UserError(f"{option} {shown}: its folder {self.path} was replaced while mirrorbert was writing "
+                            f"(it is now {what}); nothing was written there")
+
+    def explain(self, exc: BaseException, option: str, shown: Any) -> None:
+        """A write that failed because its folder was swapped meanwhile fails as that (not as the error the
+        swap caused, such as a temporary no longer found)."""
+        if isinstance(exc, Exception):
+            self.check(option, shown)  # raises the folder's own error when it was swapped
+
+    def rename(self, source: str, target: str) -> None:
+        os.replace(source, target, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+    def remove(self, name: str) -> None:
+        """Remove `name` from this folder (a folder with everything in it; a link is unlinked, never followed)."""
+        try:
+            st = os.lstat(name, dir_fd=self.fd)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(st.st_mode):
+            if sys.version_info >= (3, 11):
+                shutil.rmtree(name, dir_fd=self.fd, ignore_errors=True)
+            else:  # pragma: no cover - Python 3.10: through the descriptor's /proc entry where there is one
+                here = Path(f"/proc/self/fd/{self.fd}")
+                shutil.rmtree((here if here.is_dir() else self.path) / name, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _open_folder(final: Path, shown: Any, option: str) -> _Folder:
+    """Create `final`'s folder where needed and open it (see `_Folder`)."""
+    check_no_dangling_link(shown, option)
+    _existing_ancestor(final.parent, option)  # a file where a folder should be: one line, not FileExistsError
+    with write_errors(shown, option):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        return _Folder(final.parent)
+
+
 @contextlib.contextmanager
 def atomic_output_dir(final: PathLike, overwrite: bool = False, kind: str = "output",
                       keep_empty: bool = True, option: str = "--output") -> Iterator[Path]:
@@ -584,69 +942,75 @@ def atomic_output_dir(final: PathLike, overwrite: bool = False, kind: str = "out
 
     Nothing the user had is lost: on failure the temporary folder is removed and `final` is untouched;
     an existing `final` (all of it mirrorbert's, checked) is moved aside first and only deleted after
-    the new one is in place. A symlinked `final` is resolved: the target is replaced, the link kept.
+    the new one is in place. A link at `final` is replaced (with `overwrite`), never followed.
     `keep_empty=False`: when nothing was written, nothing is created (an existing `final` stays).
     A full disk (or quota, read-only filesystem, name too long) is one UserError naming `final`.
     """
-    shown, final = final, resolve(final)
+    shown, final = final, locate(final)
     check_output_dir(final, overwrite, option)
-    _existing_ancestor(final.parent, option)  # a file where a folder should be: one line, not FileExistsError
-    with write_errors(shown, option):
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=own_name(final, "tmp-", room=8), dir=final.parent))
+    folder = _open_folder(final, shown, option)
     try:
         with write_errors(shown, option):
-            yield tmp
-            if not keep_empty and not _files_below(tmp):
-                remove_tree(tmp)
-                return
-            mark_folder(tmp, kind, _files_below(tmp))
-            fix_folder_mode(tmp)
-        check_output_dir(final, overwrite, option)  # a folder may have appeared there while we worked
-    except BaseException:
-        remove_tree(tmp)
-        raise
-    backup = None
-    if os.path.lexists(final):
-        backup = final.with_name(own_name(final, f"old-{os.getpid()}"))
-        os.replace(final, backup)
-    os.replace(tmp, final)
-    if backup is not None:
-        remove_tree(backup)
+            tmp = make_temporary(final, folder=True)
+        try:
+            with write_errors(shown, option):
+                yield tmp
+                if not keep_empty and not _files_below(tmp):
+                    folder.remove(tmp.name)
+                    return
+                mark_folder(tmp, kind, _files_below(tmp))
+                fix_folder_mode(tmp)
+            check_output_dir(final, overwrite, option)  # a folder may have appeared there while we worked
+            folder.check(option, shown)
+            backup = None
+            if os.path.lexists(final):
+                backup = set_aside_name(final)
+                folder.rename(final.name, backup.name)
+            folder.rename(tmp.name, final.name)
+        except BaseException as exc:
+            folder.remove(tmp.name)
+            folder.explain(exc, option, shown)
+            raise
+        if backup is not None:
+            folder.remove(backup.name)
+    finally:
+        folder.close()
 
 
 @contextlib.contextmanager
 def atomic_output_file(final: PathLike, overwrite: bool = False, option: str = "--output") -> Iterator[Path]:
     """Yield a temporary path beside `final` (same suffix); on success it is renamed onto `final`.
 
-    A symlinked `final` is resolved: the target is replaced, the link kept. Only a regular file is replaced
-    (a device, FIFO or socket is refused). A full disk (or quota, read-only filesystem, name too long) is one
-    UserError naming `final`; the temporary is removed on any failure or interrupt.
+    A link at `final` is replaced (with `overwrite`), never followed. Only a regular file is replaced (a
+    device, FIFO or socket, or a link to one, is refused). A full disk (or quota, read-only filesystem, name
+    too long) is one UserError naming `final`; the temporary is removed on any failure or interrupt.
     """
-    shown, final = final, resolve(final)
+    shown, final = final, locate(final)
     check_replaceable_file(final, overwrite, option)
-    _existing_ancestor(final.parent, option)
-    with write_errors(shown, option):
-        final.parent.mkdir(parents=True, exist_ok=True)
-        stem = own_name(final.with_name(final.stem), "tmp-", room=8 + len(_bytes(final.suffix)))
-        fd, name = tempfile.mkstemp(prefix=stem, suffix=final.suffix, dir=final.parent)
-    os.close(fd)
-    tmp = Path(name)
+    folder = _open_folder(final, shown, option)
     try:
         with write_errors(shown, option):
-            yield tmp
-        check_replaceable_file(final, overwrite, option)  # a file may have appeared there while we worked
-        os.chmod(tmp, FILE_MODE & ~_umask())
-        os.replace(tmp, final)
+            tmp = make_temporary(final, suffix=final.suffix)
+        try:
+            with write_errors(shown, option):
+                yield tmp
+            check_replaceable_file(final, overwrite, option)  # a file may have appeared there while we worked
+            folder.check(option, shown)
+            os.chmod(tmp.name, FILE_MODE & ~_umask(), dir_fd=folder.fd)
+            folder.rename(tmp.name, final.name)
+        except BaseException as exc:
+            folder.explain(exc, option, shown)
+            raise
+        finally:
+            folder.remove(tmp.name)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        folder.close()
 
 
 def write_text_atomic(path: PathLike, text: str, overwrite: bool = False, option: str = "--output") -> Path:
-    with atomic_output_file(path, overwrite, option) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-    return resolve(path)
+    with atomic_output_file(path, overwrite, option) as tmp, open_temporary(tmp) as fh:
+        fh.write(text.encode("utf-8"))
+    return locate(path)
 
 
 def write_json_atomic(path: PathLike, obj: Any) -> None:
@@ -655,6 +1019,28 @@ def write_json_atomic(path: PathLike, obj: Any) -> None:
 
 
 # --------------------------------------------------------------------------- writability / space
+def check_no_dangling_link(path: PathLike, option: str) -> None:
+    """Refuse a path with a link to nothing among its folders: creating the folders would create the link's
+    target, somewhere the path does not say (a link at the output's own name is `check_replaceable`'s)."""
+    lexical = Path(os.path.abspath(os.path.expanduser(str(path))))
+    for folder in lexical.parents:
+        if os.path.islink(folder) and not os.path.exists(folder):
+            raise UserError(f"{option} {path}: {folder} is {_link_words(folder)}; mirrorbert never creates a "
+                            f"link's target: create it or remove the link")
+
+
+def check_append_folder(path: PathLike, option: str) -> None:
+    """A folder files are added to (a log or cache folder): a folder, a link to one (a cache moved to another
+    disk), or nothing yet; a link to nothing, or anything but a folder, is refused."""
+    check_no_dangling_link(path, option)
+    where = locate(path)
+    if os.path.islink(where) and not os.path.exists(where):
+        raise UserError(f"{option} {path} is {_link_words(where)}; mirrorbert never writes through a link: "
+                        f"create the folder it names or remove the link")
+    if os.path.exists(where) and not os.path.isdir(where):
+        raise UserError(f"{option} {path} exists and is not a folder")
+
+
 def _existing_ancestor(path: Path, option: str) -> Path:
     for candidate in (path, *path.parents):
         if candidate.exists():
@@ -671,9 +1057,10 @@ def check_writable(path: PathLike, option: str, needed_bytes: int = 0, is_file: 
     A probe instead of os.access: it also catches read-only mounts, /proc and full disks, and is right for root.
     """
     check_name_length(path, option)
-    path = resolve(path)
+    check_no_dangling_link(path, option)
+    path = locate(path)
     check_not_special(path, option)
-    if is_file and path.is_dir():
+    if is_file and path.is_dir() and not path.is_symlink():
         raise UserError(f"{option} {path} is a folder; expected a file name")
     start = path.parent if (is_file or probe_parent) else path  # outputs are built in a sibling temp folder
     folder = _existing_ancestor(start, option)
@@ -712,7 +1099,7 @@ def weights_size(model: PathLike | None) -> int:
 
 # --------------------------------------------------------------------------- locks
 def lock_path(folder: PathLike) -> Path:
-    folder = resolve(folder)
+    folder = locate(folder)
     return folder.with_name(own_name(folder, "lock"))
 
 
@@ -864,10 +1251,9 @@ class WritePlan:
                 check_replaceable(out.path, self.overwrite, out.option, resume_kind=out.resume_kind)
                 check_writable(out.path, out.option, needed_bytes=out.needed_bytes, probe_parent=True)
             else:
-                if resolve(out.path).exists() and not resolve(out.path).is_dir():
-                    raise UserError(f"{out.option} {out.path} exists and is not a folder")
+                check_append_folder(out.path, out.option)
                 check_writable(out.path, out.option)
-        return {out.option: resolve(out.path) for out in self.outputs}
+        return {out.option: locate(out.path) for out in self.outputs}
 
     def lock(self, stack: contextlib.ExitStack) -> None:
         """One lock per output, held on `stack` (only rank 0 of a torchrun/accelerate job locks)."""
@@ -900,6 +1286,23 @@ def default_checkpoint_dir(output: PathLike, checkpoint_dir: PathLike | None = N
     return Path(f"{Path(output).as_posix().rstrip('/')}.checkpoints")
 
 
+def check_checkpoints_proven(root: PathLike, option: str = "--checkpoint-dir") -> None:
+    """Before `--overwrite` discards the `step-N` checkpoints and `best-model` of a checkpoint folder, each
+    must prove every file in it (`checkpoint_stray`: its manifest's sizes and SHA-256); a link there loses
+    only the link, and nothing else in the folder is touched."""
+    root = locate(root)
+    if not root.is_dir():
+        return
+    for entry in sorted(root.iterdir()):
+        if not (STEP_DIR.match(entry.name) or entry.name == BEST_MODEL) or entry.is_symlink() or not entry.is_dir():
+            continue
+        stray = checkpoint_stray(entry)
+        if stray is not None:
+            raise UserError(f"{option} {root}: --overwrite would discard {entry.name}, which holds {stray}, a file "
+                            f"mirrorbert cannot prove it wrote (its manifest must record the size and SHA-256 it "
+                            f"has); move it away or choose another folder")
+
+
 def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
               inputs: Inputs, checkpoint_dir: PathLike | None = None,
               checkpoint_option: str = "--checkpoint-dir", resuming: bool = False,
@@ -917,6 +1320,8 @@ def guard_run(stack: contextlib.ExitStack, *, output: PathLike, overwrite: bool,
     for option, location in extra_files:
         plan.file(option, location)
     plan.check()
+    if checkpoint_dir is not None and overwrite and not resuming:
+        check_checkpoints_proven(checkpoint_dir, checkpoint_option)
     if checkpoint_dir is not None:  # may be the --resume root: its own rules are check_checkpoint_root's
         check_not_nested(checkpoint_dir, checkpoint_option, output, "--output")
         for option, location in [*extra_outputs, *extra_files]:
@@ -937,6 +1342,8 @@ __all__ = [
     "MARKER", "REPRODUCE_KIND", "WritePlan", "atomic_output_dir", "atomic_output_file", "check_not_nested",
     "check_not_overlapping", "check_output_dir", "check_outputs_avoid", "check_replaceable", "check_replaceable_file",
     "check_name_length", "check_not_special", "check_writable", "claim_files", "kind_of", "own_name", "preallocate",
+    "check_append_folder", "check_checkpoints_proven", "check_no_dangling_link", "checkpoint_stray", "locate",
+    "make_temporary", "open_temporary", "owner_record", "proven", "remove_stale_temporaries", "set_aside_name",
     "remove_tree", "replace_file", "write_error", "write_errors", "discard_folder", "fix_folder_mode", "folder_lock",
     "foreign_file", "guard_run",
     "mark_folder", "read_marker", "record_files", "resolve", "weights_size", "write_json_atomic", "write_text_atomic",

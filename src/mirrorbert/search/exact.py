@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -118,9 +119,9 @@ def _float32_candidates(queries: np.ndarray, keys: np.ndarray, n_cand: int, chun
     out_i = np.empty((nq, n_cand), np.int64)
     starts = range(0, nq, query_block)
     if show_progress:
-        from tqdm.auto import tqdm
+        from mirrorbert.reporting.progress import progress_bar
 
-        starts = tqdm(starts, desc="nearest neighbours", unit="block")
+        starts = progress_bar(starts, desc="nearest neighbours", unit="block")
     for q0 in starts:
         q = queries[q0 : q0 + query_block]
         best_s = np.full((q.shape[0], 0), -np.inf, np.float32)
@@ -291,37 +292,44 @@ class SearchIndex:
 
     @classmethod
     def load(cls, folder: str | Path, use_faiss: bool | None = None) -> "SearchIndex":
-        folder = Path(folder)
-        if not (folder / INDEX_META).is_file() or not (folder / "vectors.npy").is_file():
-            raise UserError(f"{folder}: not a saved search index (no {INDEX_META} / vectors.npy)")
-        from mirrorbert.safeguards.readback import open_regular, parse_json, read_regular_bytes
+        """A folder `save` wrote, read as untrusted through `safeguards.confined.ConfinedFolder`: every file
+        inside the folder and regular (a link leading out or a FIFO is refused), index.json bounded, shallow
+        JSON, texts.jsonl one JSON string a line, vectors.npy without pickles."""
+        from mirrorbert.safeguards.confined import ConfinedFolder
 
-        meta = parse_json(read_regular_bytes(folder / INDEX_META, "index", 1 << 20), "index", folder / INDEX_META)
-        if not isinstance(meta, dict):
-            raise UserError(f"{folder / INDEX_META}: damaged (expected a JSON object)")
-        texts = None
-        if (folder / "texts.jsonl").is_file():
-            texts = []
-            lines = read_regular_bytes(folder / "texts.jsonl", "index", 1 << 34).split(b"\n")
-            if lines[-1] == b"":
-                lines.pop()
-            for lineno, line in enumerate(lines, 1):
-                try:
-                    text = json.loads(line.decode("utf-8")) if line.startswith(b'"') else None
-                except ValueError:  # UnicodeDecodeError and JSONDecodeError
-                    text = None
-                if not isinstance(text, str):
-                    raise UserError(f"{folder / 'texts.jsonl'}:{lineno}: damaged (expected a JSON string)")
-                texts.append(text)
+        confined = ConfinedFolder(folder, "folder", "saved search index")
+        if not confined.exists(INDEX_META) or not confined.exists("vectors.npy"):
+            raise UserError(f"{folder}: not a saved search index (no {INDEX_META} / vectors.npy)")
+        meta = confined.read_json(INDEX_META, expect=dict, limit=1 << 20)
+        texts = _saved_texts(confined) if confined.exists("texts.jsonl") else None
+        where = Path(folder) / "vectors.npy"
+        fd = confined.open("vectors.npy")  # refused in its own words (a UserError is a ValueError too)
         try:
-            with open(open_regular(folder / "vectors.npy", "index"), "rb") as fh:
-                vectors = np.load(fh, allow_pickle=False)
+            with os.fdopen(fd, "rb") as fh:  # the .npy reader alone: no pickle, no .npz
+                vectors = np.lib.format.read_array(fh, allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
-            raise UserError(f"{folder / 'vectors.npy'}: damaged ({str(exc).splitlines()[0][:120]})") from None
-        vectors = as_vectors(vectors, str(folder / "vectors.npy"))
+            raise UserError(f"{where}: damaged ({str(exc).splitlines()[0][:120]})") from None
+        vectors = as_vectors(vectors, str(where))
         if texts is not None and len(texts) != len(vectors):
-            raise UserError(f"{folder / 'texts.jsonl'}: {len(texts)} texts for {len(vectors)} vectors")
+            raise UserError(f"{Path(folder) / 'texts.jsonl'}: {len(texts)} texts for {len(vectors)} vectors")
         return cls.from_vectors(vectors, texts, use_faiss=use_faiss, meta=meta, normalize=False)
+
+
+def _saved_texts(confined) -> list[str]:
+    """texts.jsonl of a saved index: one JSON string a line."""
+    texts = []
+    lines = confined.read_bytes("texts.jsonl", 1 << 34).split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    for lineno, line in enumerate(lines, 1):
+        try:
+            text = json.loads(line.decode("utf-8")) if line.startswith(b'"') else None
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError
+            text = None
+        if not isinstance(text, str):
+            raise UserError(f"{confined.given / 'texts.jsonl'}:{lineno}: damaged (expected a JSON string)")
+        texts.append(text)
+    return texts
 
 
 def build_index(encoder, corpus: Sequence[str], *, batch_size: int = 64, use_faiss: bool | None = None,

@@ -4,8 +4,9 @@ Why a module of its own: the vectors of a large index (10M x 768 float32 is 30 G
 memory whole, so `vectors.npy` is hashed in a streaming pass, its header parsed without pickles and checked
 against the manifest, and then memory-mapped from the same open file; its values are checked finite a chunk
 at a time. The small arrays (ids.npy, the IVF centroids, quantiser ranges and list numbers) are read whole
-after their checksum matched, and their dtype, shape and values are checked before any use. Every refusal
-is one `UserError` naming the file.
+after their checksum matched, and their dtype, shape and values are checked before any use. Every file is
+opened through the folder's `safeguards.confined.ConfinedFolder` (inside the folder, a regular file, of
+bounded size). Every refusal is one `UserError` naming the file.
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from typing import BinaryIO
 import numpy as np
 
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.readback import open_regular, read_regular_bytes, stream_sha256
+from mirrorbert.safeguards.confined import ConfinedFolder
+from mirrorbert.safeguards.readback import stream_sha256
 
 FINITE_CHUNK = 1 << 16  # rows checked finite at a time
+NORM_TOLERANCE = 1e-3  # |norm - 1| of a stored row: l2_normalize in float32 is within 1e-6 of 1
 
 
-def damaged(folder: Path, name: str, problem: str) -> UserError:
-    return UserError(f"--index {folder / name}: damaged ({problem}); rebuild the index with `mirrorbert index`")
+def damaged(folder: ConfinedFolder | Path, name: str, problem: str) -> UserError:
+    where = folder.given if isinstance(folder, ConfinedFolder) else folder
+    option = folder.option if isinstance(folder, ConfinedFolder) else "--index"
+    return UserError(f"{option} {where / name}: damaged ({problem}); rebuild the index with `mirrorbert index`")
 
 
 def npy_header(buffer: BinaryIO, folder: Path, name: str) -> tuple[tuple, bool, np.dtype]:
@@ -51,24 +56,20 @@ def _check_layout(folder: Path, name: str, header, dtype: str, shape: tuple, nou
         raise damaged(folder, name, f"shape {tuple(found_shape)}, manifest.json says {shape}")
 
 
-def check_size(fh: BinaryIO, path: Path, limit: int) -> int:
-    """The open file's size, refused in one line when it is more than such a file of the index can hold."""
-    size = os.fstat(fh.fileno()).st_size
-    if size > limit:
-        raise UserError(f"--index {path}: {size} bytes, more than the {limit} this file can hold; "
-                        "damaged or not written by mirrorbert")
-    return size
+def open_member(folder: ConfinedFolder, name: str, limit: int) -> BinaryIO:
+    """A file of the index opened through the confined reader: inside the folder, a regular file (a FIFO or a
+    link leading out is refused before any read), at most `limit` bytes."""
+    return os.fdopen(folder.open(name, limit), "rb")
 
 
-def open_vectors(folder: Path, rows: int, dim: int, expected_sha256: str | None) -> np.ndarray:
+def open_vectors(folder: ConfinedFolder, rows: int, dim: int, expected_sha256: str | None) -> np.ndarray:
     """vectors.npy memory-mapped read-only as float32 [rows, dim]: its size bounded, its SHA-256 (when
     recorded) matched by a streaming pass over the opened file, its header checked, then the same file mapped;
-    every value finite (checked a chunk at a time, so only the page cache holds it)."""
+    every value finite and every row of unit length (search ranks by inner product: a longer row would win
+    every query), checked a chunk at a time, so only the page cache holds it."""
     name = "vectors.npy"
-    path = folder / name
-    fh = os.fdopen(open_regular(path, "--index"), "rb")
-    with fh:
-        size = check_size(fh, path, 4096 + rows * dim * 4)
+    with open_member(folder, name, 4096 + rows * dim * 4) as fh:
+        size = os.fstat(fh.fileno()).st_size
         if expected_sha256 is not None and stream_sha256(fh) != expected_sha256:
             raise damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
         fh.seek(0)
@@ -78,18 +79,24 @@ def open_vectors(folder: Path, rows: int, dim: int, expected_sha256: str | None)
             raise damaged(folder, name, f"{size - offset} bytes of data, the header needs {rows * dim * 4}")
         vectors = np.memmap(fh, dtype="<f4", mode="r", offset=offset, shape=(rows, dim))
     for r0 in range(0, rows, FINITE_CHUNK):
-        finite = np.isfinite(vectors[r0:r0 + FINITE_CHUNK]).all(axis=1)
+        chunk = vectors[r0:r0 + FINITE_CHUNK]
+        finite = np.isfinite(chunk).all(axis=1)
         if not finite.all():
             raise damaged(folder, name, f"row {r0 + int(np.flatnonzero(~finite)[0])} is not finite (NaN or infinity)")
+        norms = np.sqrt(np.einsum("ij,ij->i", chunk, chunk, dtype=np.float64))
+        off = np.flatnonzero((np.abs(norms - 1) > NORM_TOLERANCE) & (norms != 0))
+        if off.size:
+            raise damaged(folder, name, f"row {r0 + int(off[0])} has length {norms[off[0]]:.4g}, not 1 (the "
+                                        "vectors of an index are L2-normalised)")
     return vectors
 
 
-def read_small_npy(folder: Path, name: str, expected_sha256: str | None, dtype: str, shape: tuple,
+def read_small_npy(folder: ConfinedFolder, name: str, expected_sha256: str | None, dtype: str, shape: tuple,
                    noun: str) -> np.ndarray:
     """A small array file of the index, whole: size bounded by its shape, SHA-256 matched (when recorded)
     before parsing, header and length checked."""
     itemsize = np.dtype(dtype).itemsize
-    raw = read_regular_bytes(folder / name, "--index", 4096 + int(np.prod(shape)) * itemsize)
+    raw = folder.read_bytes(name, 4096 + int(np.prod(shape)) * itemsize)
     if expected_sha256 is not None and hashlib.sha256(raw).hexdigest() != expected_sha256:
         raise damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
     buffer = io.BytesIO(raw)
@@ -100,7 +107,7 @@ def read_small_npy(folder: Path, name: str, expected_sha256: str | None, dtype: 
     return np.frombuffer(raw, dtype=dtype, offset=buffer.tell()).reshape(shape).copy()
 
 
-def read_ids_npy(folder: Path, rows: int, corpus_lines: int, expected_sha256: str | None) -> np.ndarray:
+def read_ids_npy(folder: ConfinedFolder, rows: int, corpus_lines: int, expected_sha256: str | None) -> np.ndarray:
     """ids.npy: `rows` int64 line numbers of the corpus, increasing, each below its line count."""
     name = "ids.npy"
     ids = read_small_npy(folder, name, expected_sha256, "<i8", (rows,), "int64")
@@ -117,7 +124,7 @@ def read_ids_npy(folder: Path, rows: int, corpus_lines: int, expected_sha256: st
 IVF_FILES = ("ivf_centroids.npy", "ivf_sq.npy", "ivf_lists.npy")
 
 
-def read_ivf_parts(folder: Path, rows: int, dim: int, ivf: dict, files: dict | None):
+def read_ivf_parts(folder: ConfinedFolder, rows: int, dim: int, ivf: dict, files: dict | None):
     """The IVF parts the manifest describes, each file checked: centroids [nlist, dim] and quantiser ranges
     [2 * dim] finite float32, list numbers [rows] int32 in 0..nlist-1. A tampered part that passes these
     checks can only make the index find fewer true neighbours: ids are row numbers by construction and
@@ -139,4 +146,5 @@ def read_ivf_parts(folder: Path, rows: int, dim: int, ivf: dict, files: dict | N
     return IVFParts(centroids, sq, lists, ivf["nprobe"])
 
 
-__all__ = ["IVF_FILES", "damaged", "npy_header", "open_vectors", "read_ids_npy", "read_ivf_parts", "read_small_npy"]
+__all__ = ["IVF_FILES", "damaged", "npy_header", "open_member", "open_vectors", "read_ids_npy", "read_ivf_parts",
+           "read_small_npy"]

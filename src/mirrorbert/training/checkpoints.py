@@ -9,11 +9,9 @@ reusing a checkpoint folder (`check_checkpoint_root`) and for resuming with chan
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +21,10 @@ import torch
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.writes import (MARKER, fix_folder_mode, guard_run, mark_folder, remove_tree, write_errors,
-                               write_json_atomic)
+from mirrorbert.safeguards.confined import ConfinedFolder
+from mirrorbert.safeguards.readback import stream_sha256
+from mirrorbert.safeguards.writes import (MARKER, checkpoint_stray, fix_folder_mode, guard_run, make_temporary,
+                                          mark_folder, remove_tree, write_errors, write_json_atomic)
 from mirrorbert.runtime.randomness import rng_state, set_rng_state
 from mirrorbert.training.state_format import load_legacy_pt, load_state, save_state
 
@@ -39,6 +39,9 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 BEST_MODEL = "best-model"  # gloss-pretrain keeps its best epoch here
 # Temporary folders of an interrupted write (CheckpointManager.save, gloss-pretrain's best model).
 STALE_TEMP = re.compile(r"^\.(step-\d+|best-model)\.tmp-")
+KIND = "checkpoint"  # what a refusal says a path leads out of
+META_LIMIT = 64 << 20  # checkpoint.json: the run's options and history
+MANIFEST_LIMIT = 64 << 20  # manifest.json: a name, size and SHA-256 per file
 
 
 class CheckpointDamaged(UserError):
@@ -88,43 +91,73 @@ def write_manifest(folder: str | os.PathLike) -> Path:
 
 
 # --------------------------------------------------------------------------- reading
+def checkpoint_folder(folder: str | os.PathLike, option: str = "checkpoint") -> ConfinedFolder:
+    """The reader of one `step-N` folder: every file of it, and every path its manifest names, inside it."""
+    return ConfinedFolder(folder, option, KIND)
+
+
 def verify_checkpoint(folder: str | os.PathLike) -> dict[str, Any]:
-    """Return the checkpoint's meta, or raise CheckpointDamaged naming the first bad file."""
+    """Return the checkpoint's meta, or raise CheckpointDamaged naming the first bad file (and, for a path its
+    manifest names, that path): every file read inside the folder, a regular file, JSON bounded."""
     folder = Path(folder)
-    meta_path = folder / CHECKPOINT_META
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        int(meta["step"])
-    except FileNotFoundError:
-        raise CheckpointDamaged(f"checkpoint {folder} is incomplete: {CHECKPOINT_META} is missing") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointDamaged(f"checkpoint {folder} is damaged: {meta_path} cannot be read "
-                                f"({type(exc).__name__})") from None
-    manifest_path = folder / MANIFEST
-    if not manifest_path.exists():
-        # Written by mirrorbert before manifests existed: check only that the parts are there. Unverified
-        # files run no code: the state is read with weights_only=True, the model without remote code.
-        needed = ["model"] + ([] if (folder / LEGACY_TRAINING_STATE).exists() else list(TRAINING_STATE_FILES))
+        return _verify(checkpoint_folder(folder))
+    except CheckpointDamaged:
+        raise
+    except UserError as exc:  # a refusal of the confined reader: it names the file (and the path named)
+        raise CheckpointDamaged(f"checkpoint {folder} is damaged: {str(exc).removeprefix('checkpoint ')}") from None
+
+
+def _verify(ck: ConfinedFolder) -> dict[str, Any]:
+    folder = ck.given
+    if not ck.exists(CHECKPOINT_META):
+        raise CheckpointDamaged(f"checkpoint {folder} is incomplete: {CHECKPOINT_META} is missing")
+    meta = ck.read_json(CHECKPOINT_META, limit=META_LIMIT)
+    if not isinstance(meta.get("step"), int) or isinstance(meta.get("step"), bool) or meta["step"] < 0:
+        raise CheckpointDamaged(f"checkpoint {folder} is damaged: {folder / CHECKPOINT_META} has no step")
+    if not ck.exists(MANIFEST):
+        # Written by mirrorbert before manifests existed: check only that the parts are there, inside the
+        # folder. Unverified files run no code: the state is read with weights_only=True, the model without
+        # remote code, both through the same confined reader.
+        needed = ["model"] + ([] if ck.exists(LEGACY_TRAINING_STATE) else list(TRAINING_STATE_FILES))
         for name in needed:
-            if not (folder / name).exists():
+            if not ck.exists(name):
                 raise CheckpointDamaged(f"checkpoint {folder} is incomplete: {folder / name} is missing")
+        ck.subfolder("model")
         logger.warning("checkpoint %s has no %s (older mirrorbert): its files cannot be verified", folder, MANIFEST)
         return meta
-    try:
-        files = json.loads(manifest_path.read_text(encoding="utf-8"))["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise CheckpointDamaged(f"checkpoint {folder} is damaged: {manifest_path} cannot be read") from None
-    for name, expected in files.items():
-        path = folder / name
-        if not path.is_file():
-            raise CheckpointDamaged(f"checkpoint {folder} is incomplete: {path} is missing")
-        size = path.stat().st_size
-        if size != expected.get("size"):
-            raise CheckpointDamaged(f"checkpoint {folder} is damaged: {path} has {size} bytes, "
-                                    f"{expected.get('size')} were written")
-        if _sha256(path) != expected.get("sha256"):
-            raise CheckpointDamaged(f"checkpoint {folder} is damaged: {path} does not match its SHA-256")
+    for name, (size, sha256) in _manifest_files(ck).items():
+        _check_listed(ck, name, size, sha256)
     return meta
+
+
+def _manifest_files(ck: ConfinedFolder) -> dict[str, tuple[int, str]]:
+    """The manifest's `files`: relative name -> (size, SHA-256), each entry well-formed."""
+    files = ck.read_json(MANIFEST, limit=MANIFEST_LIMIT).get("files")
+    if not isinstance(files, dict):
+        raise ck.refuse(MANIFEST, "damaged (no \"files\" object)")
+    out = {}
+    for name, entry in files.items():
+        size, sha256 = (entry.get("size"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(sha256, str):
+            raise ck.refuse(str(name)[:200], "has no size and SHA-256", named_in=MANIFEST)
+        out[name] = (size, sha256)
+    return out
+
+
+def _check_listed(ck: ConfinedFolder, name: str, size: int, sha256: str) -> None:
+    """One file the manifest lists: inside the folder, a regular file of its size and SHA-256, read once."""
+    folder = ck.given
+    ck.resolve(name, named_in=MANIFEST)  # leads out: refused naming the manifest and the path
+    if not ck.exists(name):
+        raise CheckpointDamaged(f"checkpoint {folder} is incomplete: {folder / name} is missing")
+    with os.fdopen(ck.open(name, named_in=MANIFEST), "rb") as fh:
+        actual = os.fstat(fh.fileno()).st_size
+        if actual != size:
+            raise CheckpointDamaged(f"checkpoint {folder} is damaged: {folder / name} has {actual} bytes, "
+                                    f"{size} were written")
+        if stream_sha256(fh, 1 << 20) != sha256:
+            raise CheckpointDamaged(f"checkpoint {folder} is damaged: {folder / name} does not match its SHA-256")
 
 
 def step_folders(root: str | os.PathLike) -> list[tuple[int, Path]]:
@@ -141,15 +174,17 @@ def step_folders(root: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def newest_intact(root: str | os.PathLike, set_aside: bool = False) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies; each damaged newer one is skipped with one warning.
+    """The newest checkpoint that verifies; each damaged newer one is skipped with one warning. A `step-N`
+    that is a link leading out of the root counts as damaged: the root is what the user named.
 
     With `set_aside`, a damaged one is also renamed (`step-N.damaged-<time>`, never deleted), so that it
     is never counted as the newest again and rotation cannot keep it in place of a good one.
     """
     for _, folder in step_folders(root):
         try:
+            checkpoint_folder(root, "checkpoint").subfolder(folder.name)
             return folder, verify_checkpoint(folder)
-        except CheckpointDamaged as exc:
+        except UserError as exc:  # CheckpointDamaged, or a step-N leading out of the root
             aside = set_aside_damaged(folder) if set_aside else None
             logger.warning("skipping %s%s", exc, f"; set aside as {aside.name}" if aside else "")
     return None
@@ -271,7 +306,7 @@ class CheckpointManager:
             if not (self.root / MARKER).exists():
                 mark_folder(self.root)
             remove_stale_temps(self.root)
-            tmp = Path(tempfile.mkdtemp(prefix=f".step-{step}.tmp-", dir=self.root))
+            tmp = make_temporary(self.root / f"step-{step}", folder=True)
         final = self.root / f"step-{step}"
         try:
             with write_errors(self.root / f"step-{step}", "--checkpoint-dir"):
@@ -313,7 +348,13 @@ class CheckpointManager:
         """
         steps = sorted(s for s in self.all_steps() if s < current)
         for step in steps[: max(0, len(steps) + 1 - max(1, self.keep))]:
-            remove_tree(self.root / f"step-{step}")
+            folder = self.root / f"step-{step}"
+            stray = checkpoint_stray(folder)
+            if stray is not None:  # not provably ours: left where it is
+                logger.warning("--checkpoint-dir: %s is not a checkpoint mirrorbert can prove it wrote (%s); "
+                               "left in place", folder, stray)
+                continue
+            remove_tree(folder)
 
     def all_steps(self) -> list[int]:
         return [step for step, _ in step_folders(self.root)]
@@ -371,12 +412,15 @@ def restore_training_state(ckpt: Checkpoint, optimizer, scheduler=None, scaler=N
 
 def read_training_state(folder: Path, option: str = "--resume") -> dict[str, Any]:
     """The state `CheckpointManager.save` wrote; an older `training_state.pt` only through
-    `torch.load(weights_only=True)` (a pickle asking for anything but tensors and plain values is refused)."""
+    `torch.load(weights_only=True)` (a pickle asking for anything but tensors and plain values is refused).
+    Either is read only inside the checkpoint folder, a regular file (`checkpoint_folder`)."""
     folder = Path(folder)
-    if all((folder / name).exists() for name in TRAINING_STATE_FILES):
+    ck = checkpoint_folder(folder, f"{option}")
+    if all(ck.exists(name) for name in TRAINING_STATE_FILES):
         state = load_state(folder, TRAINING_STATE, f"{option} {folder}")
-    elif (folder / LEGACY_TRAINING_STATE).exists():
-        state = load_legacy_pt(folder / LEGACY_TRAINING_STATE, f"{option} {folder}")
+    elif ck.exists(LEGACY_TRAINING_STATE):
+        state = load_legacy_pt(ck.check_file(LEGACY_TRAINING_STATE), f"{option} {folder}",
+                               shown=folder / LEGACY_TRAINING_STATE)
     else:
         raise UserError(f"{option} {folder}: checkpoint is incomplete: {folder / TRAINING_STATE_FILES[0]} is missing")
     if not isinstance(state, dict) or not isinstance(state.get("optimizer"), dict) or not isinstance(

@@ -127,11 +127,14 @@ class Engine:
         self.stop_at = total_steps if stop_at is None else min(total_steps, stop_at)
         self.dist = dist or _SingleProcess()
         self.desc, self.show_progress = desc, show_progress
+        self.resumed_from: Path | None = None
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> Outcome:
         from mirrorbert.reporting.progress import progress_bar
 
+        # a run that starts past step 0 from a checkpoint resumes it (the methods set both before running)
+        self.resumed_from = self.last_checkpoint if self.step and self.last_checkpoint is not None else None
         progress = progress_bar(total=self.total_steps, initial=self.step, show=self.show_progress and self.dist.is_main,
                                 desc=self.desc, unit="step")
         agreed = NO_SIGNAL
@@ -220,12 +223,29 @@ class Engine:
             except (OSError, UserError) as exc:
                 raise UserError(f"--output {output}: the model cannot be written there ({first_line(exc)}); "
                                 f"{self._keep_state(write_into, resumable)}") from None
+            self._say_what_is_left()
             return Path(output)
 
         # A SIGTERM now waits for the save on every process (the weights are trained: stopping now would
         # lose them); a second Ctrl-C still aborts.
         with InterruptFlag("finishing the save first"):
             return self.dist.on_main(work, Path(output))
+
+    def _say_what_is_left(self) -> None:
+        """After the model is written: the checkpoints this run leaves, and (after a resume) the folder it
+        resumed from, which a finished run neither needs nor removes."""
+        if not self.checkpointing and self.resumed_from is None:
+            return
+        root = self.checkpoints.root
+        steps = sorted(self.checkpoints.all_steps()) if root.is_dir() else []
+        line = (f"checkpoints left in {root}: {', '.join(f'step-{s}' for s in steps)} (--keep-checkpoints "
+                f"{self.checkpoints.keep}); remove the folder once the model is safe" if steps else "")
+        old_root = self.resumed_from.parent if self.resumed_from is not None else None
+        if old_root is not None and old_root.resolve() != root.resolve() and old_root.is_dir():
+            line += ("; " if line else "") + (f"the checkpoints this run resumed from, in {old_root}, are left as "
+                                              "they were: remove them once no run needs to resume from them")
+        if line:
+            logger.info(line)
 
     def _keep_state(self, write_into: Callable[[Path], None], resumable: bool) -> str:
         hint = "write it elsewhere with the same command plus --resume {} --output OTHER"

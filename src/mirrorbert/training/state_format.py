@@ -13,7 +13,6 @@ naming the file, never run.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -24,6 +23,7 @@ from mirrorbert.errors import UserError
 
 FORMAT = "mirrorbert-training-state"
 VERSION = 1
+JSON_LIMIT = 64 << 20  # the state's structure (the tensors are in the .safetensors file)
 # Markers of the JSON encoding; a plain dict whose keys collide with them is written as pairs.
 _TENSOR, _NDARRAY, _TUPLE, _PAIRS, _FLOAT = "__tensor__", "__ndarray__", "__tuple__", "__pairs__", "__float__"
 _MARKERS = {_TENSOR, _NDARRAY, _TUPLE, _PAIRS, _FLOAT}
@@ -123,21 +123,29 @@ def save_state(folder: str | os.PathLike, stem: str, state: Any) -> tuple[Path, 
 
 
 def load_state(folder: str | os.PathLike, stem: str, option: str) -> Any:
-    """What `save_state` wrote, or one UserError naming the damaged file."""
+    """What `save_state` wrote, or one UserError naming the damaged file. Both files are read only inside
+    `folder` (`safeguards.confined`: no link out, no FIFO or device, the JSON bounded in size and depth)."""
     from safetensors.torch import load_file
+
+    from mirrorbert.safeguards.confined import ConfinedFolder
 
     folder = Path(folder)
     tensor_file, json_file = folder / f"{stem}.safetensors", folder / f"{stem}.json"
     try:
-        data = json.loads(json_file.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or data.get("format") != FORMAT or "state" not in data:
+        ck = ConfinedFolder(folder, "checkpoint", "checkpoint")
+        data = ck.read_json(json_file.name, limit=JSON_LIMIT)
+        real_tensor_file = ck.check_file(tensor_file.name)
+    except UserError as exc:  # its line names the file; the option is the caller's
+        raise UserError(f"{option}: {str(exc).removeprefix('checkpoint ')}") from None
+    try:
+        if data.get("format") != FORMAT or "state" not in data:
             raise ValueError("not a mirrorbert training state")
         if data.get("version") != VERSION:
             raise ValueError(f"format version {data.get('version')!r}, this mirrorbert reads {VERSION}")
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except ValueError as exc:
         raise UserError(f"{option}: {json_file} cannot be read ({_first_line(exc)})") from None
     try:
-        tensors = load_file(str(tensor_file), device="cpu")
+        tensors = load_file(str(real_tensor_file), device="cpu")
     except Exception as exc:  # noqa: BLE001  safetensors raises its own error type for a damaged file
         raise UserError(f"{option}: {tensor_file} cannot be read ({_first_line(exc)})") from None
     try:
@@ -157,16 +165,17 @@ def legacy_safe_globals() -> list[Any]:
     return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
-def load_legacy_pt(path: str | os.PathLike, option: str) -> Any:
+def load_legacy_pt(path: str | os.PathLike, option: str, shown: str | os.PathLike | None = None) -> Any:
     """A `.pt` of older mirrorbert through `torch.load(weights_only=True)`: tensors and plain values only.
 
     A pickle that would build any other object (the way a crafted file runs code) is refused in one line.
+    `path` is the file as checked by the caller's confined reader; `shown` the name the refusal gives it.
     """
     import pickle
 
     import torch
 
-    path = Path(path)
+    read, path = Path(path), Path(shown if shown is not None else path)
 
     def refused(why: str) -> UserError:
         return UserError(f"{option}: {path} is a pickle that asks for more than tensors and plain values ({why}); "
@@ -174,13 +183,13 @@ def load_legacy_pt(path: str | os.PathLike, option: str) -> Any:
 
     with torch.serialization.safe_globals(legacy_safe_globals()):
         try:  # the globals it names, found without unpickling anything
-            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(read)
         except Exception:  # noqa: BLE001  not torch's zip format: the weights-only load below decides
             unsafe = []
         if unsafe:
             raise refused(f"it names {', '.join(unsafe[:3])}")
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(read, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:
             raise refused("torch's weights-only unpickler refused it") from None
         except Exception as exc:  # noqa: BLE001  a truncated or foreign file raises many types
