@@ -459,7 +459,9 @@ def test_mean_loss_of_last_epoch(tiny_bert, tmp_path, corpus, monkeypatch):
     assert len(losses) == 2 * per_epoch
     expected = sum(losses[per_epoch:]) / per_epoch
     assert result.info["mean_loss_last_epoch"] == pytest.approx(expected)
-    assert result.final_loss == pytest.approx(losses[-1])
+    # final_loss: the mean of the last min(50, steps per epoch) steps, here the last epoch; the last batch apart
+    assert result.final_loss == pytest.approx(expected) and result.final_loss_window_steps == per_epoch
+    assert result.last_batch_loss == pytest.approx(losses[-1])
     saved = json.loads((tmp_path / "out" / "mirrorbert.json").read_text())
     assert saved["training"]["mean_loss_last_epoch"] == pytest.approx(expected)
 

@@ -20,8 +20,10 @@ TRIPLETS = ("bank\tthe bank raised interest rates again\ta financial institution
             "cat\tthe cat sat on the mat\ta small domesticated feline animal\n"
             "dog\ta dog ran in the park\ta domesticated carnivorous mammal kept as a pet\n"
             "fox\tthe quick brown fox jumps over the lazy dog\ta wild animal of the dog family\n")
-# Types torch.onnx's exporter cannot trace, with the reason `export` gives.
-NOT_EXPORTABLE: dict[str, str] = {}
+# Types whose export is refused in one line, and why: YOSO's hashed attention traces into a graph whose vectors differ
+# from PyTorch's (cosine 0.9995 < 0.9999); Funnel's
+# pooling keeps the traced sequence length, which the parity check's second batching shows.
+NOT_EXPORTABLE = {"yoso": "differ from PyTorch", "funnel": "other shapes than the traced example"}
 
 
 def _build(model_type: str, folder):
@@ -88,7 +90,7 @@ def _packs_here(model_type: str) -> bool:
 
 
 @pytest.mark.slow
-def test_exports_to_onnx(trained, tmp_path, caplog):
+def test_exports_to_onnx(trained, tmp_path, caplog, capsys):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     from mirrorbert.encoder.export import ExportedEncoder
@@ -99,6 +101,9 @@ def test_exports_to_onnx(trained, tmp_path, caplog):
         status = main(["export", "--model", str(out), "--output", str(served), "--format", "onnx"])
     if model_type in NOT_EXPORTABLE:
         assert status == 2
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.startswith("mirrorbert: error:")]
+        assert len(lines) == 1 and NOT_EXPORTABLE[model_type] in lines[0] and "Traceback" not in err
         return
     assert status == 0
     exported = ExportedEncoder.load(served, "onnx").encode(CORPUS)

@@ -82,6 +82,11 @@ def test_resume_reproduces_uninterrupted_run(tiny_bert, tsv, tmp_path):
     a = AutoModelForMaskedLM.from_pretrained(tmp_path / "a").state_dict()
     b = AutoModelForMaskedLM.from_pretrained(tmp_path / "b").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # and so are the reported losses: the window (one epoch: 5 steps) and the epoch mean reach back before step 9
+    info_a, info_b = (loads_strict((tmp_path / n / "gr_training.json").read_text()) for n in "ab")
+    losses = ("final_loss", "final_loss_window_steps", "last_batch_loss", "mean_loss_last_epoch")
+    assert [info_b[k] for k in losses] == [info_a[k] for k in losses] and info_a["final_loss_window_steps"] == 5
+    assert info_a["final_loss"] == info_a["mean_loss_last_epoch"] != info_a["last_batch_loss"]
     # Resuming with other triplets is refused.
     other = tmp_path / "other.tsv"
     other.write_text("".join(f"{w}\t{s}\t{g}\n" for w, s, g in ROWS[:-1]), encoding="utf-8")

@@ -402,8 +402,15 @@ def same_files(ctx: Context, result: Result) -> str | None:
     return None
 
 
+# What a saved model folder publishes (tests/publish checks the list against a real save): the case ids are
+# known without building a model, so the table can be listed before its environment exists.
+SAVED_FILES = ("1_Pooling/config.json", "README.md", "config.json", "config_sentence_transformers.json",
+               "mirrorbert.json", "model.safetensors", "modules.json", "sentence_bert_config.json",
+               "tokenizer.json", "tokenizer_config.json")
+
+
 def cases(env: dict) -> list[FileCase]:
-    files = saved_files(saved_model(env))
+    files = list(SAVED_FILES)
     return [
         *_file_cases(files),
         *_card_field_cases(),

@@ -240,3 +240,77 @@ def test_tensorboard_scalars_are_written(tiny_bert, data_file, tmp_path):
     acc = EventAccumulator(str(tmp_path / "logs"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("loss")] == [1, 2]
+
+
+# --------------------------------------------------------------------------- reported losses
+@pytest.fixture
+def short_batch_data(tmp_path, corpus):
+    """10 strings in batches of 4: every epoch is 4, 4 and a short 2."""
+    path = tmp_path / "ten.txt"
+    path.write_text("\n".join(corpus[:10]) + "\n", encoding="utf-8")
+    return path
+
+
+def _recording_losses(monkeypatch) -> list[float]:
+    import mirrorbert.mirror.step as step_module
+
+    losses, real = [], step_module.mirror_step_loss
+
+    def spy(*args):
+        loss = real(*args)
+        losses.append(loss.item())
+        return loss
+
+    monkeypatch.setattr(step_module, "mirror_step_loss", spy)
+    return losses
+
+
+def test_final_loss_is_a_window_mean_not_the_short_last_batch(tiny_bert, short_batch_data, tmp_path, monkeypatch):
+    losses = _recording_losses(monkeypatch)
+    result = train(cfg_for(tiny_bert, short_batch_data, tmp_path / "out", epochs=2))
+    assert len(losses) == 6  # 3 batches an epoch: the window is one epoch (fewer steps than WINDOW_STEPS)
+    window = losses[-3:]
+    assert result.final_loss == sum(window) / 3 and result.final_loss_window_steps == 3
+    assert result.last_batch_loss == losses[-1] != result.final_loss
+    saved = json.loads((tmp_path / "out" / "mirrorbert.json").read_text())["training"]
+    assert (saved["final_loss"], saved["final_loss_window_steps"], saved["last_batch_loss"]) == \
+        (result.final_loss, 3, losses[-1])
+    assert saved["mean_loss_last_epoch"] == sum(losses[3:]) / 3
+
+
+@pytest.mark.parametrize("stop", [4, 5])
+def test_resumed_run_reports_the_losses_of_the_straight_run(tiny_bert, short_batch_data, tmp_path, monkeypatch, stop):
+    """Checkpoint inside epoch 1 (after 1 or 2 of its 3 batches), resume to its end: the epoch mean covers the
+    whole epoch, the window reaches back before the resume, and every loss field is the straight run's."""
+    losses = _recording_losses(monkeypatch)
+    kw = dict(steps=6, schedule="linear", warmup_steps=1)
+    straight = train(cfg_for(tiny_bert, short_batch_data, tmp_path / "straight", save_every=stop, **kw))
+    assert len(losses) == 6 and straight.info["mean_loss_last_epoch"] == sum(losses[3:]) / 3
+    resumed = train(cfg_for(tiny_bert, short_batch_data, tmp_path / "resumed",
+                            resume=str(tmp_path / "straight.checkpoints" / f"step-{stop}"), **kw))
+    assert len(losses) == 6 + 6 - stop  # only the steps after the checkpoint ran again
+    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+    for key in ("final_loss", "final_loss_window_steps", "last_batch_loss", "mean_loss_last_epoch"):
+        assert resumed.info[key] == straight.info[key], key
+    assert resumed.info["collapse"]["first_loss"] == straight.info["collapse"]["first_loss"] == losses[0]
+
+
+def test_loss_record_window_and_damaged_state():
+    from mirrorbert.training.loss_record import WINDOW_STEPS, LossRecord
+
+    record = LossRecord(steps_per_epoch=1000)
+    for i in range(120):
+        record.add(float(i))
+    assert record.window == WINDOW_STEPS == 50 and record.final == sum(range(70, 120)) / 50
+    again = LossRecord(steps_per_epoch=1000)
+    again.restore({"losses": record.state()}, "--resume ckpt")
+    assert again.fields() == record.fields()
+    record.finish()
+    assert record.mean_last_epoch == sum(range(120)) / 120
+    old = LossRecord(3)  # a checkpoint of older mirrorbert: the last loss, the first, the last epoch's mean
+    old.restore({"loss": 0.5, "first_loss": 2.0, "mean_loss_last_epoch": 1.0}, "--resume ckpt")
+    assert (old.final, old.first, old.mean_last_epoch) == (0.5, 2.0, 1.0)
+    for bad in ({"recent": "x", "epoch_steps": 0}, {"recent": [None], "epoch_steps": 0},
+                {"recent": [1.0], "epoch_steps": 1, "first": "nan"}, [1.0]):
+        with pytest.raises(UserError, match=r"--resume ckpt: the training state is damaged"):
+            LossRecord(3).restore({"losses": bad}, "--resume ckpt")

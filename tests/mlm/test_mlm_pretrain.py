@@ -106,6 +106,9 @@ def test_resume_is_exact(tmp_path, toy_corpus, tiny_bert):
         return [{k: v for k, v in h.items() if k != "tokens_per_s"} for h in history]
 
     assert curve(resumed.history) == curve(full.history)
+    # train_loss: the mean of the last logging window, named (steps 6-8 after the line at step 5)
+    assert (resumed.train_loss, resumed.train_loss_window_steps) == (full.train_loss, 3)
+    assert json.loads((Path(full.output) / INFO_FILE).read_text())["train_loss_window_steps"] == 3
 
 
 def test_resume_refuses_changed_data_order(tmp_path, toy_corpus, tiny_bert):

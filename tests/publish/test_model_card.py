@@ -73,6 +73,7 @@ def test_train_eval_after_puts_scores_in_card_and_json(tiny_bert, data_file, sts
         "## Training Details", "### Training Dataset", "### Training Hyperparameters", "### Metrics",
         "- **Training Method:** Mirror-BERT", f"- dataset_size:{data['strings']}", "- mirror-bert",
         "@inproceedings{lin-etal-2022-improving",
+        f"- final loss (mean of the last 2 steps): {meta['training']['final_loss']}",
     ):
         assert expected in card, expected
 
@@ -206,7 +207,7 @@ def test_saved_model_loads_without_newly_initialized_pooler(tiny_bert, tmp_path)
     log, _ = _load_log(tiny_bert)
     assert "pooler.dense.weight" in log and "newly initialized" in log
     enc = Encoder.load(tiny_bert, pooling="cls", device="cpu")
-    assert enc.model.pooler is None and not any("pooler" in n for n, _ in enc.named_parameters())
+    assert not any("pooler" in n for n, _ in enc.named_parameters())  # taken out: nothing of it trains
     out = enc.save(tmp_path / "saved")
     log, model = _load_log(out)
     assert "MISSING" not in log and "newly initialized" not in log and "pooler" not in log

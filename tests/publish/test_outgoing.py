@@ -246,3 +246,17 @@ def test_the_card_reads_through_a_confined_folder(model):
 
 def test_public_name_of_a_name_no_filesystem_takes():
     assert public_name("a" * 5000) == "a" * 5000 and public_name("x\0y") == "x\0y"
+
+
+def test_the_push_table_lists_every_file_a_saved_folder_publishes(tmp_path, tiny_bert):
+    """tests/hostile_files/cases_push.py names the files of a saved folder without building one."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from hostile_files.cases_push import SAVED_FILES, saved_files
+
+    from mirrorbert.encoder.model import Encoder
+
+    folder = Encoder.load(tiny_bert, device="cpu").save(tmp_path / "saved")
+    assert tuple(saved_files(folder)) == SAVED_FILES

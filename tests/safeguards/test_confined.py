@@ -172,6 +172,9 @@ def test_auto_map_in_a_module_folder_needs_trust(saved):
 @pytest.mark.parametrize("kind, allowed", [
     ("sentence_transformers.models.Pooling", True), ("sentence_transformers.models.Transformer", True),
     ("sentence_transformers.sparse_encoder.models.SpladePooling", True),
+    ("sentence_transformers.base.modules.transformer.Transformer", True),
+    ("sentence_transformers.base.modules.transformer.os.system", False),
+    ("sentence_transformers.base.modules.Pooling.x.Y", False),
     ("sentence_transformers.util.misc.import_from_string", False), ("sentence_transformers.SentenceTransformer", False),
     ("sentence_transformers.models.os.system", False), ("evilpkg.models.Pooling", False), (None, False),
 ])

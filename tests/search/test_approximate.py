@@ -89,7 +89,38 @@ def test_the_auto_rule_and_the_defaults():
     assert resolve_index_type("auto", 10 * AUTO_IVF_ROWS, False) == "exact"  # no faiss: an exact scan
     assert resolve_index_type("exact", 10 * AUTO_IVF_ROWS, True) == "exact"
     assert default_nlist(1_000_000) == 4000 and default_nlist(6) == 1 and default_nlist(2000) == 2000 // 40
-    assert default_nprobe(4000) == 80 and default_nprobe(10) == 10 and default_nprobe(100) == 32
+    # 4 x sqrt(nlist) (real sentence vectors, benchmarks/ivf_recall.py): every list up to 16, never more than nlist
+    assert default_nprobe(4000) == 253 and default_nprobe(665) == 103 and default_nprobe(100) == 40
+    assert default_nprobe(16) == 16 and default_nprobe(17) == 16 and default_nprobe(10) == 10
+    assert default_nprobe(1) == 1
+
+
+def test_nprobe_is_set_per_search_and_refused_where_no_lists_are_scanned(data):
+    from mirrorbert.errors import UserError
+    from mirrorbert.search.exact import search
+
+    keys, queries = data
+    index = SearchIndex.from_vectors(keys, index_type="ivf")
+    nlist = index.approximate.parts.nlist
+    ids = lambda hits: [[h.corpus_id for h in row] for row in hits]  # noqa: E731
+    truth = ids(index.search_vectors(queries, 10, use_faiss=False))
+    default = ids(index.search_vectors(queries, 10))
+    one, every = ids(index.search_vectors(queries, 10, nprobe=1)), ids(index.search_vectors(queries, 10, nprobe=nlist))
+    assert recall_at_10(every, truth) == 1.0 > recall_at_10(one, truth)  # every list scanned: exact hits
+    assert ids(index.search_vectors(queries, 10)) == default  # nothing sticks: the index's own nprobe again
+    bad = {0: "must be an integer >= 1", -2: "must be an integer >= 1", 2.5: "must be an integer >= 1",
+           True: "must be an integer >= 1", "3": "must be an integer >= 1", nlist + 1: f"has {nlist} lists"}
+    for nprobe, message in bad.items():
+        with pytest.raises(UserError, match=message):
+            index.search_vectors(queries, 10, nprobe=nprobe)
+    with pytest.raises(UserError, match="use_faiss=False"):
+        index.search_vectors(queries, 10, nprobe=2, use_faiss=False)
+    with pytest.raises(UserError, match="quantize='int8'"):
+        index.search_vectors(queries, 10, nprobe=2, quantize="int8")
+    with pytest.raises(UserError, match="is exact"):
+        SearchIndex.from_vectors(keys).search_vectors(queries, 10, nprobe=2)
+    with pytest.raises(UserError, match="is exact"):  # a corpus of strings: refused before anything is encoded
+        search(None, ["a query"], ["a corpus string"], nprobe=2)
 
 
 # ----------------------------------------------------------------------------- the command line
@@ -139,6 +170,64 @@ def test_nprobe_is_refused_for_an_exact_index(capsys, tiny_bert, tmp_path):
     code, _, err = run(capsys, ["index", "--model", tiny_bert, "--corpus", tmp_path / "x.txt", "--output",
                                 tmp_path / "i", "--index-type", "exact", "--nprobe", "4"])
     assert code == 2 and "--nprobe" in err and err.count("mirrorbert: error:") == 1
+
+
+@pytest.fixture
+def two_list_index(capsys, tiny_bert, tmp_path):
+    """An IVF index of 100 lines: 2 lists (at least 40 training rows each), both scanned by default."""
+    corpus = tmp_path / "corpus.txt"
+    topics = ["the weather", "a football match", "the stock market", "a new film", "the heart"]
+    corpus.write_text("".join(f"line {i} is about {topics[i % 5]} and {i * 7 % 13} more\n" for i in range(100)),
+                      encoding="utf-8")
+    index = tmp_path / "built"
+    code, out, err = run(capsys, ["index", "--model", tiny_bert, "--corpus", corpus, "--output", index,
+                                  "--index-type", "ivf", "--no-progress"])
+    assert code == 0, err
+    assert {k: json.loads(out)[k] for k in ("nlist", "nprobe")} == {"nlist": 2, "nprobe": 2}
+    return index
+
+
+def test_search_nprobe_sets_the_lists_scanned_at_query_time(capsys, tiny_bert, two_list_index):
+    common = ["search", "--index", two_list_index, "--model", tiny_bert, "--top-k", "5", "--no-progress",
+              "--query", "the weather today", "--query", "stock prices"]
+    code_a, exact_scan, _ = run(capsys, [*common, "--faiss", "no"])
+    code_b, both_lists, _ = run(capsys, [*common, "--nprobe", "2"])
+    code_c, one_list, err = run(capsys, [*common, "--nprobe", "1"])
+    assert code_a == code_b == code_c == 0, err
+    assert hits(both_lists) == hits(exact_scan)  # every list scanned: the exact hits
+    assert all(len(row) == 5 for row in hits(one_list))  # one list of ~50 rows: still 5 hits, exactly scored
+    for hit in (h for row in hits(one_list) for h in row):
+        assert hit in [h for row in hits(exact_scan) for h in row] or hit["score"] <= hits(exact_scan)[0][0]["score"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--nprobe", "3"], "has 2 lists; choose 1 to 2"),
+    (["--nprobe", "0"], "--nprobe 0: must be an integer >= 1"),
+    (["--nprobe", "1", "--faiss", "no"], "--nprobe with --faiss no"),
+    (["--nprobe", "1", "--quantize", "int8"], "--nprobe with --quantize int8"),
+])
+def test_search_nprobe_refusals_are_one_line(capsys, tiny_bert, two_list_index, extra, message):
+    code, out, err = run(capsys, ["search", "--index", two_list_index, "--model", tiny_bert, "--query", "x",
+                                  "--no-progress", *extra])
+    assert code == 2 and out == "" and err.count("mirrorbert: error:") == 1 and message in err, err
+
+
+def test_search_nprobe_needs_an_approximate_index(capsys, tiny_bert, tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(CORPUS)
+    index = tmp_path / "exact"
+    assert run(capsys, ["index", "--model", tiny_bert, "--corpus", corpus, "--output", index, "--index-type",
+                        "exact", "--no-progress"])[0] == 0
+    from mirrorbert.encoder.model import Encoder
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before --nprobe was checked")
+
+    monkeypatch.setattr(Encoder, "load", no_model)
+    code, _, err = run(capsys, ["search", "--index", index, "--model", tiny_bert, "--query", "x", "--nprobe", "4"])
+    assert code == 2 and err.count("mirrorbert: error:") == 1 and f"--index {index} is exact" in err, err
+    code, _, err = run(capsys, ["search", "--corpus", corpus, "--model", tiny_bert, "--query", "x", "--nprobe", "4"])
+    assert code == 2 and "--nprobe applies to an approximate --index" in err, err
 
 
 def _npy(array) -> bytes:

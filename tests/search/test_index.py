@@ -200,3 +200,128 @@ def test_an_index_s_texts_are_read_when_a_hit_needs_them_not_held(capsys, tiny_b
     hit = index.search_vectors(index.vectors[2:3], 1)[0][0]
     assert (hit.corpus_id, hit.text) == (2, lines[2])
     index.texts.close()
+
+
+def test_search_index_without_model_uses_the_model_its_manifest_names(capsys, tiny_bert, tiny_roberta, corpus,
+                                                                     tmp_path, monkeypatch):
+    """--model may be left out: the manifest names the model (a local folder by its absolute path, so a search
+    from another folder finds it), checked against the manifest's fingerprint as a --model is."""
+    (tmp_path / "work").mkdir()
+    shutil.copytree(tiny_bert, tmp_path / "work" / "models" / "tiny")
+    monkeypatch.chdir(tmp_path / "work")
+    assert run(capsys, ["index", "--model", "models/tiny", "--corpus", corpus, "--output", tmp_path / "index",
+                        "--skip-bad-lines", "--no-progress"])[0] == 0
+    manifest = json.loads((tmp_path / "index" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["model"] == str((tmp_path / "work" / "models" / "tiny").resolve())
+    monkeypatch.chdir(tmp_path)  # elsewhere: models/tiny is not here, the manifest's absolute path is
+    queries = [a for q in QUERIES for a in ("--query", q)]
+    search = ["search", "--index", tmp_path / "index", "--top-k", "3", "--no-progress", *queries]
+    code, without, err = run(capsys, search)
+    assert code == 0, err
+    code, named, _ = run(capsys, search + ["--model", tiny_bert])
+    assert code == 0 and hits(without) == hits(named) and len(hits(without)) == 3
+    code, _, err = run(capsys, search + ["--model", tiny_roberta])  # --model stays checked
+    assert code == 2 and "built by another model" in err and err.count("mirrorbert: error:") == 1
+    # trust to run code is given to a model the user names, never to the one a folder names
+    code, _, err = run(capsys, search + ["--trust-remote-code"])
+    assert code == 2 and "--trust-remote-code with --index needs --model" in err
+    # the named folder now holds another model: refused before any weight loads
+    shutil.rmtree(tmp_path / "work" / "models" / "tiny")
+    shutil.copytree(tiny_roberta, tmp_path / "work" / "models" / "tiny")
+    code, _, err = run(capsys, search)
+    assert code == 2 and "the model it names" in err and "changed since the index was built" in err
+    # ... or nothing: one line saying so, and --model answers
+    shutil.rmtree(tmp_path / "work" / "models")
+    code, _, err = run(capsys, search)
+    assert code == 2 and err.count("mirrorbert: error:") == 1
+    assert "manifest.json names the model" in err and "no such folder" in err and "--model" in err
+    assert run(capsys, search + ["--model", tiny_bert])[0] == 0
+    code, _, err = run(capsys, ["search", "--corpus", corpus, "--query", "x"])  # without --index it is needed
+    assert code == 2 and "--model: must be given to encode --corpus" in err
+
+
+@pytest.mark.parametrize("name", ["runs/minilm-mirorr", "./minilm", "runs/a/b", "~/models/minilm", "minilm/",
+                                  "my model"])
+def test_a_path_like_model_that_is_not_there_is_no_such_folder(capsys, tiny_bert, tmp_path, monkeypatch, name):
+    """Only `name` and `org/name` are Hub ids; a mistyped folder gets "no such folder", in every command and
+    with or without --index (not "another model" or "the hub is unreachable")."""
+    (tmp_path / "runs").mkdir()  # `runs/minilm-mirorr`: its first part is a local folder
+    monkeypatch.chdir(tmp_path)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat\na dog ran\nrain tomorrow\n", encoding="utf-8")
+    assert run(capsys, ["index", "--model", tiny_bert, "--corpus", texts, "--output", "index", "--no-progress"])[0] == 0
+    for argv in (["search", "--index", "index", "--query", "x"], ["search", "--corpus", texts, "--query", "x"],
+                 ["encode", "--input", texts, "--output", "v.npy"],
+                 ["train", "--data", texts, "--output", "out", "--no-progress"]):
+        code, _, err = run(capsys, argv + ["--model", name])
+        assert code == 2 and err.strip().splitlines()[-1] == f"mirrorbert: error: --model {name}: no such folder", \
+            (argv, err)
+
+
+@pytest.mark.parametrize("name", ["minilm-mirorr", "someone/minilm-mirorr"])
+def test_a_hub_like_model_name_is_looked_up_on_the_hub(capsys, corpus, tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)  # no folder `someone` here: `someone/x` reads as a Hub id
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run(capsys, ["encode", "--model", name, "--input", corpus, "--output", "v.npy", "--skip-bad-lines"])
+    assert code == 2 and f"--model {name}: not a local folder and the Hugging Face hub is unreachable" in err
+
+
+def test_which_model_names_are_paths(tmp_path, monkeypatch):
+    from mirrorbert.safeguards.preflight import looks_like_path
+
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for name in ("./m", "../m", "/abs/m", "~/m", ".m", "m/", "a/b/c", "runs/m", "a\\b", "my model", "m:1"):
+        assert looks_like_path(name), name
+    for name in ("bert-base-uncased", "sentence-transformers/all-MiniLM-L6-v2", "org/name", "m.v2_x"):
+        assert not looks_like_path(name), name
+
+
+@pytest.mark.parametrize("named", ["/dev/zero", "fifo", "file", "dangling-link"])
+def test_a_manifest_naming_a_model_that_is_no_folder_is_refused_unopened(capsys, tiny_bert, tmp_path, monkeypatch,
+                                                                          named):
+    """Without --model the manifest names the model and its fingerprint alike; a stranger's manifest naming a
+    device, a FIFO or a file (fingerprint `hub:<name>`, which it can also write) must not get it opened."""
+    import os
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat\na dog ran\nrain tomorrow\n", encoding="utf-8")
+    assert run(capsys, ["index", "--model", tiny_bert, "--corpus", texts, "--output", tmp_path / "index",
+                        "--no-progress"])[0] == 0
+    target = {"/dev/zero": "/dev/zero"}.get(named, str(tmp_path / named))
+    if named == "fifo":
+        os.mkfifo(target)
+    elif named == "file":
+        (tmp_path / "file").write_text("{}", encoding="utf-8")
+    elif named == "dangling-link":
+        os.symlink(tmp_path / "nowhere", target)
+    manifest_path = tmp_path / "index" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest.update(model=target, model_sha256=f"hub:{target}")
+    manifest_path.write_text(json.dumps(manifest), encoding="utf-8")
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k))
+    code, _, err = run(capsys, ["search", "--index", tmp_path / "index", "--query", "x"])
+    assert code == 2 and err.count("mirrorbert: error:") == 1 and "manifest.json names the model" in err, err
+    assert "not a folder" in err or "no such folder" in err
+    assert target not in opened
+
+
+@pytest.mark.parametrize("kind", ["fifo", "file"])
+def test_a_model_that_is_a_file_is_refused_unread(capsys, tmp_path, monkeypatch, kind):
+    """A model is a folder or a Hub id: a file (read as a config) or a FIFO (which would block) gets one line."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat\na dog ran\n", encoding="utf-8")
+    if kind == "fifo":
+        os.mkfifo("model")
+    else:
+        (tmp_path / "model").write_text("{}", encoding="utf-8")
+    for argv in (["encode", "--input", texts, "--output", "v.npy"], ["search", "--corpus", texts, "--query", "x"]):
+        code, _, err = run(capsys, argv + ["--model", "model"])
+        assert code == 2 and err.strip().splitlines()[-1] == ("mirrorbert: error: --model model: not a folder (a model "
+                                                              "is a folder of config, tokenizer and weight files, or a "
+                                                              "Hugging Face hub id)"), err

@@ -37,7 +37,7 @@ def run_export(args) -> int:
     check_export_packages(opts.formats)  # before the model loads
     with WritePlan({"--model": opts.model}, overwrite=opts.overwrite).folder("--output", opts.output).locked():
         from mirrorbert.encoder.model import Encoder
-        from mirrorbert.encoder.export import write_export
+        from mirrorbert.encoder.export import ExportMismatch, write_export
 
         encoder = Encoder.load(opts.model, pooling=opts.pooling, device="cpu", max_length=opts.max_length,
                                trust_remote_code=opts.trust_remote_code, cli=True)
@@ -46,10 +46,8 @@ def run_export(args) -> int:
         with atomic_output_dir(opts.output, overwrite=opts.overwrite, kind="export") as tmp:
             try:
                 record = write_export(encoder, tmp, opts.formats, opts.opset)
-            except RuntimeError as exc:
-                if "differ from PyTorch" in str(exc):
-                    raise UserError(f"--model {opts.model}: {exc}; nothing written") from None
-                raise
+            except ExportMismatch as exc:
+                raise UserError(f"--model {opts.model}: {exc}; nothing written") from None
     print(jsonio.dumps({"output": str(opts.output), **{k: record[k] for k in (
         "formats", "files", "pooling", "dim", "parity_min_cosine", "sentence_transformers_backend")}}, indent=2))
     return 0

@@ -75,7 +75,8 @@ def run_pretrain(args) -> int:
         return 0
     summary = {
         "output": str(result.output), "steps": result.steps, "tokens": result.tokens,
-        "train_loss": result.train_loss, "train_accuracy": result.train_accuracy,
+        "train_loss": result.train_loss, "train_loss_window_steps": result.train_loss_window_steps,
+        "train_accuracy": result.train_accuracy,
         "eval_loss": result.eval_loss, "eval_accuracy": result.eval_accuracy,
         "tokens_per_s": round(result.tokens_per_s, 1), "wall_time_s": round(result.wall_time_s, 1),
     }

@@ -22,11 +22,13 @@ def add_search_parser(sub) -> None:
         description="Encode a corpus and queries with a model and print, per query, one JSON line "
                     '{"query": ..., "hits": [{"id": ..., "text": ..., "score": ...}, ...]} (id = corpus line, from 0).',
     )
-    options.add(p, use("model", required=True, note=ENCODER),
+    options.add(p, use("model", note=f"{ENCODER}; required with --corpus; with --index, the model its manifest "
+                                     "names when left out (checked against the manifest either way)"),
                 use("corpus", note=f"the entries to search: {TEXT_FILES}; with --index: the corpus the index was "
                                    "built from, checked unchanged"))
-    p.add_argument("--index", help="answer from a folder written by `mirrorbert index` (no corpus encoding); refused "
-                                   "if --model or the corpus changed since")
+    p.add_argument("--index", help="answer from a folder written by `mirrorbert index` (no corpus encoding), with "
+                                   "the model its manifest names unless --model is given; refused if the model or "
+                                   "the corpus changed since")
     options.add(p, use("column", note="also of a --queries file"), use("field", note="also of a --queries file"))
     p.add_argument("--query", action="append", help="a query string (repeat for several)")
     p.add_argument("--queries", help="file of queries, one per line (.txt; .csv/.tsv/.jsonl with --column/--field)")
@@ -34,6 +36,10 @@ def add_search_parser(sub) -> None:
     p.add_argument("--faiss", default="auto", help="use faiss IndexFlatIP: auto (when installed, default) | yes | no; "
                                                   "results are the same either way; with an approximate (ivf) "
                                                   "--index, no scans every vector exactly instead")
+    p.add_argument("--nprobe", type=int, default=None,
+                   help="with an approximate (ivf) --index: lists scanned per query, 1 to the index's nlist "
+                        "(default: the nprobe the index was built with); more finds more true neighbours, more "
+                        "slowly")
     options.add(p, "pooling", use("batch_size", note="strings per forward pass"), "max_length", "device",
                 use("quantize", note="int8 | ubinary: candidates from the quantised corpus, rescored with the float "
                                      "query (scores are then not exact cosines); needs faiss"),
@@ -116,7 +122,7 @@ def run_search(args) -> int:
     if opts.index:
         encoder, index, ids = _open_index(opts, use_faiss)
         results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
-                                 quantize=opts.quantize)
+                                 quantize=opts.quantize, nprobe=opts.nprobe)
     elif opts.quantize == "float32":
         results, ids = _search_streamed(opts, queries, use_faiss)
     else:  # quantisation ranges come from the whole corpus's vectors: it is encoded whole
@@ -139,22 +145,42 @@ def _open_index(opts, use_faiss):
     """(encoder, index, ids) of `--index`, checked against what it claims: the manifest and the corpus before
     any weight loads, --pooling/--max-length against the manifest, then the files (ids and texts against
     --corpus when given), then a few stored vectors against the loaded model (index_store says why)."""
-    from mirrorbert.encoder.model import Encoder
-    from mirrorbert.safeguards.preflight import check_max_length
+    from mirrorbert.safeguards.preflight import check_max_length, check_model_exists
     from mirrorbert.search.index_store import (MANIFEST, check_index, check_settings, check_vectors_match_model,
                                                load_index)
 
     folder = Path(opts.index)
+    if opts.model is not None:
+        check_model_exists(opts.model)  # a mistyped folder is "no such folder", not "another model"
     manifest = check_index(folder, opts.model, opts.corpus)  # before any weight loads
+    model = opts.model if opts.model is not None else manifest.model
+    if opts.nprobe is not None:
+        from mirrorbert.search.approximate import check_query_nprobe
+
+        check_query_nprobe(opts.nprobe, manifest.ivf["nlist"] if manifest.ivf else None, where=f"--index {folder}")
     check_settings(manifest, folder, opts.pooling, opts.max_length)
-    encoder = Encoder.load(opts.model, pooling=manifest.pooling, device=opts.device,
-                           trust_remote_code=opts.trust_remote_code, cli=True)
+    encoder = _index_encoder(opts, model, manifest.pooling, folder)
     check_max_length(manifest.max_length, encoder.model.config, f"--index {folder / MANIFEST}: max_length",
-                     str(opts.model))
+                     str(model))
     encoder.max_length = manifest.max_length  # what the vectors were encoded with
     index, ids = load_index(folder, manifest, use_faiss, corpus=opts.corpus, skip_bad_lines=opts.skip_bad_lines)
     check_vectors_match_model(encoder, index, folder)
     return encoder, index, ids
+
+
+def _index_encoder(opts, model: str, pooling: str, folder: Path):
+    """The model answering from the index; one the manifest names is named so in any error (the user gave no
+    --model), its fingerprint checked like a --model's (`check_index`)."""
+    from mirrorbert.encoder.model import Encoder
+    from mirrorbert.search.index_store import MANIFEST
+
+    try:
+        return Encoder.load(model, pooling=pooling, device=opts.device, trust_remote_code=opts.trust_remote_code,
+                            cli=True)
+    except UserError as exc:
+        if opts.model is not None or not str(exc).startswith("--model "):
+            raise
+        raise UserError(f"--index {folder}: {MANIFEST} names the model " + str(exc)[len("--model "):]) from None
 
 
 def _corpus_encoder(opts):
@@ -185,7 +211,7 @@ def _search_streamed(opts, queries: list[str], use_faiss):
 def add_index_parser(sub) -> None:
     p = sub.add_parser(
         "index", help="encode a corpus once into a search index folder (for search --index)",
-        description="Encode a corpus with a model and write a folder `mirrorbert search --index DIR --model M` "
+        description="Encode a corpus with a model and write a folder `mirrorbert search --index DIR` "
                     "answers from: vectors, texts, line ids, a faiss index when installed, and a manifest with "
                     "the model's fingerprint and the corpus's SHA-256 (a changed model or corpus is refused). "
                     "The vectors are encoded straight to disk and memory-mapped when searched.",
@@ -200,8 +226,9 @@ def add_index_parser(sub) -> None:
                         f"rescored exactly; needs faiss) | auto (default: exact below {AUTO_IVF_ROWS:,} rows, ivf "
                         "from there on when faiss is installed)")
     p.add_argument("--nprobe", type=int, default=None,
-                   help="ivf: lists scanned per query, recorded in the index (default: nlist/50, at least 32); "
-                        "more finds more true neighbours, more slowly")
+                   help="ivf: lists scanned per query, recorded in the index as the default of search --index "
+                        "(default: 4 x sqrt(nlist), so it grows with the corpus; search --nprobe sets it per "
+                        "search); more finds more true neighbours, more slowly")
     p.set_defaults(func=run_index)
 
 
@@ -226,7 +253,8 @@ def run_index(args) -> int:
         encoder = Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
                                trust_remote_code=opts.trust_remote_code, cli=True)
         manifest = Manifest(
-            model=opts.model, model_sha256=fingerprint, pooling=encoder.pooling, max_length=encoder.max_length,
+            model=recorded_model(opts.model), model_sha256=fingerprint, pooling=encoder.pooling,
+            max_length=encoder.max_length,
             corpus=str(Path(opts.corpus).resolve()), corpus_sha256=corpus_sha256(Path(opts.corpus)),
             corpus_lines=count_lines(Path(opts.corpus)), rows=rows, dim=int(encoder.dim),
             column=opts.column, field=opts.field, corpus_bytes=corpus_size(Path(opts.corpus)),
@@ -236,6 +264,12 @@ def run_index(args) -> int:
                         "pooling": manifest.pooling, "faiss": manifest.faiss, "index_type": manifest.index_type,
                         **({"nlist": manifest.ivf["nlist"], "nprobe": manifest.ivf["nprobe"]} if manifest.ivf else {})}))
     return 0
+
+
+def recorded_model(model: str) -> str:
+    """The model as the manifest names it for `search --index` without --model: a local folder by its absolute
+    path (a search may run from another folder), a hub id as given."""
+    return str(Path(model).resolve()) if Path(model).is_dir() else model
 
 
 def _write_index_folder(opts, encoder, texts, ids, manifest) -> None:

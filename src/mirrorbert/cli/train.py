@@ -126,7 +126,8 @@ def train_summary(result) -> str:
     last = info.get("mean_loss_last_epoch")
     lines = [f"done: {result.steps} steps in {result.wall_time_s:.0f} s; training loss "
              + (f"{first:.4f} at the first step -> {last:.4f} (mean of the last epoch)" if first is not None
-                and last is not None else f"{result.final_loss} (last step)")]
+                and last is not None else
+                f"{result.final_loss} (mean of the last {result.final_loss_window_steps} steps)")]
     collapse = info.get("collapse") or {}
     if "mean_pairwise_cosine" in collapse:
         lines.append(f"  mean pairwise cosine of {collapse['sample']} training strings: "
@@ -173,6 +174,8 @@ def run_train(args) -> int:
     print(train_summary(result), file=sys.stderr)
     pushed = push_trained(result.output, push_repo) if push_repo else None
     print(jsonio.dumps({"output": str(result.output), "steps": result.steps, "final_loss": result.final_loss,
+                      "final_loss_window_steps": result.final_loss_window_steps,
+                      "last_batch_loss": result.last_batch_loss,
                       "mean_loss_last_epoch": result.info.get("mean_loss_last_epoch"),
                       "wall_time_s": round(result.wall_time_s, 2),
                       "strings_per_s": result.info.get("strings_per_s"),

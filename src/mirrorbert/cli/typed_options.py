@@ -94,7 +94,7 @@ class EncodeOptions(_Options):
 
 @dataclass
 class SearchOptions(_Options):
-    model: str
+    model: str | None = None  # with --index it may be left out: the model the index's manifest names
     corpus: str | None = None
     index: str | None = None
     query: list[str] | None = None
@@ -111,9 +111,16 @@ class SearchOptions(_Options):
     skip_bad_lines: bool = False
     show_progress: bool = True
     trust_remote_code: bool = False  # --trust-remote-code (model_loading.py)
+    nprobe: int | None = None  # an approximate --index's lists scanned per query (None: the index's own)
 
     def check(self) -> None:
-        _text(self.model, "--model")
+        if self.model is None and self.index is None:
+            raise UserError("--model: must be given to encode --corpus (an --index names its own model)")
+        if self.model is not None:
+            _text(self.model, "--model")
+        elif self.trust_remote_code:  # trust goes to a model the user names, never to one a folder names
+            raise UserError("--trust-remote-code with --index needs --model: the model you trust to run its code, "
+                            "not the one the index's manifest names")
         _choice(self.quantize, "--quantize", SEARCH_QUANTIZATIONS)
         if self.index is None:
             _text(self.corpus, "--corpus")
@@ -129,6 +136,23 @@ class SearchOptions(_Options):
         _choice(self.pooling, "--pooling", POOLINGS, allow_none=True)
         _positive(self.batch_size, "--batch-size")
         _positive(self.max_length, "--max-length", allow_none=True)
+        self._check_nprobe()
+
+    def _check_nprobe(self) -> None:
+        """--nprobe is for the lists of an approximate --index; whether the index has them (and how many) is
+        checked against its manifest (approximate.check_query_nprobe)."""
+        _positive(self.nprobe, "--nprobe", allow_none=True)
+        if self.nprobe is None:
+            return
+        if self.index is None:
+            raise UserError("--nprobe applies to an approximate --index (index --index-type ivf); a --corpus "
+                            "search is exact")
+        if self.faiss == "no":
+            raise UserError("--nprobe with --faiss no: an exact scan reads every vector, it probes no lists; "
+                            "leave one of them out")
+        if self.quantize != "float32":
+            raise UserError(f"--nprobe with --quantize {self.quantize}: quantised candidates come from a scan of "
+                            "every code, not from the index's lists; leave one of them out")
 
 
 @dataclass

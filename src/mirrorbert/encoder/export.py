@@ -273,12 +273,16 @@ def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.min(np.sum(a * b, axis=1)))
 
 
+class ExportMismatch(RuntimeError):
+    """An exported graph that does not give PyTorch's vectors on the probe strings (or cannot run them)."""
+
+
 def write_export(encoder, folder: Path, formats: Sequence[str], opset: int = DEFAULT_ONNX_OPSET,
                  probe: Sequence[str] = PROBE_STRINGS) -> dict[str, Any]:
     """Write the saved model, the requested graphs and `mirrorbert-export.json` into `folder` (a fresh one).
 
-    Raises RuntimeError, and the caller's atomic folder is discarded, when a graph's vectors differ from
-    PyTorch's (minimum cosine over `probe` below EXPORT_MIN_COSINE).
+    Raises ExportMismatch, and the caller's atomic folder is discarded, when a graph's vectors differ from
+    PyTorch's (minimum cosine over `probe` below EXPORT_MIN_COSINE) or it cannot run them.
     """
     import shutil
 
@@ -292,11 +296,16 @@ def write_export(encoder, folder: Path, formats: Sequence[str], opset: int = DEF
     reference = encoder.encode(list(probe), batch_size=len(probe), normalize=False, packing=False)
     parity = {}
     for backend in formats:
-        vectors = ExportedEncoder(folder, backend).encode(list(probe), batch_size=4, normalize=False)
-        parity[backend] = min_cosine(reference, vectors)
+        runner = ExportedEncoder(folder, backend)
+        try:  # batches of 4 and of all: several lengths, so a graph that kept the traced length fails here
+            runs = [runner.encode(list(probe), batch_size=size, normalize=False) for size in (4, len(probe))]
+        except Exception as exc:  # noqa: BLE001  the runtimes raise their own types for a shape they cannot take
+            raise ExportMismatch(f"the {backend} export cannot encode inputs of other shapes than the traced "
+                                 f"example ({str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__})") from None
+        parity[backend] = min(min_cosine(reference, vectors) for vectors in runs)
         if not parity[backend] >= EXPORT_MIN_COSINE:
-            raise RuntimeError(f"the {backend} export's vectors differ from PyTorch's: minimum cosine "
-                               f"{parity[backend]:.6f} < {EXPORT_MIN_COSINE} on {len(probe)} probe strings")
+            raise ExportMismatch(f"the {backend} export's vectors differ from PyTorch's: minimum cosine "
+                                 f"{parity[backend]:.6f} < {EXPORT_MIN_COSINE} on {len(probe)} probe strings")
     record = {
         "formats": list(formats), "files": [BACKENDS[f] for f in formats], "opset": opset,
         "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES), "pooling": encoder.pooling,

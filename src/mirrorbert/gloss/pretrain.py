@@ -24,6 +24,7 @@ from typing import Any
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
 from mirrorbert.settings.typed import check_finite_numbers, check_types
+from mirrorbert.training.loss_record import LossRecord
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +283,8 @@ class GlossMethod:
         self.batch_size, self.per_epoch, self.total_steps, self.gloss_length = batch_size, per_epoch, total_steps, gloss_length
         self.optimizer, self.scheduler, self.scaler, self.device = optimizer, scheduler, scaler, device
         self.fingerprint, self.ckpt_root, self.checkpointing = fingerprint, ckpt_root, checkpointing
-        self.epoch, self.next_batch, self.loss_value = 0, 0, None
+        self.epoch, self.next_batch = 0, 0
+        self.losses = LossRecord(per_epoch)  # the reported means (a window, the last epoch), through checkpoints
         self.history: list[dict[str, Any]] = []
         self.best: dict[str, Any] | None = None
         self.best_state: dict[str, Any] | None = None
@@ -319,20 +321,22 @@ class GlossMethod:
         backward_and_step(out.loss, self.optimizer, self.scheduler, self.scaler, self.model.parameters(),
                           cfg.max_grad_norm)
         self.next_batch += 1
-        self.loss_value = float(out.loss.item())
-        self.metrics.log(step + 1, loss=self.loss_value, gr_loss=float(out.gr.item()), mlm_loss=float(out.mlm.item()),
+        self.losses.add(float(out.loss.item()))
+        self.metrics.log(step + 1, loss=self.losses.last, gr_loss=float(out.gr.item()), mlm_loss=float(out.mlm.item()),
                          batch_accuracy=out.accuracy, lr=self.scheduler.get_last_lr()[0])
-        return {"loss": f"{self.loss_value:.3f}", "gr": f"{out.gr.item():.3f}", "mlm": f"{out.mlm.item():.3f}",
+        return {"loss": f"{self.losses.last:.3f}", "gr": f"{out.gr.item():.3f}", "mlm": f"{out.mlm.item():.3f}",
                 "acc": f"{out.accuracy:.2f}"}
 
     def after_step(self, step: int) -> bool:
         if self.next_batch < self.per_epoch:
             return False
         self.epoch, self.next_batch = self.epoch + 1, 0
+        self.losses.end_epoch()
         self.record_eval(self.epoch, step)
         return True  # a checkpoint at every epoch end (when checkpointing)
 
     def finish(self) -> None:
+        self.losses.finish()
         if self.next_batch != 0:  # --steps ended mid-epoch: evaluate the final model too
             self.record_eval(self.epoch + 1, self.total_steps)
 
@@ -376,7 +380,8 @@ class GlossMethod:
         save_parts(self.model, self.tokenizer, folder)
 
     def checkpoint_state(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "next_batch": self.next_batch, "history": self.history, "best": self.best}
+        return {"epoch": self.epoch, "next_batch": self.next_batch, "history": self.history, "best": self.best,
+                "losses": self.losses.state()}
 
     def checkpoint_meta(self) -> dict[str, Any]:
         return {"data_sha256": self.fingerprint, "arch": self.cfg.arch, "config": self.cfg.to_dict()}
@@ -413,7 +418,7 @@ def _run_info(cfg: GlossPretrainConfig, method: GlossMethod, stats, batch_size: 
         "heldout_history": method.history,
         "best": method.best,
         "steps": step,
-        "final_loss": method.loss_value,
+        **method.losses.fields(),  # final_loss (a window's mean, named), last_batch_loss, mean_loss_last_epoch
         "wall_time_s": round(wall, 2),
         "device": str(device),
         "precision": cfg.precision,
@@ -469,6 +474,7 @@ def _restore(resume, engine, method: GlossMethod) -> None:
     extra = restore_training_state(resume, method.optimizer, method.scheduler, method.scaler)
     engine.step, method.epoch, method.next_batch = extra["step"], extra["epoch"], extra["next_batch"]
     method.history, method.best = extra.get("history", []), extra.get("best")
+    method.losses.restore(extra, f"--resume {resume.path}")
     best_dir = method.ckpt_root / "best-model"
     if method.best is not None and best_dir.is_dir():
         from mirrorbert.safeguards.model_loading import load_model

@@ -25,6 +25,7 @@ from mirrorbert.reporting.timing import PhaseTimer
 from mirrorbert.runtime.device import autocast, make_grad_scaler
 from mirrorbert.runtime.randomness import derived_generator, replay_rng
 from mirrorbert.training.gradcache import cached_embeddings
+from mirrorbert.training.loss_record import LossRecord
 from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
 from mirrorbert.training.prefetch import prefetch
 
@@ -125,11 +126,8 @@ class MirrorMethod:
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule, cfg.warmup_steps, plan.total_steps)
         self.scaler = make_grad_scaler(device, precision)
         self.metrics = MetricLogger(cfg.log_dir if dist_ctx.is_main else None)
-        self.epoch, self.next_batch, self.loss_value, self.epoch_done = 0, 0, None, False
-        # final_loss is one (possibly short) batch; the epoch mean is the number to compare runs by
-        self.epoch_losses: list[float] = []
-        self.first_loss: float | None = None  # for the collapse check after training
-        self.mean_loss_last_epoch: float | None = None
+        self.epoch, self.next_batch, self.epoch_done = 0, 0, False
+        self.losses = LossRecord(plan.batches_per_epoch)  # the reported means, carried through checkpoints
         self.seen_strings, self.seen_tokens, self.start = 0, 0, time.time()
         self.step_log: list[tuple[float, int, int]] = []
 
@@ -171,29 +169,25 @@ class MirrorMethod:
                                 self.cfg.grad_cache_chunk)
         engine.check_finite(loss)
         backward_and_step(loss, self.optimizer, self.scheduler, self.scaler, max_grad_norm=self.cfg.max_grad_norm)
-        self.loss_value = loss.item()
-        self.epoch_losses.append(self.loss_value)
-        if self.first_loss is None:
-            self.first_loss = self.loss_value
+        self.losses.add(loss.item())
         tokens = sum(len(a) + len(b) for a, b in zip(first, second))
         self.seen_strings, self.seen_tokens = self.seen_strings + len(index), self.seen_tokens + tokens
         self.step_log.append((time.perf_counter() - started, len(index), tokens))
         self.next_batch += 1
-        return {"loss": f"{self.loss_value:.4f}", "strings_s": f"{self.seen_strings / self.elapsed():.1f}"}
+        return {"loss": f"{self.losses.last:.4f}", "strings_s": f"{self.seen_strings / self.elapsed():.1f}"}
 
     def after_step(self, step: int) -> bool:
         if step % self.cfg.log_every == 0 or step == self.plan.total_steps:
-            self.metrics.log(step, loss=self.loss_value, lr=self.scheduler.get_last_lr()[0],
+            self.metrics.log(step, loss=self.losses.last, lr=self.scheduler.get_last_lr()[0],
                              strings_per_s=self.seen_strings / self.elapsed())
-            logger.debug("step %d loss %.8f", step, self.loss_value)
+            logger.debug("step %d loss %.8f", step, self.losses.last)
         if self.next_batch >= self.plan.batches_per_epoch:  # the next epoch gets its own order and masks
             self.epoch, self.next_batch = self.epoch + 1, 0
-            self.mean_loss_last_epoch, self.epoch_losses = sum(self.epoch_losses) / len(self.epoch_losses), []
+            self.losses.end_epoch()
         return False
 
     def finish(self) -> None:
-        if self.epoch_losses:  # stopped inside an epoch (--steps): the mean of that epoch's batches so far
-            self.mean_loss_last_epoch = sum(self.epoch_losses) / len(self.epoch_losses)
+        self.losses.finish()
 
     def elapsed(self) -> float:
         return max(time.time() - self.start, 1e-9)
@@ -202,9 +196,8 @@ class MirrorMethod:
         self.encoder.write(folder)
 
     def checkpoint_state(self) -> dict[str, Any]:
-        # the losses travel with the checkpoint: a run resumed at its last step still reports them
-        return {"epoch": self.epoch, "next_batch": self.next_batch, "loss": self.loss_value,
-                "first_loss": self.first_loss, "mean_loss_last_epoch": self.mean_loss_last_epoch}
+        # the loss record travels with the checkpoint: a resumed run reports the whole epoch's mean and window
+        return {"epoch": self.epoch, "next_batch": self.next_batch, "losses": self.losses.state()}
 
     def checkpoint_meta(self) -> dict[str, Any]:
         return {"data_sha256": self.fingerprint, "config": self.cfg.to_dict(), "world_size": self.dist.world_size}

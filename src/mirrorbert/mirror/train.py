@@ -55,7 +55,7 @@ RESUME_HARMLESS = ("output", "overwrite", "resume", "checkpoint_dir", "keep_chec
 class TrainResult:
     output: Path | None
     steps: int
-    final_loss: float | None
+    final_loss: float | None  # mean over the last `final_loss_window_steps` steps (training/loss_record.py)
     wall_time_s: float
     interrupted: bool = False
     checkpoint: Path | None = None
@@ -63,6 +63,8 @@ class TrainResult:
     stop_signal: str | None = None  # "SIGTERM" (preempted) or "SIGINT" when interrupted
     # (seconds, strings, non-padding tokens) per optimiser step, for benchmarks and diagnostics
     step_log: list[tuple[float, int, int]] = field(default_factory=list)
+    final_loss_window_steps: int = 0
+    last_batch_loss: float | None = None  # one batch, possibly an epoch's short last one: not a run's measure
 
 
 def check_resume_step(checkpoint: Path, step: int, total: int) -> None:
@@ -145,9 +147,7 @@ def _train_on(cfg: TrainConfig, strings: TrainingStrings | None, eval_tasks, dis
     if resume is not None:
         extra = restore_training_state(resume, method.optimizer, method.scheduler, method.scaler)
         engine.step, method.epoch, method.next_batch = extra["step"], extra["epoch"], extra["next_batch"]
-        method.loss_value = extra.get("loss")
-        method.first_loss = extra.get("first_loss", method.first_loss)
-        method.mean_loss_last_epoch = extra.get("mean_loss_last_epoch", method.mean_loss_last_epoch)
+        method.losses.restore(extra, f"--resume {resume.path}")
         engine.last_checkpoint = resume.path
         logger.info("resumed from %s at step %d (epoch %d, batch %d)", resume.path, engine.step, method.epoch,
                     method.next_batch)
@@ -161,8 +161,9 @@ def _train_on(cfg: TrainConfig, strings: TrainingStrings | None, eval_tasks, dis
             drophead.remove()
     wall = time.time() - started
     if outcome.interrupted:
-        return TrainResult(None, outcome.steps, method.loss_value, wall, interrupted=True,
-                           checkpoint=outcome.checkpoint, step_log=method.step_log, stop_signal=outcome.signal)
+        return TrainResult(None, outcome.steps, method.losses.final, wall, interrupted=True,
+                           checkpoint=outcome.checkpoint, step_log=method.step_log, stop_signal=outcome.signal,
+                           **_loss_extras(method))
     with InterruptFlag("finishing and saving the trained model first"):  # a SIGTERM now would lose the steps
         return _finish(cfg, method, strings, pooling, batch_size, outcome, wall, compiled, encoder, eval_tasks,
                        dist_ctx, timer, engine)
@@ -173,7 +174,7 @@ def _finish(cfg, method, strings, pooling, batch_size, outcome, wall, compiled, 
     """After the last step: the run's record, the collapse check, --eval-after, the output."""
     info = _run_info(cfg, method, strings, pooling, batch_size, outcome.steps, wall, compiled)
     encoder.eval()
-    info["collapse"] = check_collapse(encoder, strings.strings, method.first_loss, method.mean_loss_last_epoch,
+    info["collapse"] = check_collapse(encoder, strings.strings, method.losses.first, method.losses.mean_last_epoch,
                                       outcome.steps, cfg.seed, lr=cfg.lr, pooling=pooling)
     if eval_tasks:
         with sharded_encoding(dist_ctx), timer.phase("eval"):  # every rank evaluates, sharing the encoding work
@@ -182,13 +183,18 @@ def _finish(cfg, method, strings, pooling, batch_size, outcome, wall, compiled, 
     output = engine.save_final(cfg.output, lambda folder: encoder.write(folder, info), overwrite=cfg.overwrite)
     info["timings"] = timer.report()  # now with the save, for the caller and the -v line
     logger.debug("phase timings (s): %s", jsonio.dumps(info["timings"]))
-    logger.info("model written to %s (%d steps, final loss %s)", output, outcome.steps, method.loss_value)
+    logger.info("model written to %s (%d steps, final loss %s: mean of the last %d)", output, outcome.steps,
+                method.losses.final, len(method.losses.recent))
     if cfg.max_length < encoder.max_length:  # say it: the saved limit is not the one the strings were cut at
         logger.info("trained on strings cut at %d tokens; the saved model encodes up to %d (its own limit; "
                     "max_length=%d when loading encodes as in training)", cfg.max_length, encoder.max_length,
                     cfg.max_length)
-    return TrainResult(output, outcome.steps, method.loss_value, wall, checkpoint=outcome.checkpoint, info=info,
-                       step_log=method.step_log)
+    return TrainResult(output, outcome.steps, method.losses.final, wall, checkpoint=outcome.checkpoint, info=info,
+                       step_log=method.step_log, **_loss_extras(method))
+
+
+def _loss_extras(method: MirrorMethod) -> dict[str, Any]:
+    return {"final_loss_window_steps": len(method.losses.recent), "last_batch_loss": method.losses.last}
 
 
 def _build_encoder(cfg: TrainConfig, strings: TrainingStrings, resume, device: torch.device, timer: PhaseTimer,
@@ -248,8 +254,7 @@ def _run_info(cfg: TrainConfig, method: MirrorMethod, strings: TrainingStrings, 
         "seed": cfg.seed,
         "steps": steps,
         "epochs": round(steps / max(1, method.plan.batches_per_epoch), 3),
-        "final_loss": method.loss_value,
-        "mean_loss_last_epoch": method.mean_loss_last_epoch,
+        **method.losses.fields(),  # final_loss (a window's mean, named), last_batch_loss, mean_loss_last_epoch
         **masking,
         "wall_time_s": round(wall, 2),
         "strings_per_s": round(method.seen_strings / elapsed, 2),

@@ -162,7 +162,7 @@ class PretrainResult:
     output: Path | None
     steps: int
     tokens: int
-    train_loss: float | None
+    train_loss: float | None  # mean per masked token over the last logging window (train_loss_window_steps)
     train_accuracy: float | None
     eval_loss: float | None
     eval_accuracy: float | None
@@ -173,6 +173,7 @@ class PretrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     stop_signal: str | None = None  # "SIGTERM" (preempted) or "SIGINT" when interrupted
+    train_loss_window_steps: int | None = None
 
 
 # --------------------------------------------------------------------------- model / tokenizer
@@ -377,6 +378,10 @@ def evaluate(model, head, packed: PackedSequences | None, masker: MlmMasker, cfg
     return {"eval_loss": total_loss / total_n, "eval_accuracy": total_correct / total_n, "eval_targets": total_n}
 
 
+# loss and correct summed over the window's targets (n), so its loss is the mean per masked token
+_EMPTY_WINDOW = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, "steps": 0}
+
+
 class MlmMethod:
     """MLM pre-training for the engine: packed windows, masks from (seed, epoch, batch), accumulated steps."""
 
@@ -387,8 +392,9 @@ class MlmMethod:
         self.eval_packed, self.masker, self.corpus_key = eval_packed, masker, corpus_key
         self.parameters = [p for p in model.parameters() if p.requires_grad]
         self.tokens_seen, self.history = tokens_seen, history
-        # the running window of the training metrics; carried through checkpoints so a resumed run logs the same
-        self.window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, **(resumed_window or {}), "t": time.time()}
+        # the running window of the training metrics (the steps since the last log line, --log-every), carried
+        # through checkpoints so a resumed run logs and reports the same; `train_loss` is its last one's mean
+        self.window = {**_EMPTY_WINDOW, **(resumed_window or {}), "t": time.time()}
         self.run_tokens, self.loop_start = 0, time.time()
         self.last_train: dict[str, float] = {}
         self.last_eval: dict[str, float] | None = None
@@ -417,7 +423,8 @@ class MlmMethod:
                               self.parameters, cfg.max_grad_norm, update=i == len(micro) - 1)
         self.tokens_seen += step_tokens
         self.run_tokens += step_tokens
-        for key, value in (("loss", step_loss), ("n", n_targets), ("correct", step_correct), ("tokens", step_tokens)):
+        for key, value in (("loss", step_loss), ("n", n_targets), ("correct", step_correct), ("tokens", step_tokens),
+                           ("steps", 1)):
             self.window[key] += value
         rate = self.run_tokens / max(time.time() - self.loop_start, 1e-9)
         return {"loss": f"{step_loss / max(1, n_targets):.3f}", "acc": f"{step_correct / max(1, n_targets):.3f}",
@@ -431,11 +438,12 @@ class MlmMethod:
                 "step": step, "tokens": self.tokens_seen,
                 "loss": window["loss"] / max(1, window["n"]), "accuracy": window["correct"] / max(1, window["n"]),
                 "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": window["tokens"] / max(now - window["t"], 1e-9),
+                "window_steps": window["steps"],
             }
             self.history.append(self.last_train)
             self.metrics.log(step, **{f"train/{k}": v for k, v in self.last_train.items() if k != "step"})
             logger.debug("step %d: %s", step, self.last_train)
-            self.window = {"loss": 0.0, "n": 0, "correct": 0, "tokens": 0, "t": now}
+            self.window = {**_EMPTY_WINDOW, "t": now}
         if step % cfg.eval_every == 0 or step == self.plan.total_steps:
             self.last_eval = evaluate(self.model, self.head, self.eval_packed, self.masker, cfg, self.device)
             if self.last_eval is not None:
@@ -518,6 +526,7 @@ def _run_info(cfg, source, lr, warmup, corpus, packed, eval_packed, plan, result
         "tokens_seen": result.tokens,
         "epochs": round(result.steps * cfg.grad_accum / plan.batches_per_epoch, 4),
         "train_loss": result.train_loss,
+        "train_loss_window_steps": result.train_loss_window_steps,
         "train_accuracy": result.train_accuracy,
         "eval_loss": result.eval_loss,
         "eval_accuracy": result.eval_accuracy,
@@ -578,7 +587,7 @@ def _result(method: MlmMethod, step: int, wall: float) -> PretrainResult:
         train_accuracy=last_train.get("accuracy"),
         eval_loss=(last_eval or {}).get("eval_loss"), eval_accuracy=(last_eval or {}).get("eval_accuracy"),
         tokens_per_s=method.run_tokens / max(time.time() - method.loop_start, 1e-9), wall_time_s=wall,
-        history=history,
+        history=history, train_loss_window_steps=last_train.get("window_steps"),
     )
 
 

@@ -311,7 +311,9 @@ def _training_section(info: dict[str, Any], config: dict[str, Any], data: dict[s
     lines += ["### Training Hyperparameters", ""]
     if method:
         lines.append(f"- method: {METHOD_NAMES.get(method, method)}")
-    for key, label in (("steps", "optimiser steps"), ("epochs", "epochs done"), ("final_loss", "final loss"),
+    window = info.get("final_loss_window_steps")
+    final = f"final loss (mean of the last {window} steps)" if type(window) is int and window > 0 else "final loss"
+    for key, label in (("steps", "optimiser steps"), ("epochs", "epochs done"), ("final_loss", final),
                        ("wall_time_s", "wall time (s)"), ("device", "device")):
         if info.get(key) is not None:
             lines.append(f"- {label}: {info[key]}")

@@ -30,8 +30,17 @@ TEXT_FILES = ("vocab.txt", "merges.txt")
 BOUNDED_SUFFIXES = (".model",)
 # Files of a model folder in which transformers looks for classes to import from the folder's own .py files.
 REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
-# Module packages of sentence-transformers whose classes modules.json may name; anything else is imported code.
-SENTENCE_TRANSFORMERS_MODULES = ("sentence_transformers.models", "sentence_transformers.sparse_encoder.models")
+# Module packages of sentence-transformers whose classes modules.json may name (with at most one submodule
+# below them: `sentence_transformers.base.modules.transformer.Transformer`, as 6.x writes); anything else,
+# even a function elsewhere in sentence-transformers (`sentence_transformers.util.misc.import_from_string`), is
+# code a folder must not get imported.
+SENTENCE_TRANSFORMERS_MODULES = (
+    "sentence_transformers.models", "sentence_transformers.base.modules",
+    "sentence_transformers.sentence_transformer.modules", "sentence_transformers.sparse_encoder.models",
+    "sentence_transformers.sparse_encoder.modules", "sentence_transformers.cross_encoder.modules",
+    "sentence_transformers.multi_vector_encoder.modules",
+)
+_SUBMODULE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 _CLASS_NAME = re.compile(r"^[A-Z][A-Za-z0-9_]{0,63}$")
 TRUST_OPTION = "--trust-remote-code"
 # Pooling modes of sentence-transformers' Pooling module.
@@ -59,7 +68,10 @@ def module_type_allowed(kind: Any) -> bool:
     if not isinstance(kind, str):
         return False
     package, _, name = kind.rpartition(".")
-    return package in SENTENCE_TRANSFORMERS_MODULES and bool(_CLASS_NAME.match(name))
+    parent, _, submodule = package.rpartition(".")
+    inside = package in SENTENCE_TRANSFORMERS_MODULES or (
+        parent in SENTENCE_TRANSFORMERS_MODULES and bool(_SUBMODULE.match(submodule)))
+    return inside and bool(_CLASS_NAME.match(name))
 
 
 class ModelFolder:

@@ -39,10 +39,42 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+# What a Hugging Face Hub id looks like: `name` or `org/name`, of letters, digits, `.`, `_` and `-`.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def looks_like_path(name: str) -> bool:
+    """Whether a model name means a folder rather than a Hub id, so that a mistyped folder is "no such folder",
+    not a Hub lookup and "the hub is unreachable". Only `name` and `org/name` are Hub ids; a path is a value
+    that starts with `.`, `/` or `~`, ends with a separator, has more than one slash, holds a character no Hub
+    id has (a backslash, a space), or whose first part is a local folder (`runs/minilm-mirorr` beside `runs/`)."""
+    if name.startswith((".", "/", "~")) or name.endswith(("/", os.sep)) or name.count("/") > 1:
+        return True
+    if not _HUB_ID.fullmatch(name):
+        return True
+    head, slash, _ = name.partition("/")
+    return bool(slash) and os.path.isdir(head)
+
+
+def check_model_exists(name: str, option: str = "--model") -> None:
+    """A path-looking model name that is not there, or a file where a model folder belongs (a FIFO or a device
+    would block or never end if read as a config): one line, before any Hub lookup or read (every command's
+    model goes through `check_model_reachable` or `model_load_error`, which call this)."""
+    if os.path.lexists(name) and not os.path.isdir(name):
+        raise UserError(f"{option} {name}: not a folder (a model is a folder of config, tokenizer and weight "
+                        "files, or a Hugging Face hub id)")
+    if not os.path.lexists(name) and looks_like_path(name):
+        raise UserError(f"{option} {name}: no such folder")
+
+
 def model_load_error(name: str, exc: Exception) -> UserError:
     if Path(name).exists():
         first = first_line(exc)
         return UserError(f"--model {name}: cannot load the model in this folder: {first}")
+    try:
+        check_model_exists(name)
+    except UserError as missing:
+        return missing
     offline = os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True")
     text = str(exc).lower()
     unreachable = offline or any(
@@ -71,8 +103,10 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def check_model_reachable(name: str, trust_remote_code: bool = False) -> None:
-    """A name that is neither a local folder nor in the local HF cache needs the hub: fail fast if offline."""
+def check_model_reachable(name: str, trust_remote_code: bool = False, option: str = "--model") -> None:
+    """A name that is neither a local folder nor in the local HF cache needs the hub: fail fast if offline.
+    A path-looking name that is not there is "no such folder" (`check_model_exists`)."""
+    check_model_exists(name, option)
     if Path(name).exists():
         return
     from mirrorbert.safeguards.model_loading import load_config as load_config_checked
@@ -84,8 +118,8 @@ def check_model_reachable(name: str, trust_remote_code: bool = False) -> None:
         pass
     if not hub_reachable():
         raise UserError(
-            f"--model {name}: not a local folder and the Hugging Face hub is unreachable from this machine; "
-            "--model also takes a local folder holding a saved model (e.g. --model path/to/model)"
+            f"{option} {name}: not a local folder and the Hugging Face hub is unreachable from this machine; "
+            f"{option} also takes a local folder holding a saved model (e.g. {option} path/to/model)"
         )
 
 
@@ -439,7 +473,7 @@ def inspect_model(name: str, option: str = "--model", max_length: int | None = N
             check_tokenizer_files(folder, option)
     if tokenizer_source is not None:
         check_remote_code(tokenizer_source, trust_remote_code, tokenizer_option)
-    check_model_reachable(name, trust_remote_code)
+    check_model_reachable(name, trust_remote_code, option)
     config = load_config(name, option, config_overrides, trust_remote_code)
     tokenizer = load_tokenizer(tokenizer_source or name, tokenizer_option if tokenizer_source else option,
                                trust_remote_code)

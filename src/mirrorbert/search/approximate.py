@@ -8,7 +8,9 @@ of every row's residual (faiss `IndexIVFScalarQuantizer`, inner product on L2-no
 the float32 size). A query scans the `nprobe` lists nearest to it; the `RESCORE_FACTOR * k` best candidates are
 then rescored against the float vectors (memory-mapped, read only for those rows) in float64, so every
 returned score is the exact cosine of the returned id, ordered as exact search orders (score, then smaller id).
-Only *which* rows are found is approximate (recall@10 is measured by benchmarks/index_scale.py).
+Only *which* rows are found is approximate (recall@10 is measured on real sentence vectors by
+benchmarks/ivf_recall.py, on synthetic clusters up to 1M rows by benchmarks/index_scale.py). `nprobe` is the
+index's default (recorded in its manifest); a search may set another (`search --nprobe`, `nprobe=`).
 
 The index is defined by three small arrays, not by a faiss file: the centroids, the quantiser's trained ranges
 and each row's list number. They are numpy files an untrusted folder can hold without any faiss
@@ -31,6 +33,7 @@ from mirrorbert.settings.choices import AUTO_IVF_ROWS, INDEX_TYPES
 
 TRAIN_ROWS_PER_LIST = 40  # k-means sample: 40 rows per centroid (faiss warns below 39)
 KMEANS_ITERATIONS = 10
+NPROBE_PER_SQRT_NLIST = 4  # default_nprobe: lists scanned per query, per square root of the lists
 RESCORE_FACTOR = 4  # candidates per wanted hit rescored against the float vectors
 ADD_CHUNK = 65536  # rows assigned and encoded at a time (bounds the float copy of a chunk)
 CODES = "sq8"
@@ -67,9 +70,28 @@ def default_nlist(rows: int) -> int:
 
 
 def default_nprobe(nlist: int) -> int:
-    """Lists scanned per query: 1/50 of them and at least 32 (recall@10 >= 0.95 on benchmarks/index_scale.py's
-    clustered data at 100k and 1M rows), never more than there are."""
-    return min(nlist, max(32, nlist // 50))
+    """Lists scanned per query: NPROBE_PER_SQRT_NLIST * sqrt(nlist), never more than there are (all of them up
+    to 16 lists). Real sentence vectors are not the tight clusters k-means likes: a query's true neighbours lie
+    in many lists, and the share of lists it must scan for a given recall falls only as about 1/sqrt(nlist).
+    So nprobe grows with sqrt(nlist), i.e. with the corpus's size to the power 1/4 (nlist = default_nlist(rows));
+    on all-MiniLM-L6-v2 vectors of Wikipedia, STS and WordNet texts this keeps recall@10 near 0.97 from 2k to
+    190k rows (benchmarks/ivf_recall.py, docs/guide/search.md), where a fixed 32 lists fell to 0.92 at 27k."""
+    return min(nlist, max(1, round(NPROBE_PER_SQRT_NLIST * math.sqrt(nlist))))
+
+
+def check_query_nprobe(nprobe: Any, nlist: int | None, scan: str | None = None, where: str = "the index") -> None:
+    """A query-time nprobe (`search --nprobe`, `nprobe=`) against what it is for: a whole number from 1 to the
+    index's `nlist` (None: an exact index, which has no lists), and only where the lists are scanned (`scan`
+    names what answers instead, e.g. an exact scan). Each case is a UserError naming the option."""
+    if not isinstance(nprobe, (int, np.integer)) or isinstance(nprobe, bool) or nprobe < 1:
+        raise UserError(f"--nprobe {nprobe!r}: must be an integer >= 1")
+    if nlist is None:
+        raise UserError(f"--nprobe {nprobe}: {where} is exact (no lists to scan); build an approximate one with "
+                        "`mirrorbert index --index-type ivf`")
+    if scan is not None:
+        raise UserError(f"--nprobe {nprobe} with {scan}: no lists are scanned; leave one of them out")
+    if nprobe > nlist:
+        raise UserError(f"--nprobe {nprobe}: {where} has {nlist} lists; choose 1 to {nlist}")
 
 
 def train_ivf(vectors: np.ndarray, nlist: int | None = None, nprobe: int | None = None, seed: int = 0) -> IVFParts:
@@ -176,5 +198,5 @@ def rescore(queries: np.ndarray, vectors: np.ndarray, cand: np.ndarray, k: int,
     return out_s, out_i
 
 
-__all__ = ["AUTO_IVF_ROWS", "INDEX_TYPES", "IVFIndex", "IVFParts", "default_nlist", "default_nprobe",
+__all__ = ["AUTO_IVF_ROWS", "INDEX_TYPES", "IVFIndex", "IVFParts", "check_query_nprobe", "default_nlist", "default_nprobe",
            "ivf_from_parts", "rescore", "resolve_index_type", "train_ivf"]

@@ -241,23 +241,27 @@ class SearchIndex:
         return index
 
     def search_vectors(self, queries: np.ndarray, top_k: int, *, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                       use_faiss: bool | None = None, quantize: str = "float32") -> list[list[Hit]]:
+                       use_faiss: bool | None = None, quantize: str = "float32",
+                       nprobe: int | None = None) -> list[list[Hit]]:
         """Hits for already computed query vectors (normalised here), best first.
 
         ``use_faiss=None`` searches with the index's faiss index if it has one; True builds one if needed.
-        With an approximate index, candidates come from it unless ``use_faiss=False`` (an exact scan).
+        With an approximate index, candidates come from it unless ``use_faiss=False`` (an exact scan);
+        ``nprobe`` sets its lists scanned per query for this search (None: the index's own), and is refused
+        where no lists are scanned (an exact index or scan, quantised candidates).
         ``quantize="int8"|"ubinary"``: candidates from the quantised corpus, rescored (search/quantized.py); the
         scores are then the float query against the dequantised vectors, not exact cosines.
         """
         check_top_k(top_k)
         queries = as_vectors(queries, "queries", self.dim)
+        self.check_nprobe(nprobe, use_faiss, quantize)
         if quantize != "float32":
             from mirrorbert.search.quantized import quantized_topk
 
             scores, ids = quantized_topk(l2_normalize(queries), self.vectors, quantize, top_k, self.quantized_cache)
             return self._hits(scores, ids)
         if self.approximate is not None and use_faiss is not False:  # False: an exact scan, even here
-            scores, ids = self.approximate.topk(l2_normalize(queries), self.vectors, top_k)
+            scores, ids = self.approximate.topk(l2_normalize(queries), self.vectors, top_k, nprobe=nprobe)
             return self._hits(scores, ids)
         use = self.faiss_index is not None if use_faiss is None else wants_faiss(use_faiss)
         if use and self.faiss_index is None:
@@ -265,6 +269,17 @@ class SearchIndex:
         scores, ids = chunked_topk(l2_normalize(queries), self.vectors, top_k, chunk_size=chunk_size,
                                    use_faiss=False, faiss_index=self.faiss_index if use else None)
         return self._hits(scores, ids)
+
+    def check_nprobe(self, nprobe: Any, use_faiss: bool | None = None, quantize: str = "float32") -> None:
+        """``nprobe`` (None: nothing to check) is for an approximate index's lists: a UserError where this search
+        scans none, or where the index has fewer lists."""
+        if nprobe is None:
+            return
+        from mirrorbert.search.approximate import check_query_nprobe
+
+        check_query_nprobe(nprobe, self.approximate.parts.nlist if self.approximate is not None else None,
+                           scan="use_faiss=False (an exact scan)" if use_faiss is False else
+                           f"quantize={quantize!r}" if quantize != "float32" else None)
 
     def _hits(self, scores: np.ndarray, ids: np.ndarray) -> list[list[Hit]]:
         texts = self.texts
@@ -389,14 +404,22 @@ def check_top_k(top_k: Any) -> None:
 
 def search(encoder, queries: str | Sequence[str], corpus_or_index: SearchIndex | Sequence[str], top_k: int = 10, *,
            batch_size: int = 64, use_faiss: bool | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-           show_progress: bool = False, quantize: str = "float32") -> list[Hit] | list[list[Hit]]:
-    """The ``top_k`` corpus entries nearest (cosine) to each query; one list of hits for a single string."""
+           show_progress: bool = False, quantize: str = "float32",
+           nprobe: int | None = None) -> list[Hit] | list[list[Hit]]:
+    """The ``top_k`` corpus entries nearest (cosine) to each query; one list of hits for a single string.
+    ``nprobe``: an approximate index's lists scanned per query (`SearchIndex.search_vectors`)."""
     check_top_k(top_k)
     if quantize != "float32":
         from mirrorbert.search.quantized import SEARCH_QUANTIZATIONS, check_quantization
 
         check_quantization(quantize, "quantize", SEARCH_QUANTIZATIONS)
     index = corpus_or_index
+    if isinstance(index, SearchIndex):
+        index.check_nprobe(nprobe, use_faiss, quantize)  # before any encoding
+    elif nprobe is not None:  # a corpus of strings is searched exactly
+        from mirrorbert.search.approximate import check_query_nprobe
+
+        check_query_nprobe(nprobe, None)
     if not isinstance(index, SearchIndex):
         index = build_index(encoder, index, batch_size=batch_size, use_faiss=use_faiss, show_progress=show_progress)
     single = isinstance(queries, str)
@@ -404,7 +427,8 @@ def search(encoder, queries: str | Sequence[str], corpus_or_index: SearchIndex |
     if not queries:
         return []
     vectors = encoder.encode(queries, batch_size=batch_size, normalize=True)
-    hits = index.search_vectors(vectors, top_k, chunk_size=chunk_size, use_faiss=use_faiss, quantize=quantize)
+    hits = index.search_vectors(vectors, top_k, chunk_size=chunk_size, use_faiss=use_faiss, quantize=quantize,
+                                nprobe=nprobe)
     return hits[0] if single else hits
 
 

@@ -44,6 +44,7 @@ import mirrorbert.jsonio as jsonio
 from mirrorbert.data.readers import MAX_LINE_BYTES, UNSAFE_CHARS, shown
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.confined import ConfinedFolder
+from mirrorbert.safeguards.preflight import looks_like_path
 from mirrorbert.safeguards.readback import PositionedReader, file_sha256, open_regular, parse_json, stream_sha256
 from mirrorbert.search.index_files import IVF_FILES, open_member, open_vectors, read_ids_npy, read_ivf_parts
 from mirrorbert.search.index_files import damaged as _damaged
@@ -312,14 +313,17 @@ def _write_ivf(folder: Path, vectors, manifest: Manifest, nprobe: int | None, se
                     "seed": seed}
 
 
-def check_index(folder: Path, model: str, corpus: str | None = None, option: str = "--index") -> Manifest:
-    """The manifest, after checking that `model` is the model that built the index and the corpus file is
-    unchanged (the one given, or the one the manifest names when it is still there). Before any weight loads.
+def check_index(folder: Path, model: str | None, corpus: str | None = None, option: str = "--index") -> Manifest:
+    """The manifest, after checking that `model` (--model; None: the model the manifest names) is the model that
+    built the index and the corpus file is unchanged (the one given, or the one the manifest names when it is
+    still there). Before any weight loads.
 
     The corpus is hashed only when it is a regular file (or a dataset folder) of the size the manifest
     recorded: a manifest naming /dev/zero, a FIFO or a huge file is refused at once, not read forever."""
     manifest = Manifest.read(folder, option)
-    if model_fingerprint(model) != manifest.model_sha256:
+    if model is None:
+        _check_named_model(manifest, folder, option)
+    elif model_fingerprint(model) != manifest.model_sha256:
         raise UserError(f"{option} {folder}: built by another model ({shown(manifest.model)}); --model {model} "
                         "differs (its files' SHA-256 do not match): rebuild the index with `mirrorbert index`")
     path = Path(corpus) if corpus is not None else Path(manifest.corpus)
@@ -341,6 +345,20 @@ def check_index(folder: Path, model: str, corpus: str | None = None, option: str
                         f"(SHA-256 differs; the index has {manifest.corpus_lines} lines): rebuild it with "
                         "`mirrorbert index`")
     return manifest
+
+
+def _check_named_model(manifest: Manifest, folder: Path, option: str) -> None:
+    """The model the manifest names, for a search without --model: a folder whose files have the recorded
+    fingerprint, or a Hub id (a name no folder here has). Anything else that exists there (a file, /dev/zero,
+    a FIFO) is refused unopened: the manifest names its fingerprint too, so only a folder's own files check it."""
+    named, where = manifest.model, f"{option} {folder}: {MANIFEST} names the model {shown(manifest.model)}"
+    if os.path.lexists(named) and not os.path.isdir(named):
+        raise UserError(f"{where}, which is not a folder: give the model with --model")
+    if not os.path.lexists(named) and looks_like_path(named):
+        raise UserError(f"{where}, which is not here (no such folder): give the model with --model")
+    if model_fingerprint(named) != manifest.model_sha256:
+        raise UserError(f"{option} {folder}: the model it names ({shown(named)}) changed since the index was built "
+                        "(its files' SHA-256 do not match): rebuild the index with `mirrorbert index`")
 
 
 def check_settings(manifest: Manifest, folder: Path, pooling: str | None, max_length: int | None) -> None:

@@ -4,6 +4,7 @@ Modules: `engine` (the loop: steps, epochs, progress, checkpoints, resume, preem
 `checkpoints` (verified checkpoint folders, rotation, resume rules), `state_format` (training state as
 safetensors + JSON, no pickle), `optim` (optimiser, schedule, one update), `signals` (interrupts and
 preemption), `gradcache` (cached-gradient steps: big contrastive batches in small memory), `prefetch`
-(batches made ahead in a thread), `collapse` (did the embeddings collapse, and why). Device, precision, seeds
+(batches made ahead in a thread), `loss_record` (the reported losses: means over stated windows, carried
+through checkpoints), `collapse` (did the embeddings collapse, and why). Device, precision, seeds
 and processes are `mirrorbert.runtime`, below.
 """

