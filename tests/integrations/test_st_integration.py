@@ -48,7 +48,7 @@ def trainer_for(model, strings, tmp_path, loss, collator=None, max_steps=1):
 
     args = SentenceTransformerTrainingArguments(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=len(strings),
                                                 max_steps=max_steps, learning_rate=1e-3, report_to=[], use_cpu=True,
-                                                seed=0, save_strategy="no", warmup_ratio=0.0)
+                                                seed=0, save_strategy="no")
     kwargs = {"data_collator": collator} if collator is not None else {}
     return SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_dict({"text": strings}),
                                       loss=loss, **kwargs)

@@ -433,3 +433,27 @@ def test_an_unrelated_error_inside_a_write_passes_through(tmp_path):
         with safety.write_errors(tmp_path / "x.npy"):
             raise OSError(errno.EACCES, "Permission denied", "/etc/somewhere-else")
     assert not isinstance(caught.value, UserError)
+
+
+def test_a_killed_token_store_build_is_cleaned_up_by_the_next_build(tmp_path, tiny_bert, corpus):
+    """The training token cache's temporary carries an owner record too: after a writer killed mid-build, the
+    next build of the same store removes what it left and nothing else."""
+    from transformers import AutoTokenizer
+
+    from mirrorbert.data.strings import load_training_strings
+    from mirrorbert.data.token_store import open_token_store, store_key
+
+    data = tmp_path / "strings.txt"
+    data.write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    strings = load_training_strings(data=str(data))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    cache = tmp_path / "tokens"
+    cache.mkdir()
+    root = cache / store_key(strings.fingerprint, tokenizer, 16)
+    _die_leaving(root, "(safety.make_temporary(target, folder=True) / 'ids.bin').write_bytes(b'half')")
+    other = cache / ".someone-elses.tmp-file"
+    other.write_bytes(b"not ours")
+    assert len(_leftovers(cache)) == 2
+    store = open_token_store([list(strings.strings)], strings.fingerprint, tokenizer, 16, cache_dir=cache)
+    assert len(store) == len(corpus)
+    assert _leftovers(cache) == [other.name]

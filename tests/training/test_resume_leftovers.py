@@ -35,6 +35,7 @@ def test_a_resume_into_another_output_names_both_folders(tmp_path, tiny_bert, st
 def test_a_resume_in_place_prunes_by_the_keep_rule_and_says_what_stays(tmp_path, tiny_bert, strings_file, caplog):
     out = tmp_path / "out"
     train(cfg_for(tiny_bert, strings_file, out, steps=2, save_every=1, keep_checkpoints=2))
+    caplog.clear()  # the first run's own lines (captured when an earlier test left the logger at INFO)
     with caplog.at_level(logging.INFO, logger=ENGINE):
         train(cfg_for(tiny_bert, strings_file, out, steps=4, save_every=1, keep_checkpoints=2, overwrite=True,
                       resume=str(tmp_path / "out.checkpoints")))

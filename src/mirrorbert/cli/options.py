@@ -90,6 +90,8 @@ _SPECS = (
     _spec("--eval-batch-size", "batch size of the evaluations", type=int, default=64),
     _spec("--packing", PACKING_HELP, choices=PACKING_MODES, default="auto"),
     _spec("--quantize", "float32 (exact vectors) or a quantisation", default="float32"),
+    _spec("--nprobe", "ivf: lists scanned per query; more finds more true neighbours, more slowly",
+          unset="index: 4 x the square root of nlist; search: the index's own", type=int),
     # optimisation
     _spec("--lr", "AdamW learning rate", type=float),
     _spec("--weight-decay", "AdamW weight decay", type=float, default=0.01),

@@ -36,10 +36,7 @@ def add_search_parser(sub) -> None:
     p.add_argument("--faiss", default="auto", help="use faiss IndexFlatIP: auto (when installed, default) | yes | no; "
                                                   "results are the same either way; with an approximate (ivf) "
                                                   "--index, no scans every vector exactly instead")
-    p.add_argument("--nprobe", type=int, default=None,
-                   help="with an approximate (ivf) --index: lists scanned per query, 1 to the index's nlist "
-                        "(default: the nprobe the index was built with); more finds more true neighbours, more "
-                        "slowly")
+    options.add(p, use("nprobe", note="with an approximate (ivf) --index, set per search: 1 to the index's nlist"))
     options.add(p, "pooling", use("batch_size", note="strings per forward pass"), "max_length", "device",
                 use("quantize", note="int8 | ubinary: candidates from the quantised corpus, rescored with the float "
                                      "query (scores are then not exact cosines); needs faiss"),
@@ -225,10 +222,8 @@ def add_index_parser(sub) -> None:
                    help=f"exact (a scan: exact hits) | ivf (approximate: faiss IVF with 8-bit codes, candidates "
                         f"rescored exactly; needs faiss) | auto (default: exact below {AUTO_IVF_ROWS:,} rows, ivf "
                         "from there on when faiss is installed)")
-    p.add_argument("--nprobe", type=int, default=None,
-                   help="ivf: lists scanned per query, recorded in the index as the default of search --index "
-                        "(default: 4 x sqrt(nlist), so it grows with the corpus; search --nprobe sets it per "
-                        "search); more finds more true neighbours, more slowly")
+    options.add(p, use("nprobe", note="recorded in the index as the default of search --index, which can set it "
+                                       "per search"))
     p.set_defaults(func=run_index)
 
 

@@ -73,9 +73,10 @@ def default_nprobe(nlist: int) -> int:
     """Lists scanned per query: NPROBE_PER_SQRT_NLIST * sqrt(nlist), never more than there are (all of them up
     to 16 lists). Real sentence vectors are not the tight clusters k-means likes: a query's true neighbours lie
     in many lists, and the share of lists it must scan for a given recall falls only as about 1/sqrt(nlist).
-    So nprobe grows with sqrt(nlist), i.e. with the corpus's size to the power 1/4 (nlist = default_nlist(rows));
-    on all-MiniLM-L6-v2 vectors of Wikipedia, STS and WordNet texts this keeps recall@10 near 0.97 from 2k to
-    190k rows (benchmarks/ivf_recall.py, docs/guide/search.md), where a fixed 32 lists fell to 0.92 at 27k."""
+    So nprobe grows with sqrt(nlist): with the corpus's size to the power 1/4 from 25,600 rows, where
+    default_nlist reaches 4 * sqrt(rows);
+    on all-MiniLM-L6-v2 vectors of Wikipedia, STS and WordNet texts this keeps recall@10 at 0.976-0.984 from 2k
+    to 192k rows (benchmarks/ivf_recall.py, docs/guide/search.md), where 32 lists found 0.92-0.94 from 27k on."""
     return min(nlist, max(1, round(NPROBE_PER_SQRT_NLIST * math.sqrt(nlist))))
 
 

@@ -349,7 +349,7 @@ class CheckpointManager:
         steps = sorted(s for s in self.all_steps() if s < current)
         for step in steps[: max(0, len(steps) + 1 - max(1, self.keep))]:
             folder = self.root / f"step-{step}"
-            stray = checkpoint_stray(folder)
+            stray = None if folder.is_symlink() else checkpoint_stray(folder)  # a link: only the link goes
             if stray is not None:  # not provably ours: left where it is
                 logger.warning("--checkpoint-dir: %s is not a checkpoint mirrorbert can prove it wrote (%s); "
                                "left in place", folder, stray)
