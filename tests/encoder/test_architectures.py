@@ -86,7 +86,11 @@ def _packs_here(model_type: str) -> bool:
     from mirrorbert.compat import transformers_takes_4d_mask
     from mirrorbert.encoder.packing import PACKING_RECIPES
 
-    return transformers_takes_4d_mask() or not PACKING_RECIPES[model_type].needs_4d
+    from mirrorbert.compat import installed_version
+
+    recipe = PACKING_RECIPES[model_type]
+    return (transformers_takes_4d_mask() or not recipe.needs_4d) and \
+        installed_version("transformers") >= recipe.min_transformers
 
 
 @pytest.mark.slow

@@ -129,6 +129,8 @@ def test_packed_and_grouped_embeddings_equal_padded(arch, pooling, budget, monke
         assert "position_ids" in packing.unsupported_reason(enc.model)
     elif packing.PACKING_RECIPES[name].needs_4d and not transformers_takes_4d_mask():
         assert "transformers 5" in packing.unsupported_reason(enc.model)
+    elif installed_version("transformers") < packing.PACKING_RECIPES[name].min_transformers:
+        assert "packed from transformers" in packing.unsupported_reason(enc.model)
     else:
         assert packing.unsupported_reason(enc.model) is None, name
     ids = enc.tokenize(TEXTS)

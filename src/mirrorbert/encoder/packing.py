@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from mirrorbert.compat import transformers_takes_4d_mask
+from mirrorbert.compat import installed_version, transformers_takes_4d_mask
 from mirrorbert.settings.choices import PACKING_MODES
 from mirrorbert.errors import UserError
 from mirrorbert.encoder.pooling import needs_hidden_states, pool_views
@@ -62,23 +62,28 @@ class PackingRecipe:
     positions: str
     mask: str = "prepared"
     needs_4d: bool = False  # packs only where transformers takes a prepared 4D mask (5.x)
+    # The oldest transformers this type's equivalence test passed on: older 5.x releases still built these
+    # types' masks themselves (a 4D mask was "Wrong shape"), so there they run length groups.
+    min_transformers: tuple[int, ...] = ()
 
+
+TESTED_NEWER = (5, 24)  # proven on 5.24; on 5.0 these four refuse a prepared mask
 
 PACKING_RECIPES = {
     "bert": PackingRecipe("zero"),
     "electra": PackingRecipe("zero"),
     "distilbert": PackingRecipe("zero"),
-    "megatron-bert": PackingRecipe("zero"),
+    "megatron-bert": PackingRecipe("zero", min_transformers=TESTED_NEWER),
     "ernie": PackingRecipe("zero"),
     "albert": PackingRecipe("zero", needs_4d=True),  # 4.x unsqueezes the mask itself: 2D only
     "roberta": PackingRecipe("after_pad"),
     "xlm-roberta": PackingRecipe("after_pad"),
     "camembert": PackingRecipe("after_pad"),
     "data2vec-text": PackingRecipe("after_pad"),
-    "mpnet": PackingRecipe("after_pad"),
-    "roformer": PackingRecipe("relative"),
+    "mpnet": PackingRecipe("after_pad", min_transformers=TESTED_NEWER),
+    "roformer": PackingRecipe("relative", min_transformers=TESTED_NEWER),
     "deberta-v2": PackingRecipe("zero", mask="pairwise"),
-    "modernbert": PackingRecipe("zero", mask="per_layer_type", needs_4d=True),
+    "modernbert": PackingRecipe("zero", mask="per_layer_type", needs_4d=True, min_transformers=TESTED_NEWER),
 }
 PACKABLE_MODEL_TYPES = tuple(PACKING_RECIPES)
 # Attention implementations reading a dense 4D mask: sdpa takes a boolean one, eager an additive one.
@@ -116,6 +121,9 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         return f"{type(model).__name__}.forward takes no position_ids"
     if recipe.needs_4d and not transformers_takes_4d_mask():
         return f"{model_type} takes a block-diagonal mask only on transformers 5"
+    if recipe.min_transformers and installed_version("transformers") < recipe.min_transformers:
+        return (f"{model_type} is packed from transformers {'.'.join(map(str, recipe.min_transformers))} on, where "
+                "it takes a block-diagonal mask")
     return None
 
 
