@@ -188,11 +188,11 @@ def test_modules_json_naming_a_foreign_module_is_refused(tiny_bert, tmp_path):
     (folder / "modules.json").write_text(json.dumps(modules), encoding="utf-8")
     with pytest.raises(UserError, match="modules.json.*evilpkg.Pooling"):
         Encoder.load(folder, device="cpu")
-    from mirrorbert.safeguards.model_loading import check_sentence_transformers_modules
+    from mirrorbert.safeguards.model_loading import check_remote_code
 
     with pytest.raises(UserError, match="--trust-remote-code"):
-        check_sentence_transformers_modules(folder)
-    check_sentence_transformers_modules(folder, trust_remote_code=True)
+        check_remote_code(folder)
+    check_remote_code(folder, trust_remote_code=True)
 
 
 # --------------------------------------------------------------------------- pickle weights

@@ -97,12 +97,11 @@ def sentence_transformers_modules(mode: str, dim: int, num_layers: int, normaliz
 def pooling_from_sentence_transformers(folder) -> tuple[str | None, bool]:
     """Read back (pooling mode, normalize) from a sentence-transformers folder; (None, False) if not one.
 
-    `folder` is a checked `ModelFolder` (or a path, checked here): modules.json and each module's config.json
-    are read as the confined reader parsed them, never opened again."""
+    `folder` is a checked `ModelFolder` (`vet_model_folder`): modules.json and each module's config.json are
+    read as the confined reader parsed them, never opened again."""
     from mirrorbert.errors import UserError
-    from mirrorbert.safeguards.model_folder import ModelFolder, vet_model_folder
 
-    model = folder if isinstance(folder, ModelFolder) else vet_model_folder(folder, trust_remote_code=True)
+    model = folder
     if "modules.json" not in model.json:
         return None, False
     where = model.folder.given / "modules.json"

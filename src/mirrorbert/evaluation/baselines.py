@@ -87,8 +87,7 @@ class SentenceTransformerEncoder:
 
     def __init__(self, model_name_or_path: str | Path, device: str | None = None, trust_remote_code: bool = False,
                  **kwargs: Any) -> None:
-        from mirrorbert.safeguards.model_loading import (check_pickle_weights, check_remote_code,
-                                              check_sentence_transformers_modules, loader_refusal)
+        from mirrorbert.safeguards.model_loading import check_pickle_weights, check_remote_code, loader_refusal
 
         try:
             from sentence_transformers import SentenceTransformer
@@ -96,7 +95,6 @@ class SentenceTransformerEncoder:
             raise UserError("this model needs sentence-transformers (pip install 'mirrorbert[st]')") from None
         # before sentence-transformers reads anything: it imports the classes modules.json names
         check_remote_code(model_name_or_path, trust_remote_code)
-        check_sentence_transformers_modules(model_name_or_path, trust_remote_code)
         check_pickle_weights(model_name_or_path)
         try:
             self.model = SentenceTransformer(str(model_name_or_path), device=device,

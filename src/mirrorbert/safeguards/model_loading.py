@@ -28,7 +28,7 @@ from typing import Any
 
 from mirrorbert.compat import from_pretrained_takes_weights_only
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.model_folder import REMOTE_CODE_FILES, TRUST_OPTION, summary as _summary
+from mirrorbert.safeguards.model_folder import TRUST_OPTION, summary as _summary
 
 TRUST_HELP = ("run Python code shipped with the model (an auto_map in its config.json or tokenizer_config.json); "
               "only for a model whose author you trust. Without it such a model is refused; nothing is ever asked "
@@ -39,19 +39,6 @@ def check_trust_flag(value: Any, option: str = "trust_remote_code") -> bool:
     if not isinstance(value, bool):
         raise UserError(f"{option}: must be true or false, not {value!r}")
     return value
-
-
-def remote_code_request(folder: str | os.PathLike) -> str | None:
-    """What in a local folder asks to run code from it ("its config.json asks ... (auto_map: ...)"), or None;
-    the folder's files are read through the confined reader (a damaged one is its error)."""
-    from mirrorbert.safeguards.model_folder import vet_model_folder
-
-    model = vet_model_folder(folder, trust_remote_code=True)
-    for name in REMOTE_CODE_FILES:
-        data = model.get(name)
-        if isinstance(data, dict) and data.get("auto_map"):
-            return f"its {name} asks to run code from the folder (auto_map: {_summary(data['auto_map'])})"
-    return None
 
 
 def _refusal(name: str, option: str, reason: str) -> UserError:
@@ -66,13 +53,6 @@ def check_remote_code(name: str | os.PathLike, trust_remote_code: bool = False, 
 
     check_trust_flag(trust_remote_code)
     vet_if_local(name, option, trust_remote_code)
-
-
-def check_sentence_transformers_modules(folder: str | os.PathLike, trust_remote_code: bool = False,
-                                        option: str = "--model") -> None:
-    """A modules.json naming a module type outside sentence-transformers' module packages is code from
-    elsewhere: refused unless trusted (sentence-transformers would import it). Part of the folder's check."""
-    check_remote_code(folder, trust_remote_code, option)
 
 
 def _remote_code_error(exc: BaseException, name: str, option: str) -> UserError | None:
