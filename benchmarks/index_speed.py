@@ -42,8 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from sentence_transformers import util
 
     from mirrorbert.encoder.model import Encoder
-    from mirrorbert.search.index_store import Manifest, load_index
-    from mirrorbert.search.exact import faiss_available
+    from mirrorbert.search.exact import SearchIndex, faiss_available
 
     data = Path(args.data_dir)
     model = args.model or default_model()
@@ -51,9 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "index"
         encode_corpus_s = build_index_folder(model, source, args.rows, folder)
-        manifest = Manifest.read(folder)
-        index, _ = load_index(folder, manifest, use_faiss=False)
-        faiss_index = load_index(folder, manifest, use_faiss=True)[0] if faiss_available() else None
+        index = SearchIndex.load(folder, use_faiss=False)
+        faiss_index = SearchIndex.load(folder, use_faiss=True) if faiss_available() else None
     texts = stsb_query_texts(data, args.queries)
     encoder = Encoder.load(model, device="cpu")
     queries = encoder.encode(texts, batch_size=64, normalize=True)

@@ -84,7 +84,7 @@ def real_vectors(model: str, texts: list[str], cache: Path, batch_size: int = 64
     model files; encoded (and cached) otherwise, with a progress line on stderr every 30 s."""
     import numpy as np
 
-    from mirrorbert.search.index_store import model_fingerprint
+    from mirrorbert.search.fingerprints import model_fingerprint
 
     key = hashlib.sha256((model_fingerprint(model) + "\0" + "\n".join(texts)).encode("utf-8")).hexdigest()[:16]
     path, seconds = cache / f"vectors-{key}.npy", cache / f"vectors-{key}.json"

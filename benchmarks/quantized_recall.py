@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from mirrorbert.encoder.model import Encoder
-    from mirrorbert.search.index_store import Manifest, load_index
-    from mirrorbert.search.quantized import hits_as_arrays, st_quantization, quantized_topk, recall_at_k
+    from mirrorbert.search.exact import SearchIndex
+    from mirrorbert.search.quantized import hits_as_arrays, st_quantization, quantized_topk
 
     quantize_embeddings, semantic_search_faiss = (st_quantization().quantize_embeddings,
                                                   st_quantization().semantic_search_faiss)
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.index) if args.index else Path(tmp) / "index"
         encode_s = None if args.index else build_index_folder(model, source, args.rows, folder)
-        index, _ = load_index(folder, Manifest.read(folder), use_faiss=False)
+        index = SearchIndex.load(folder, use_faiss=False)
     texts = stsb_query_texts(data, args.queries)
     queries = Encoder.load(model, device="cpu").encode(texts, batch_size=64, normalize=True)
     corpus, k = index.vectors, args.top_k
@@ -105,6 +105,14 @@ def main(argv: list[str] | None = None) -> int:
         report["sides"][name] = entry
     print_report(report, args.output)
     return 0
+
+
+def recall_at_k(reference_ids, ids) -> float:
+    """Mean share of the reference top-k found in the approximate top-k (order ignored)."""
+    import numpy as np
+
+    shares = [len(set(r.tolist()) & set(a.tolist())) / max(1, len(r)) for r, a in zip(reference_ids, ids)]
+    return float(np.mean(shares)) if shares else 0.0
 
 
 if __name__ == "__main__":

@@ -108,7 +108,10 @@ def profile_train(model: Path, strings: list[str], args, peak: float) -> dict:
     from mirrorbert.encoder.model import Encoder
     from mirrorbert.training.optim import backward_and_step, build_optimizer
     from mirrorbert.runtime.randomness import derived_generator
-    from mirrorbert.mirror.step import STREAM_MASK, _Plan, mirror_step_loss
+    from mirrorbert.mirror.loss import build_loss
+    from mirrorbert.mirror.step import mirror_step_loss
+    from mirrorbert.mirror.views import STREAM_MASK, STREAM_ORDER
+    from mirrorbert.training.plan import BatchPlan
     from mirrorbert.mirror.views import SecondViews, tokenize_once
 
     encoder = Encoder.load(model, pooling="mean", device="cpu")
@@ -118,13 +121,13 @@ def profile_train(model: Path, strings: list[str], args, peak: float) -> dict:
     token_ids = tokenize_once(tok, strings, args.max_length)
     second = SecondViews(tok, strings, token_ids, "char", 5, 30, args.max_length).draw(
         derived_generator(42, STREAM_MASK, 0))
-    batches = _Plan(len(strings), args.batch_size, 0, 42).epoch_batches(0)[: args.steps + 1]
+    batches = BatchPlan(len(strings), args.batch_size, 42, STREAM_ORDER).epoch_batches(0)[: args.steps + 1]
     optimizer = build_optimizer(encoder, 2e-5, 0.01)
     device = torch.device("cpu")
 
     def step(index: list[int]) -> None:
         first, views = [token_ids[i] for i in index], [second[i] for i in index]
-        loss = mirror_step_loss(encoder, first, views, tok.pad_token_id, 0.04, False, device, "fp32")
+        loss = mirror_step_loss(encoder, first, views, build_loss("infonce", 0.04), device, "fp32")
         backward_and_step(loss, optimizer)
         loss.item()
 

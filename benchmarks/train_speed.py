@@ -57,10 +57,11 @@ def same_batches(data: Path, steps: int, batch: int, seed: int = 42) -> list[lis
     """The exact batches `mirrorbert.train` draws first (same dedup, same seeded order), so both sides
     pad and process identical inputs: step time depends strongly on each batch's longest string."""
     from mirrorbert.data.strings import load_training_strings
-    from mirrorbert.mirror.step import _Plan
+    from mirrorbert.mirror.views import STREAM_ORDER
+    from mirrorbert.training.plan import BatchPlan
 
     strings = load_training_strings(data=str(data), seed=seed).strings
-    order = _Plan(len(strings), batch, 0, seed).epoch_batches(0)
+    order = BatchPlan(len(strings), batch, seed, STREAM_ORDER).epoch_batches(0)
     return [[strings[i] for i in index] for index in order[: steps + 1]]
 
 

@@ -24,7 +24,7 @@ from tiny_models import CORPUS
 from mirrorbert.runtime.distributed import init_from_env, sharded_encoding
 from mirrorbert.encoder.model import Encoder
 from mirrorbert.errors import UserError
-from mirrorbert.mirror.loss import mirror_infonce
+from mirrorbert.mirror.loss import MirrorInfoNCE
 from mirrorbert.encoder.packing import unsupported_reason
 from mirrorbert.mirror.step import embed_views
 from mirrorbert.mirror.views import tokenize_once
@@ -50,10 +50,10 @@ def main(model: str, outdir: str) -> int:
     for controlled in (False, True):
         reference.zero_grad()
         encoder.zero_grad()
-        expected = mirror_infonce(embed_views(reference, first, second, controlled, cpu, "fp32"), 0.05)
+        expected = MirrorInfoNCE(0.05)(embed_views(reference, first, second, controlled, cpu, "fp32"))
         expected.backward()
         local = embed_views(encoder, ctx.shard(first), ctx.shard(second), controlled, cpu, "fp32")
-        loss = mirror_infonce(ctx.gather_views(local, len(first)), 0.05)
+        loss = MirrorInfoNCE(0.05)(ctx.gather_views(local, len(first)))
         loss.backward()
         grads = dict(reference.model.named_parameters())
         diff = max((p.grad - grads[n].grad).abs().max().item()

@@ -132,7 +132,7 @@ def test_the_cli_reference_check_fails_on_a_changed_option(monkeypatch):
     spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen_docs.py")
     gen_docs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen_docs)
-    spec_seed = options.SPECS["seed"]
-    monkeypatch.setitem(options.SPECS, "seed", options.Spec(spec_seed.flag, spec_seed.help,
-                                                            {**spec_seed.kwargs, "default": 43}, spec_seed.unset))
+    spec_seed = options.SPECS["seeds"]
+    monkeypatch.setitem(options.SPECS, "seeds", options.Spec(spec_seed.flag, spec_seed.help,
+                                                             {**spec_seed.kwargs, "default": 43}, spec_seed.unset))
     assert gen_docs.CLI_PAGE in gen_docs.stale_pages()

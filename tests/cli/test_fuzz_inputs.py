@@ -176,7 +176,7 @@ def test_triplet_reader(content):
 @FUZZ
 @given(content=FILE_CONTENT)
 def test_mlm_corpus_reader(content):
-    from mirrorbert.mlm.corpus import check_corpus_files, iter_sentences
+    from mirrorbert.mlm.corpus_lines import check_corpus_files, iter_sentences
 
     with written(content, ".txt") as path:
         try:

@@ -3,7 +3,8 @@
 (a) nothing outside mirrorbert/cli builds a parser or adds an option; (b) no flag is written out in two
 add_argument calls, nor in one when options.py defines it; (c) every command that takes a shared option
 parses it as options.py says (type, action, dest, help wording first), apart from the few differences listed
-here, and its --help states the real default.
+here, and its --help states the real default. The trainers' flags come from their config fields
+(tests/settings/test_fields.py); they are held to the same rules here.
 """
 
 from __future__ import annotations
@@ -101,24 +102,38 @@ def test_shared_options_are_parsed_and_worded_alike_everywhere():
 
 
 def _stated(help_text: str) -> str | None:
-    """The X of the last "(default: X)" or "(default X)" in a help text."""
-    found = re.findall(r"\(default:? ([^)]*)\)", help_text)
-    return found[-1].replace("; --preset sets its own", "") if found else None
+    """The X of the last "(default: X)" or "(default X)" in a help text (without what the presets set)."""
+    found = re.findall(r"\(default:? ((?:[^()]|\([^()]*\))*)\)", help_text)
+    return found[-1].split("; presets: ")[0] if found else None
+
+
+def _trainer_fields(command: str) -> dict:
+    """dest -> config field of a trainer's command (empty for the other commands)."""
+    import dataclasses
+
+    from mirrorbert.gloss.config import GlossPretrainConfig
+    from mirrorbert.mirror.config import TrainConfig
+    from mirrorbert.mlm.config import PretrainConfig
+
+    config = {"train": TrainConfig, "pretrain-mlm": PretrainConfig, "gloss-pretrain": GlossPretrainConfig}.get(command)
+    return {f.name: f for f in dataclasses.fields(config)} if config else {}
 
 
 def test_help_states_the_real_default_of_every_shared_option():
-    from mirrorbert.cli.train import train_defaults
+    from mirrorbert.settings.fields import field_default
 
     checked = 0
     for command, parser in _parsers().items():
-        defaults = train_defaults() if command == "train" else {}
+        fields = _trainer_fields(command)
         for action in parser._actions:
             spec = options.BY_FLAG.get(action.option_strings[0] if action.option_strings else None)
             stated = _stated(action.help or "") if spec is not None else None
             if stated is None or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
                 continue
-            value = defaults.get(action.dest, action.default)
-            expected = spec.unset if value is None and spec.unset else "none" if value is None else str(value)
+            field = fields.get(action.dest)
+            value = field_default(field) if field is not None else action.default  # train's argparse ones are None
+            unset = field.metadata.get("unset") if field is not None else spec.unset
+            expected = unset if value is None and unset else "none" if value is None else str(value)
             assert stated.replace("%%", "%") == expected, f"{command} {spec.flag}: says {stated}, is {value!r}"
             checked += 1
     assert checked >= 50

@@ -211,9 +211,11 @@ def test_python_api_refuses_bad_arguments_at_the_call(tiny_bert):
                             ({"batch_size": 2.5}, "batch_size"), ({"precision": "fp8"}, "precision")]:
         with pytest.raises(ValueError, match=message):
             encoder.encode(["the cat"], **kwargs)
+    from mirrorbert.search import search
+
     for top_k in (2.5, "3", 0, True):
         with pytest.raises(ValueError, match="top-k"):
-            encoder.search(["the cat"], ["a dog", "the bank"], top_k=top_k)
+            search(encoder, ["the cat"], ["a dog", "the bank"], top_k=top_k)
     for kwargs, message in [({"model": 123}, "--model"), ({"lr": "abc"}, "--lr"), ({"batch_size": 1.5}, "--batch-size"),
                             ({"temperature": -1.0}, "--temperature"), ({"preset": "bogus"}, "--preset"),
                             ({"lr": float("inf")}, "--lr"), ({"data": 5}, "--data")]:

@@ -1,6 +1,6 @@
 """One resolution path: a command's Python entry point and its CLI give the same settings for the same inputs.
 
-`train` resolves presets through `config.with_preset` (tests/mirror/test_config.py); the other commands with a
+`train` resolves presets in `TrainConfig` itself (tests/mirror/test_config.py); the other commands with a
 Python config dataclass must not keep a second set of defaults in argparse that could drift from it.
 """
 

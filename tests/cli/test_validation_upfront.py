@@ -251,18 +251,27 @@ def test_causal_lm_warns_once(tiny_bert, tmp_path, caplog):
     assert len(warnings) == 1
 
 
-def test_mask_span_that_never_applies_warns(caplog):
-    from mirrorbert.mirror.views import valid_span_starts, warn_if_span_never_applies
+def test_mask_span_that_never_applies_warns(caplog, tiny_bert):
+    from transformers import AutoTokenizer
 
-    special = {0, 1}
-    ids = [[0, 5, 6, 1], [0, 5, 6, 7, 1]]  # 2 and 3 real tokens
+    from mirrorbert.mirror.views import SecondViews, special_token_ids, tokenize_once, valid_span_starts
+
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    strings = ["the dog", "the dog runs"]
+    ids = tokenize_once(tok, strings, 16)
+    special = special_token_ids(tok)
+    longest = max(sum(1 for t in s if t not in special) for s in ids)
+
+    def warns(k: int) -> bool:
+        return SecondViews.from_lists(tok, strings, ids, "token", k, 30, 16).warn_if_never_applies()
+
     with caplog.at_level(logging.WARNING, logger="mirrorbert.mirror.views"):
-        assert warn_if_span_never_applies(ids, 3, special)
-        assert not warn_if_span_never_applies(ids, 2, special)
-        assert not warn_if_span_never_applies(ids, 0, special)
+        assert warns(longest)
+        assert not warns(longest - 1)
+        assert not warns(0)
     assert len([r for r in caplog.records if "never applies" in r.getMessage()]) == 1
     # the warning agrees with the masking rule itself
-    assert not any(valid_span_starts(s, 3, special) for s in ids)
+    assert not any(valid_span_starts(s, longest, special) for s in ids)
     assert any(valid_span_starts(s, 2, special) for s in ids)
 
 
@@ -442,14 +451,14 @@ def test_mean_loss_of_last_epoch(tiny_bert, tmp_path, corpus, monkeypatch):
     from mirrorbert.mirror.config import TrainConfig
 
     losses = []
-    real = loss_module.mirror_infonce
+    real = loss_module.MirrorInfoNCE.forward
 
-    def recording(embeddings, temperature):
-        loss = real(embeddings, temperature)
+    def recording(self, embeddings):
+        loss = real(self, embeddings)
         losses.append(loss.item())
         return loss
 
-    monkeypatch.setattr(loss_module, "mirror_infonce", recording)
+    monkeypatch.setattr(loss_module.MirrorInfoNCE, "forward", recording)
     data = tmp_path / "d.txt"
     data.write_text("\n".join(corpus) + "\n", encoding="utf-8")
     cfg = TrainConfig(model=str(tiny_bert), data=str(data), output=str(tmp_path / "out"), batch_size=4,

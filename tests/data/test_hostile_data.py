@@ -1,4 +1,4 @@
-"""Data files from strangers (issue 34): every read is bounded in time and size, a saved dataset folder is read
+"""Data files from strangers: every read is bounded in time and size, a saved dataset folder is read
 only inside itself, `hf:` means the Hub, and text shown from a file cannot drive the terminal."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_a_fifo_is_refused_at_once_for_every_data_option(tmp_path, capsys, suffi
 
 
 def test_a_fifo_parquet_ends_the_process_with_one_line_not_a_deaf_wait(tmp_path):
-    """pyarrow used to open a FIFO blocking, in C++, where SIGTERM went unheard: it is never handed one now."""
+    """pyarrow opens a FIFO blocking, in C++, where SIGTERM goes unheard: it is never handed one."""
     path = fifo(tmp_path / "data.parquet", rescue_after=60)
     code = "from mirrorbert.cli.app import main; import sys; sys.exit(main(sys.argv[1:]))"
     started = time.monotonic()

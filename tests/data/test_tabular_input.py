@@ -1,4 +1,4 @@
-"""Hugging Face / Arrow data as input (issue 19, part 2): Parquet and Arrow files, saved dataset folders and
+"""Hugging Face / Arrow data as input: Parquet and Arrow files, saved dataset folders and
 in-memory datasets give the same strings, ids and results as the same text in a .txt file."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from mirrorbert.data import token_store
+from mirrorbert.data import token_checks, token_store, token_writing
 from mirrorbert.data.readers import chunked
 from mirrorbert.data.token_store import ListStore, open_token_store, store_key
 from mirrorbert.data.strings import fingerprint
@@ -100,7 +100,7 @@ DAMAGE["offsets decreasing across blocks only"] = lambda root: _rewrite(  # each
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_cache_is_set_aside_and_rebuilt(tiny_bert, corpus, tmp_path, caplog, damage, monkeypatch):
-    monkeypatch.setattr(token_store, "ROWS", 2)  # the checks span blocks of strings
+    monkeypatch.setattr(token_checks, "ROWS", 2)  # the checks span blocks of strings
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     good = _open(corpus, tok, tmp_path)
     expected = good.token_ids(range(len(good)))
@@ -126,7 +126,7 @@ def test_a_full_disk_is_one_line_naming_the_cache_and_leaves_nothing(tiny_bert, 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(token_store, "_append_chunk", full)
+    monkeypatch.setattr(token_writing, "_append_chunk", full)
     with pytest.raises(UserError, match="MIRRORBERT_CACHE .*cannot write it"):
         _open(corpus, tok, tmp_path)
     assert list(tmp_path.iterdir()) == []
@@ -169,12 +169,12 @@ def test_a_slow_tokenizer_and_a_backend_that_disagrees_give_the_tokenizers_own_i
         def __len__(self):
             return len(self.tok)
 
-    assert token_store._encode(Proxy(fast), list(corpus), 8) == expected
+    assert token_writing.encode_chunk(Proxy(fast), list(corpus), 8) == expected
 
 
 def test_batches_are_read_without_mapping_the_store_into_the_process(tok, corpus, tmp_path):
     """Positioned reads: a random batch, a run of strings, negative and out-of-range places, and no page of
-    the store left resident in the process (a map's fault-around used to pull in most of the file)."""
+    the store left resident in the process (a map's fault-around pulls in most of the file)."""
     strings = list(corpus) * 40  # duplicates are fine here: the store keeps the order it is given
     store = _open(strings, tok, tmp_path)
     whole = tokenize_once(tok, strings, 16)

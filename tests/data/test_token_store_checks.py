@@ -1,4 +1,4 @@
-"""The token store is used only once checked against the data it claims to hold (issue 34): a store whose
+"""The token store is used only once checked against the data it claims to hold: a store whose
 manifest was rehashed after its ids, strings or dropped strings were forged is set aside and rebuilt with one
 warning; its files are read only inside the store folder; strings that change while they are tokenised leave
 nothing in the cache."""
@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from mirrorbert.data import token_store
+from mirrorbert.data import token_checks
 from mirrorbert.data.readers import chunked
 from mirrorbert.data.strings import fingerprint
+from mirrorbert.data.token_files import ALL_FILES, StoreDamaged
 from mirrorbert.data.token_store import check_store, open_token_store, store_key
 from mirrorbert.errors import UserError
 from mirrorbert.mirror.views import tokenize_once
@@ -81,7 +82,7 @@ def _forge_dropped(root, tok):
              dropped_bytes=m["dropped_bytes"] + len(last))
     store = _rebuilt_counts(root, m, tok)
     m.update(store)
-    _save(root, m, *(f"{stem}.bin" for stem in token_store.ALL_FILES))
+    _save(root, m, *(f"{stem}.bin" for stem in ALL_FILES))
 
 
 def _rebuilt_counts(root, m, tok):
@@ -137,16 +138,16 @@ def test_a_big_store_is_checked_on_a_fresh_sample(tok, corpus, tmp_path, monkeyp
     good = _open(strings, tok, tmp_path)
     root = good.root
     good.close()
-    monkeypatch.setattr(token_store, "FULL_CHECK", 10)
-    monkeypatch.setattr(token_store, "SAMPLE", 4)
+    monkeypatch.setattr(token_checks, "FULL_CHECK", 10)
+    monkeypatch.setattr(token_checks, "SAMPLE", 4)
     drawn = []
-    encode = token_store._encode
+    encode = token_checks.encode_chunk
 
     def recorded(t, texts, n):
         drawn.append(tuple(texts))
         return encode(t, texts, n)
 
-    monkeypatch.setattr(token_store, "_encode", recorded)
+    monkeypatch.setattr(token_checks, "encode_chunk", recorded)
     for _ in range(2):
         check_store(root, root.name, fingerprint(strings), tok, 16).close()
     assert len(drawn) == 2 and all(len(d) == 4 for d in drawn)
@@ -162,7 +163,7 @@ def test_a_big_store_is_checked_on_a_fresh_sample(tok, corpus, tmp_path, monkeyp
     ids.tofile(root / "ids.bin")
     m = _manifest(root)
     _save(root, m, "ids.bin")
-    with pytest.raises(token_store.StoreDamaged, match="not the tokenizer's ids"):
+    with pytest.raises(StoreDamaged, match="not the tokenizer's ids"):
         check_store(root, root.name, fingerprint(strings), tok, 16)
 
 
@@ -178,7 +179,7 @@ def test_a_store_of_other_strings_is_never_used_even_under_the_right_key(tok, co
     m = _manifest(target)
     m.update(key=key, data_sha256=fingerprint(corpus))
     _save(target, m)
-    with pytest.raises(token_store.StoreDamaged, match="data's strings"):
+    with pytest.raises(StoreDamaged, match="data's strings"):
         check_store(target, key, fingerprint(corpus), tok, 16)
     store = _open(corpus, tok, tmp_path / "cache")
     assert list(store.strings) == list(corpus)
@@ -218,7 +219,8 @@ def test_a_manifest_naming_other_files_is_refused(tok, corpus, tmp_path):
     m = _manifest(root)
     m["files"]["../../etc/passwd"] = "0" * 64
     _save(root, m)
-    assert "names other files" in token_store.store_problem(root, root.name, fingerprint(corpus), tok, 16)
+    with pytest.raises(StoreDamaged, match="names other files"):
+        check_store(root, root.name, fingerprint(corpus), tok, 16)
 
 
 def test_strings_that_change_while_tokenised_leave_nothing_in_the_cache(tok, corpus, tmp_path):

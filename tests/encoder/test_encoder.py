@@ -206,7 +206,22 @@ def test_similarity_and_search_inputs_are_checked_by_name(tiny_bert):
                            ({"x": 1}, ["y"], "a:")):
         with pytest.raises(UserError, match=fragment):
             enc.similarity(a, b)
+    from mirrorbert.search import search
+
     with pytest.raises(UserError, match="corpus: item 0 is int"):
-        enc.search(["x"], [1, 2])
+        search(enc, ["x"], [1, 2])
     with pytest.raises(UserError, match="queries: item 0 is bytes"):
-        enc.search([b"x"], ["a", "b"])
+        search(enc, [b"x"], ["a", "b"])
+
+
+def test_search_and_upload_are_functions_that_take_the_encoder(tiny_bert):
+    """Searching and uploading live in search/ and publish/; the old method names say what to call."""
+    from mirrorbert.search import search
+
+    encoder = Encoder.load(tiny_bert, pooling="cls")
+    for name, call in (("search", "mirrorbert.search.search"), ("build_index", "mirrorbert.search.build_index"),
+                       ("push_to_hub", "mirrorbert.publish.hub.push_encoder")):
+        with pytest.raises(AttributeError, match=call.replace(".", r"\.")):
+            getattr(encoder, name)
+    hits = search(encoder, "a dog", ["a dog", "stock markets fell"], top_k=1)
+    assert [h.corpus_id for h in hits] == [0]

@@ -1,4 +1,4 @@
-"""`mirrorbert export` (issue 19, part 3): ONNX / OpenVINO graphs that give PyTorch's vectors.
+"""`mirrorbert export`: ONNX / OpenVINO graphs that give PyTorch's vectors.
 
 Parity is measured the way a server would run the export: `ExportedEncoder` (tokenizers + onnxruntime or
 OpenVINO, no torch) against `Encoder.encode` in PyTorch, on 500 STS-B sentences; the graph file itself

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 
 from mirrorbert.training.optim import build_optimizer

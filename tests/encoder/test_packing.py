@@ -17,7 +17,7 @@ from mirrorbert.encoder import packing
 from mirrorbert.compat import installed_version, transformers_takes_4d_mask
 from mirrorbert.mirror.config import TrainConfig
 from mirrorbert.encoder.model import Encoder
-from mirrorbert.mirror.loss import mirror_infonce
+from mirrorbert.mirror.loss import MirrorInfoNCE
 from mirrorbert.encoder.packing import choose_layout, length_groups, pack, plan_rows
 from mirrorbert.runtime.randomness import replay_rng
 from mirrorbert.mirror.step import embed_views
@@ -173,7 +173,7 @@ def _step(enc, first, second, packing_on):
     enc.zero_grad()
     enc.packing = packing_on
     embeddings = embed_views(enc, first, second, False, torch.device("cpu"), "fp32")
-    loss = mirror_infonce(embeddings, 0.05)
+    loss = MirrorInfoNCE(0.05)(embeddings)
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None}
 

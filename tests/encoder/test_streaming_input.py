@@ -1,4 +1,4 @@
-"""Inputs larger than memory and Hub datasets (issue 19, part 2): `encode` writes the vectors chunk by chunk
+"""Inputs larger than memory and Hub datasets: `encode` writes the vectors chunk by chunk
 into a memory-mapped .npy and reads Parquet one record batch (of the one column) at a time; `hf:OWNER/NAME`
 reads a Hub dataset through `datasets` in streaming mode (faked here: the tests stay offline)."""
 

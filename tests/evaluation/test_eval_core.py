@@ -17,7 +17,7 @@ from scipy.stats import spearmanr
 
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets, evaluate
-from mirrorbert.evaluation.isotropy import evaluate_isotropy, isotropy_score, mean_vector_norm
+from mirrorbert.evaluation.isotropy import IsotropySettings, evaluate_isotropy, isotropy_score, mean_vector_norm
 from mirrorbert.evaluation.qnli import evaluate_qnli, load_qnli, roc_auc, roc_curve_points
 from mirrorbert.evaluation.runner import format_value
 from mirrorbert.evaluation.sts import encode_unique, evaluate_sts, load_pair_score, load_sick, load_stsb
@@ -414,10 +414,25 @@ def test_isotropy_task_with_reference_plot(tmp_path):
     # user-given texts: IS over those, the plot still comes from STS-B pairs (encoded separately)
     texts_file = tmp_path / "texts.txt"
     texts_file.write_text("one\ntwo\n\nthree\n", encoding="utf-8")
-    own = evaluate_isotropy(after, tmp_path, texts_file=texts_file, plot_dir=tmp_path / "q")
+    own = evaluate_isotropy(after, tmp_path, settings=IsotropySettings(texts_file=texts_file), plot_dir=tmp_path / "q")
     assert own["n_texts"] == 3 and own["cos_gap"] == pytest.approx(out["cos_gap"], abs=COSINE_TOL)
     assert own["is"] == pytest.approx(isotropy_score(np.stack([after.vector(t) for t in ("one", "two", "three")])),
                                       rel=1e-5)
+
+
+def test_isotropy_options_reach_its_settings_through_the_runner(tmp_path):
+    """`--option isotropy.KEY=VALUE` names a field of its settings dataclass; any other key is refused."""
+    from mirrorbert.evaluation.runner import check_task_options
+
+    write_stsb(tmp_path, np.random.default_rng(3), n=30)
+    check_task_options({"isotropy": {"max_texts": 5, "seed": 1, "reference_label": "base", "batch_size": 8}})
+    with pytest.raises(UserError, match="no option 'settings'"):
+        check_task_options({"isotropy": {"settings": None}})
+    with pytest.raises(UserError, match="no option 'nope'.*max_texts"):
+        check_task_options({"isotropy": {"nope": 1}})
+    result = evaluate(FakeEncoder(seed=1), tasks="isotropy", data_dir=tmp_path,
+                      task_options={"isotropy": {"max_texts": 5, "seed": 1, "batch_size": 8}})
+    assert result["isotropy"].status == "ok" and result["isotropy"].metrics["n_texts"] == 5
 
 
 # -------------------------------------------------------------------------------------------- runner

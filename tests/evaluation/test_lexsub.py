@@ -9,21 +9,28 @@ import pytest
 import torch
 
 from mirrorbert.errors import DatasetMissing, UserError
-from mirrorbert.evaluation.lexsub import (
-    GenerationConfig,
-    LexSubGenerator,
+from mirrorbert.evaluation.lexsub import GenerationConfig, LexSubGenerator, word_candidates
+from mirrorbert.evaluation.lexsub_data import (
     LexSubItem,
     load_lexsub,
-    normalize_answer,
-    prepare_gold,
+    parse_answer_line,
     read_gold,
     read_preprocessed,
-    read_system_file,
-    score_lexsub,
-    word_candidates,
     write_system_file,
 )
+from mirrorbert.evaluation.lexsub_scoring import normalize_answer, prepare_gold, score_lexsub
 from mirrorbert.data.wordnet import WordNet
+
+
+def read_system_file(path: Path) -> dict[tuple[str, str], list[str]]:
+    """A system answer file in the official format, read as `score.pl` reads it (later duplicates ignored)."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            lemma_pos, item_id, _, entries = parse_answer_line(line)
+            out.setdefault((lemma_pos, item_id), [e.strip() for e in entries])
+    return out
+
 
 # --------------------------------------------------------------------------- hand-computed metrics
 GOLD = """\

@@ -205,7 +205,7 @@ def _gloss_cases() -> list[FileCase]:
             (step / "manifest.json").unlink()
 
         def read(ctx):
-            from mirrorbert.gloss.pretrain import _gloss_encoder_state
+            from mirrorbert.gloss.parts import _gloss_encoder_state
 
             return _gloss_encoder_state(ctx.folder / "ck" / "step-2" / "model")
 
@@ -554,7 +554,7 @@ def _corpus_edited_while_tokenised(ctx: Context):
 
 
 def _corpus_edited_while_cache_checked(ctx: Context):
-    from mirrorbert.mlm import corpus
+    from mirrorbert.mlm import corpus_checks as corpus
 
     path = ctx.folder / "corpus.txt"
     try:

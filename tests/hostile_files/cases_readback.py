@@ -448,7 +448,7 @@ def _index_cases(env) -> list[FileCase]:
     cases.extend(_ids_npy_cases(env, refused))
     cases.extend(_ivf_cases(env, refused))
 
-    # the Python API: SearchIndex.save/load folders and query vectors
+    # the Python API: SearchIndex.save/load folders (and folders of the first save format) and query vectors
     def saved(ctx, vectors_bytes: bytes | None = None, texts: str | None = None):
         from mirrorbert.search.exact import SearchIndex
 
@@ -458,6 +458,14 @@ def _index_cases(env) -> list[FileCase]:
             (folder / "vectors.npy").write_bytes(vectors_bytes)
         if texts is not None:
             (folder / "texts.jsonl").write_text(texts)
+
+    def first_format(ctx, vectors_bytes: bytes | None = None, texts: str = '"a"\n"b"\n"c"\n"d"\n',
+                     meta: str = '{"format_version": 1}'):
+        folder = ctx.folder / "saved"
+        folder.mkdir()
+        (folder / "vectors.npy").write_bytes(vectors_bytes or _npy(np.eye(4, 8, dtype=np.float32)))
+        (folder / "texts.jsonl").write_text(texts)
+        (folder / "index.json").write_text(meta)
 
     def load_saved(ctx):
         from mirrorbert.search.exact import SearchIndex
@@ -471,9 +479,19 @@ def _index_cases(env) -> list[FileCase]:
                           names=("vectors.npy",)))
     cases.append(FileCase("read:index:api-load-texts-not-strings", "tampered saved search index",
                           lambda ctx: saved(ctx, texts="{}\n[]\n1\n2\n"), load_saved, names=("texts.jsonl",)))
-    cases.append(FileCase("read:index:api-load-index-json-deeply-nested", "tampered saved search index",
-                          lambda ctx: (saved(ctx), (ctx.folder / "saved" / "index.json").write_text(
-                              "[" * 50000 + "]" * 50000)), load_saved, names=("index.json",)))
+    cases.append(FileCase("read:index:api-load-manifest-deeply-nested", "tampered saved search index",
+                          lambda ctx: (saved(ctx), (ctx.folder / "saved" / "manifest.json").write_text(
+                              "[" * 50000 + "]" * 50000)), load_saved, names=("manifest.json",)))
+    cases.append(FileCase("read:index:api-load-first-format-pickled-vectors", "tampered saved search index",
+                          lambda ctx: first_format(ctx, _pickled_vectors(ctx)), load_saved, names=("vectors.npy",)))
+    cases.append(FileCase("read:index:api-load-first-format-nan-vectors", "tampered saved search index",
+                          lambda ctx: first_format(ctx, _npy(np.full((4, 8), np.nan, np.float32))), load_saved,
+                          names=("vectors.npy",)))
+    cases.append(FileCase("read:index:api-load-first-format-texts-not-strings", "tampered saved search index",
+                          lambda ctx: first_format(ctx, texts="{}\n[]\n1\n2\n"), load_saved, names=("texts.jsonl",)))
+    cases.append(FileCase("read:index:api-load-first-format-index-json-deeply-nested", "tampered saved search index",
+                          lambda ctx: first_format(ctx, meta="[" * 50000 + "]" * 50000), load_saved,
+                          names=("index.json",)))
 
     def nan_query(ctx):
         from mirrorbert.search.exact import SearchIndex
@@ -887,8 +905,8 @@ def _api_cases(env) -> list[FileCase]:
             lambda ctx: encoder(ctx).similarity(np.zeros((2, 7)), ["a"]), ("a:",))
     refused("similarity-nan-vectors", lambda ctx: encoder(ctx).similarity(["a"], np.full((1, 32), np.nan)), ("b:",))
     refused("similarity-dict", lambda ctx: encoder(ctx).similarity({"x": 1}, ["a"]), ("a:",))
-    refused("search-corpus-of-numbers", lambda ctx: encoder(ctx).search(["x"], [1, 2, 3]), ("corpus",))
-    refused("search-queries-of-bytes", lambda ctx: encoder(ctx).search([b"x"], ["a", "b"]), ("queries",))
+    refused("search-corpus-of-numbers", lambda ctx: _search(encoder(ctx), ["x"], [1, 2, 3]), ("corpus",))
+    refused("search-queries-of-bytes", lambda ctx: _search(encoder(ctx), [b"x"], ["a", "b"]), ("queries",))
     refused("encode-list-of-bytes", lambda ctx: encoder(ctx).encode([b"bytes"]), ("texts",))
 
     def similarity_works(ctx):
@@ -917,3 +935,9 @@ def _api_cases(env) -> list[FileCase]:
 def cases(env) -> list[FileCase]:
     return [*_index_cases(env), *_mlm_cases(env), *_data_cases(env), *_eval_cases(env), *_config_cases(env),
             *_api_cases(env)]
+
+
+def _search(encoder, queries, corpus):
+    from mirrorbert.search.exact import search
+
+    return search(encoder, queries, corpus)

@@ -380,7 +380,9 @@ def same_as_fresh(ctx: Context, result: Result) -> str | None:
 
 def index_save(target: str, overwrite: bool = False):
     def action(ctx: Context):
-        index = _encoder(ctx).build_index(_corpus()[:3])
+        from mirrorbert.search.exact import build_index
+
+        index = build_index(_encoder(ctx), _corpus()[:3])
         return index.save(ctx.folder / target, overwrite=overwrite)
     return action
 

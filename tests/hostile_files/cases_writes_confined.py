@@ -264,27 +264,27 @@ def _cleaned(name: str):
 
 
 def _owner(pid: int, start: int, boot: str | None = None) -> str:
-    from mirrorbert.safeguards.writes import _boot_id
+    from mirrorbert.safeguards.writes import boot_id
 
-    return f"{pid}.{boot or _boot_id()}.{start}"
+    return f"{pid}.{boot or boot_id()}.{start}"
 
 
 def _dead_owner() -> str:
     """pid 1 with another start time: a process of that number, but not the one that wrote."""
-    from mirrorbert.safeguards.writes import _start_ticks
+    from mirrorbert.safeguards.writes import start_ticks
 
-    return _owner(1, (_start_ticks(1) or 0) + 12345)
+    return _owner(1, (start_ticks(1) or 0) + 12345)
 
 
 def _kept_cases() -> list[FileCase]:
     """Beside `encode --output x.npy`, what only looks like a killed run's temporary is never removed (each is
     a registered victim: the harness checks it stays as it was)."""
     def live_writer(ctx: Context) -> None:
-        from mirrorbert.safeguards.writes import _start_ticks
+        from mirrorbert.safeguards.writes import start_ticks
 
         sleeper = subprocess.Popen(["sleep", "300"])
         (ctx.folder / "sleeper.pid").write_text(str(sleeper.pid), encoding="utf-8")
-        name = f".x.tmp-{_owner(sleeper.pid, _start_ticks(sleeper.pid))}-abcdefgh.npy"
+        name = f".x.tmp-{_owner(sleeper.pid, start_ticks(sleeper.pid))}-abcdefgh.npy"
         ctx.victim(_out_dir(ctx) / name, b"being written by a live run\n")
 
     def encode_then_stop_sleeper(ctx: Context) -> int:

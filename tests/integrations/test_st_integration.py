@@ -93,6 +93,7 @@ def test_loss_matches_the_formula_and_mirrorbert_train(tiny_no_dropout, tmp_path
 def test_first_step_gradients_match_mirrorbert_train(tiny_no_dropout, tmp_path):
     """The gradient of every encoder weight through the trainer equals that of `mirrorbert train`'s step loss."""
     from mirrorbert.encoder.model import Encoder
+    from mirrorbert.mirror.loss import build_loss
     from mirrorbert.mirror.step import mirror_step_loss
 
     strings = CORPUS[:8]
@@ -105,8 +106,7 @@ def test_first_step_gradients_match_mirrorbert_train(tiny_no_dropout, tmp_path):
     encoder = Encoder.load(tiny_no_dropout, pooling="mean", device="cpu")
     encoder.train()
     ids = encoder.tokenize(strings)
-    mirror_step_loss(encoder, ids, ids, encoder.tokenizer.pad_token_id, 0.05, False, torch.device("cpu"),
-                     "fp32").backward()
+    mirror_step_loss(encoder, ids, ids, build_loss("infonce", 0.05), torch.device("cpu"), "fp32").backward()
     ours = {name: p.grad for name, p in encoder.model.named_parameters() if p.grad is not None}
     assert set(theirs) == set(ours) and len(ours) > 10
     for name, grad in ours.items():
@@ -160,6 +160,11 @@ def test_short_strings_stay_whole_and_bad_settings_are_refused(tiny_no_dropout):
         MirrorBertLoss(model, temperature=0)
     with pytest.raises(UserError, match="loss"):
         MirrorBertLoss(model, loss="triplet")
+    from mirrorbert.mirror.loss import MirrorInfoNCE, MirrorMultiSimilarity
+
+    infonce, ms = MirrorBertLoss(model, temperature=0.1), MirrorBertLoss(model, loss="ms")
+    assert isinstance(infonce.loss, MirrorInfoNCE) and infonce.loss.temperature == 0.1  # the training loss itself
+    assert isinstance(ms.loss, MirrorMultiSimilarity) and ms.get_config_dict()["loss"] == "ms"
     collator = MirrorBertDataCollator(model, mask_span=5, mask_min_chars=30)
     batch = collator([{"text": "a cat"}, {"text": "a dog"}])
     assert torch.equal(batch["text_input_ids"], batch["text_mirror_input_ids"])  # too short to mask

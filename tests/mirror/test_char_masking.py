@@ -9,7 +9,8 @@ from transformers import AutoTokenizer
 from mirrorbert.mirror.config import TrainConfig, resolve_config
 from mirrorbert.data.strings import load_training_strings
 from mirrorbert.runtime.randomness import derived_generator, index_uniforms
-from mirrorbert.mirror.step import STREAM_MASK, _Plan
+from mirrorbert.mirror.views import STREAM_MASK, STREAM_ORDER
+from mirrorbert.training.plan import BatchPlan
 from mirrorbert.mirror.train import train
 from mirrorbert.mirror.views import (
     SecondViews, char_span_starts, char_starts_from_draws, mask_chars, special_token_ids, tokenize_once,
@@ -130,7 +131,7 @@ def test_train_writes_the_masking_shares_of_every_epoch(tiny_bert, corpus, tmp_p
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     strings = load_training_strings(data=str(data)).strings
     expected = SecondViews.from_lists(tok, strings, tokenize_once(tok, strings, 16), "char", 3, 30, 16)
-    plan = _Plan(len(strings), 6, 0, 4)
+    plan = BatchPlan(len(strings), 6, 4, STREAM_ORDER)
     for epoch in range(2):  # the shares of the batches trained (a trailing single string is never trained)
         for batch in plan.epoch_batches(epoch):
             expected.views_for(batch, 4, epoch)
@@ -154,7 +155,7 @@ def test_views_made_ahead_but_never_trained_are_not_counted(tiny_bert, corpus, t
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     strings = load_training_strings(data=str(data)).strings
     expected = SecondViews.from_lists(tok, strings, tokenize_once(tok, strings, 16), "char", 3, 30, 16)
-    batches = _Plan(len(strings), 2, 0, 9).epoch_batches(0)
+    batches = BatchPlan(len(strings), 2, 9, STREAM_ORDER).epoch_batches(0)
     assert len(batches) > 2 + 2  # more batches than trained exist to be made ahead
     for batch in batches[:2]:
         expected.views_for(batch, 9, 0)

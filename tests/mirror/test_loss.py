@@ -1,11 +1,12 @@
-"""The Mirror-BERT loss against a plain, loop-based reading of the paper's eq. 1."""
+"""The Mirror-BERT losses against a plain, loop-based reading of the paper's eq. 1 and pytorch-metric-learning."""
 
 import math
 
 import pytest
 import torch
 
-from mirrorbert.mirror.loss import build_loss, mirror_infonce, mirror_multi_similarity
+from mirrorbert.errors import UserError
+from mirrorbert.mirror.loss import MirrorInfoNCE, MirrorMultiSimilarity, build_loss
 
 
 def eq1_by_hand(emb: torch.Tensor, tau: float) -> torch.Tensor:
@@ -32,7 +33,7 @@ def test_loss_value_and_gradient_match_eq1(batch, dim, tau):
     emb = torch.randn(2 * batch, dim, dtype=torch.float64)
     a = emb.clone().requires_grad_(True)
     b = emb.clone().requires_grad_(True)
-    ours = mirror_infonce(a, tau)
+    ours = MirrorInfoNCE(tau)(a)
     ref = eq1_by_hand(b, tau)
     ours.backward()
     ref.backward()
@@ -46,14 +47,14 @@ def test_loss_is_minimal_when_mirrors_coincide_and_others_are_orthogonal():
     tau = 0.1
     # positive logit 1/tau against 6 negatives at 0: -log(e^{10} / (e^{10} + 6))
     expected = -math.log(math.exp(1 / tau) / (math.exp(1 / tau) + 6))
-    assert mirror_infonce(perfect, tau).item() == pytest.approx(expected, rel=1e-5)
+    assert MirrorInfoNCE(tau)(perfect).item() == pytest.approx(expected, rel=1e-5)
     swapped = torch.cat([eye, eye[[1, 0, 3, 2]]])
-    assert mirror_infonce(swapped, tau) > mirror_infonce(perfect, tau)
+    assert MirrorInfoNCE(tau)(swapped) > MirrorInfoNCE(tau)(perfect)
 
 
 def test_loss_rejects_odd_batches():
     with pytest.raises(ValueError):
-        mirror_infonce(torch.randn(5, 3), 0.1)
+        MirrorInfoNCE(0.1)(torch.randn(5, 3))
 
 
 # ----------------------------------------------------------------------------- precision
@@ -78,6 +79,18 @@ def test_build_loss_infonce_is_eq1():
     assert build_loss("infonce", 0.1)(emb).item() == pytest.approx(eq1_by_hand(emb, 0.1).item(), rel=1e-9)
     with pytest.raises(ValueError):
         build_loss("triplet", 0.1)
+
+
+def test_build_loss_gives_the_loss_objects_and_checks_their_settings():
+    assert isinstance(build_loss("infonce", 0.1), MirrorInfoNCE) and build_loss("infonce", 0.1).temperature == 0.1
+    assert isinstance(build_loss("ms", 0.1), MirrorMultiSimilarity)
+    assert MirrorMultiSimilarity().get_config_dict() == {"loss": "ms", "alpha": 1.0, "beta": 60.0, "base": 0.5,
+                                                         "margin": 0.2}
+    for bad in (0, -1.0, float("inf"), float("nan"), True, "0.1"):
+        with pytest.raises(UserError, match="temperature"):
+            MirrorInfoNCE(bad)
+        with pytest.raises(UserError, match="temperature"):
+            build_loss("ms", bad)
 
 
 # ----------------------------------------------------------------------------- multi-similarity (SapBERT)
@@ -105,7 +118,7 @@ def test_ms_loss_value_and_gradient_equal_pytorch_metric_learning(batch, dim, no
     emb = _clustered(batch, dim, noise, seed)
     ours_in = emb.clone().requires_grad_(True)
     ref_in = emb.clone().requires_grad_(True)
-    ours = mirror_multi_similarity(ours_in)
+    ours = MirrorMultiSimilarity()(ours_in)
     ref, n_triplets = pml_multi_similarity(ref_in)
     assert n_triplets > 1  # the library returns 0 for a single triplet; these cases mine several
     ours.backward()
@@ -119,7 +132,7 @@ def test_ms_loss_is_zero_when_the_miner_finds_no_triplet():
     eye = torch.eye(5, dtype=torch.float64)
     emb = torch.cat([eye, eye]).requires_grad_(True)  # cos(a, mirror) = 1, cos(a, other) = 0: margin 1 > 0.2
     ref_in = emb.detach().clone().requires_grad_(True)
-    ours = mirror_multi_similarity(emb)
+    ours = MirrorMultiSimilarity()(emb)
     ref, n_triplets = pml_multi_similarity(ref_in)
     assert n_triplets == 0
     ours.backward()
@@ -144,7 +157,7 @@ def test_training_with_ms_loss_lowers_it(tiny_bert, corpus, tmp_path):
         ids = tokenize_once(enc.tokenizer, corpus, 16)
         second = SecondViews.from_lists(enc.tokenizer, corpus, ids, "char", 3, 20, 16).views_for(range(len(ids)), 0, 0)
         with torch.no_grad():
-            return mirror_multi_similarity(enc.embed(ids + second)).item()
+            return MirrorMultiSimilarity()(enc.embed(ids + second)).item()
 
     cfg = TrainConfig(model=str(tiny_bert), data=str(data), output=str(tmp_path / "out"), batch_size=6,
                       max_length=16, steps=12, lr=1e-3, loss="ms", mask_span=3, mask_min_chars=20,

@@ -9,6 +9,7 @@ from mirrorbert.mirror.config import TrainConfig
 from mirrorbert.encoder.model import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.training.signals import InterruptFlag
+from mirrorbert.mirror.loss import build_loss
 from mirrorbert.mirror.step import mirror_step_loss
 from mirrorbert.mirror.train import train
 from mirrorbert.encoder.batching import pad_batch
@@ -56,8 +57,8 @@ def test_controlled_dropout_loss_equals_one_with_identical_inputs(tiny_bert, cor
     enc.train()
     ids = tokenize_once(enc.tokenizer, corpus[:4], 16)
     with torch.no_grad():
-        loss_ctrl = mirror_step_loss(enc, ids, ids, 0, 0.05, True, torch.device("cpu"), "fp32")
-        loss_free = mirror_step_loss(enc, ids, ids, 0, 0.05, False, torch.device("cpu"), "fp32")
+        loss_ctrl = mirror_step_loss(enc, ids, ids, build_loss("infonce", 0.05), torch.device("cpu"), "fp32", controlled_dropout=True)
+        loss_free = mirror_step_loss(enc, ids, ids, build_loss("infonce", 0.05), torch.device("cpu"), "fp32")
     assert loss_ctrl < loss_free
 
 
@@ -66,8 +67,8 @@ def test_training_reduces_loss_and_saves_metadata(tiny_bert, data_file, tmp_path
 
     losses, real = [], trainer_module.mirror_step_loss
 
-    def spy(*args):
-        loss = real(*args)
+    def spy(*args, **kwargs):
+        loss = real(*args, **kwargs)
         losses.append(loss.item())
         return loss
 
@@ -151,9 +152,9 @@ def test_each_epoch_uses_its_own_order(tiny_bert, data_file, tmp_path, monkeypat
     seen = []
     real = trainer_module.mirror_step_loss
 
-    def spy(encoder, first, second, *args):
+    def spy(encoder, first, second, *args, **kwargs):
         seen.append(sorted(map(tuple, first)))
-        return real(encoder, first, second, *args)
+        return real(encoder, first, second, *args, **kwargs)
 
     monkeypatch.setattr(trainer_module, "mirror_step_loss", spy)
     train(cfg_for(tiny_bert, data_file, tmp_path / "ep", epochs=2))
@@ -182,15 +183,15 @@ def test_interrupt_writes_checkpoint_then_resume_finishes(tiny_bert, data_file, 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tiny_bert, data_file, tmp_path, monkeypatch):
     import mirrorbert.mirror.loss as loss_module
 
-    real = loss_module.mirror_infonce
+    real = loss_module.MirrorInfoNCE.forward
     calls = {"n": 0}
 
-    def poisoned(emb, tau):
+    def poisoned(self, emb):
         calls["n"] += 1
-        loss = real(emb, tau)
+        loss = real(self, emb)
         return loss * float("nan") if calls["n"] >= 3 else loss
 
-    monkeypatch.setattr(loss_module, "mirror_infonce", poisoned)
+    monkeypatch.setattr(loss_module.MirrorInfoNCE, "forward", poisoned)
     with pytest.raises(UserError, match=r"loss is nan at step 3.*step-2"):
         train(cfg_for(tiny_bert, data_file, tmp_path / "nan", steps=5, save_every=1))
     assert not (tmp_path / "nan").exists()
@@ -256,8 +257,8 @@ def _recording_losses(monkeypatch) -> list[float]:
 
     losses, real = [], step_module.mirror_step_loss
 
-    def spy(*args):
-        loss = real(*args)
+    def spy(*args, **kwargs):
+        loss = real(*args, **kwargs)
         losses.append(loss.item())
         return loss
 

@@ -1,4 +1,4 @@
-"""The MLM token cache is used only once checked against the corpus it claims to hold (issue 34): forged
+"""The MLM token cache is used only once checked against the corpus it claims to hold: forged
 tokens, line ends, document starts or counts with a rehashed meta.json are set aside and rebuilt with one warning;
 its files are read only inside the cache folder; a corpus edited while it is read leaves nothing cached."""
 
@@ -13,7 +13,10 @@ from transformers import AutoTokenizer
 
 from mirrorbert.errors import UserError
 from mirrorbert.mlm import corpus as corpus_module
-from mirrorbert.mlm.corpus import CacheDamaged, check_cache, prepare_corpus
+from mirrorbert.mlm import corpus_checks
+from mirrorbert.mlm.corpus import prepare_corpus
+from mirrorbert.mlm.corpus_checks import CacheDamaged, check_cache
+from mirrorbert.mlm.corpus_lines import file_source
 
 TEXT = ("the cat sat on the mat\na dog ran in the park\n\nthe quick brown fox jumps over the lazy dog\n\u200b\n\n"
         "a man is playing a guitar\na woman is slicing an onion\n\nthe stock market fell sharply today\n")
@@ -126,17 +129,17 @@ def test_a_big_corpus_is_checked_on_a_fresh_sample(tmp_path, tok, monkeypatch):
     path = tmp_path / "c.txt"
     path.write_text("".join(f"sentence number {i} of the corpus\n" for i in range(40)), encoding="utf-8")
     first = _prepare(path, tok, tmp_path / "cache")
-    monkeypatch.setattr(corpus_module, "FULL_CHECK_LINES", 10)
-    monkeypatch.setattr(corpus_module, "SAMPLE_LINES", 3)
+    monkeypatch.setattr(corpus_checks, "FULL_CHECK_LINES", 10)
+    monkeypatch.setattr(corpus_checks, "SAMPLE_LINES", 3)
     seen = []
-    encode = corpus_module._encode_lines
+    encode = corpus_checks.encode_lines
 
     def recorded(t, texts):
         seen.append(tuple(texts))
         return encode(t, texts)
 
-    monkeypatch.setattr(corpus_module, "_encode_lines", recorded)
-    sources = [corpus_module._source(path)]
+    monkeypatch.setattr(corpus_checks, "encode_lines", recorded)
+    sources = [file_source(path)]
     for _ in range(20):
         check_cache(first.root, first.meta["key"], [path], sources, tok, 0.0)
     assert all(len(s) == 3 for s in seen) and len(set(seen)) > 1  # three lines, not always the same three
@@ -173,9 +176,8 @@ def test_a_meta_naming_other_files_is_refused(primed, tok):
     meta = json.loads((first.root / "meta.json").read_text())
     meta["files"]["../../../etc/passwd"] = "0" * 64
     (first.root / "meta.json").write_text(json.dumps(meta))
-    problem = corpus_module.cache_problem(first.root, first.meta["key"], [path], [corpus_module._source(path)], tok,
-                                          0.3)
-    assert "names other files" in problem
+    with pytest.raises(CacheDamaged, match="names other files"):
+        check_cache(first.root, first.meta["key"], [path], [file_source(path)], tok, 0.3)
 
 
 def test_a_corpus_edited_while_tokenised_leaves_nothing_cached(tmp_path, tok, monkeypatch):
@@ -197,13 +199,13 @@ def test_a_corpus_edited_while_tokenised_leaves_nothing_cached(tmp_path, tok, mo
 
 def test_a_corpus_edited_while_its_cache_is_checked_is_an_error_not_damage(primed, tok, tmp_path, monkeypatch):
     path, first = primed
-    check = corpus_module._check_meta
+    check = corpus_checks._check_meta
 
     def edited_meanwhile(*args, **kwargs):
         path.write_text(TEXT.replace("cat", "dog"), encoding="utf-8")
         return check(*args, **kwargs)
 
-    monkeypatch.setattr(corpus_module, "_check_meta", edited_meanwhile)
+    monkeypatch.setattr(corpus_checks, "_check_meta", edited_meanwhile)
     with pytest.raises(UserError, match="changed while it was read"):
         _prepare(path, tok, tmp_path / "cache", eval_fraction=0.3)
     assert first.root.is_dir() and not [p for p in (tmp_path / "cache").iterdir() if ".damaged-" in p.name]

@@ -8,13 +8,9 @@ import torch
 from transformers import AutoTokenizer
 
 from mirrorbert.errors import UserError
-from mirrorbert.mlm.corpus import (
-    PackedSequences,
-    epoch_order,
-    is_eval_document,
-    prepare_corpus,
-    token_dtype,
-)
+from mirrorbert.mlm.corpus import prepare_corpus
+from mirrorbert.mlm.corpus_lines import is_eval_document
+from mirrorbert.mlm.tokenized import PackedSequences, epoch_order, token_dtype
 
 DOCS = [
     ["the cat sat on the mat", "a dog ran in the park"],

@@ -15,8 +15,17 @@ from mirrorbert.mlm.masking import (
     MlmMasker,
     canonical_word_ids,
     continuation_table,
-    word_ids_tensor,
 )
+
+
+def word_ids_tensor(encodings_word_ids, length: int) -> torch.Tensor:
+    """The tokenizer's own `word_ids()` lists (None for specials) as a padded [batch, length] tensor: the
+    reference the masker's word grouping is compared with."""
+    out = torch.full((len(encodings_word_ids), length), -1, dtype=torch.long)
+    for row, ids in enumerate(encodings_word_ids):
+        values = [-1 if w is None else int(w) for w in list(ids)[:length]]
+        out[row, : len(values)] = torch.tensor(values, dtype=torch.long)
+    return out
 
 
 @pytest.fixture(scope="module")

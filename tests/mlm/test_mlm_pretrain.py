@@ -13,7 +13,8 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer
 from mirrorbert.errors import UserError
 from mirrorbert.cli.pretrain_mlm import add_pretrain_parser
 from mirrorbert.mlm.masking import MlmMasker
-from mirrorbert.mlm.pretrain import INFO_FILE, PretrainConfig, _mlm_head, mlm_loss, pretrain
+from mirrorbert.encoder.masked_lm import lm_head_of
+from mirrorbert.mlm.pretrain import INFO_FILE, PretrainConfig, mlm_loss, pretrain
 from tiny_models import CORPUS
 
 TINY_ARCH = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -45,7 +46,7 @@ def test_head_only_on_targets_equals_full_loss(which, tiny_bert, tiny_roberta):
     enc = tok(CORPUS[:6], padding=True, return_tensors="pt")
     ids, labels = MlmMasker.from_tokenizer(tok)(enc["input_ids"], enc["attention_mask"],
                                                 torch.Generator().manual_seed(0))
-    head = _mlm_head(model)
+    head = lm_head_of(model)
     assert head is not None
     with torch.no_grad():
         loss_sum, count, correct = mlm_loss(model, ids, enc["attention_mask"], labels, head)
@@ -154,7 +155,7 @@ def test_user_errors(tmp_path, toy_corpus, tiny_bert):
 
 
 def test_named_architecture_sizes(tiny_bert):
-    from mirrorbert.mlm.pretrain import architecture_config
+    from mirrorbert.mlm.models import architecture_config
 
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     sizes = {name: architecture_config(name, tok, 128) for name in ("bert-tiny", "bert-mini", "bert-small", "bert-medium")}

@@ -1,5 +1,5 @@
-"""Publishing on the Hugging Face Hub (issue 19): `mirrorbert push`, `--dry-run`, `train --push-to-hub` and
-`Encoder.push_to_hub`. Offline: the real push path runs against a recording stand-in for `HfApi`."""
+"""Publishing on the Hugging Face Hub: `mirrorbert push`, `--dry-run`, `train --push-to-hub` and
+`hub.push_encoder`. Offline: the real push path runs against a recording stand-in for `HfApi`."""
 
 from __future__ import annotations
 
@@ -16,10 +16,16 @@ from mirrorbert.cli.app import main
 from mirrorbert.compat import installed_version
 from mirrorbert.encoder.model import Encoder
 from mirrorbert.errors import UserError
+from mirrorbert.safeguards.confined import ConfinedFolder
 from mirrorbert.safeguards.writes import MARKER
 
 TEXTS = ["a cat sat on the mat", "heart attack", "the bank raised rates"]
 REPO = "me/tiny-encoder"
+
+
+def upload_files(folder: Path) -> list[str]:
+    """The files of a saved model folder that would go to the Hub, sorted."""
+    return list(hub.list_upload(ConfinedFolder(folder, "--model", kind="model folder")))
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -92,7 +98,7 @@ def test_dry_run_writes_exactly_the_upload(saved, tmp_path, capsys, no_model_loa
     written = snapshot(out)
     # the marker is the write policy's claim on the dry-run folder; it is not part of the upload
     assert set(written) - {MARKER} == set(record["files"]) == set(hub.plan_upload(saved, REPO).files)
-    assert record["files"] == hub.upload_files(saved) and record["repo"] == REPO
+    assert record["files"] == upload_files(saved) and record["repo"] == REPO
     assert record["bytes"] == sum(len(v) for k, v in written.items() if k != MARKER)
     for name in ("model.safetensors", "config.json", "tokenizer.json", "modules.json", "1_Pooling/config.json",
                  "sentence_bert_config.json", "config_sentence_transformers.json", "mirrorbert.json", "README.md"):
@@ -297,7 +303,7 @@ def test_train_push_to_hub_pushes_the_saved_output(tiny_bert, strings_file, tmp_
     assert summary["pushed"] == f"https://huggingface.co/{REPO}"
     (_, repo, _), (_, repo2, sent) = hub_calls
     assert repo == repo2 == REPO
-    assert set(sent["content"]) == set(hub.upload_files(out)) and MARKER not in sent["content"]
+    assert set(sent["content"]) == set(upload_files(out)) and MARKER not in sent["content"]
     for name, data in sent["content"].items():
         if name != "README.md":
             assert data == (out / name).read_bytes(), name
@@ -322,10 +328,10 @@ def test_train_push_to_hub_offline_keeps_the_model_and_says_how_to_push(tiny_ber
     assert (out / "model.safetensors").is_file()
 
 
-# ----------------------------------------------------------------------------- Encoder.push_to_hub
-def test_encoder_push_to_hub_dry_run_and_push(tiny_bert, tmp_path, hub_calls):
+# ----------------------------------------------------------------------------- push_encoder
+def test_push_encoder_dry_run_and_push(tiny_bert, tmp_path, hub_calls):
     enc = Encoder.load(tiny_bert, pooling="cls", device="cpu")
-    record = enc.push_to_hub(REPO, dry_run_dir=tmp_path / "up")
+    record = hub.push_encoder(enc, REPO, dry_run_dir=tmp_path / "up")
     assert not hub_calls and record["dry_run"] is True
     written = snapshot(tmp_path / "up")
     assert set(written) - {MARKER} == set(record["files"]) and "model.safetensors" in record["files"]
@@ -333,19 +339,19 @@ def test_encoder_push_to_hub_dry_run_and_push(tiny_bert, tmp_path, hub_calls):
     np.testing.assert_allclose(Encoder.load(tmp_path / "up", device="cpu").encode(TEXTS), enc.encode(TEXTS),
                                atol=1e-6)
     with pytest.raises(UserError, match="dry_run_dir .* already exists"):
-        enc.push_to_hub(REPO, dry_run_dir=tmp_path / "up")
+        hub.push_encoder(enc, REPO, dry_run_dir=tmp_path / "up")
     with pytest.raises(UserError, match="repo_id 'bad/id/x'"):
-        enc.push_to_hub("bad/id/x")
+        hub.push_encoder(enc, "bad/id/x")
     assert not hub_calls
 
-    record = enc.push_to_hub(REPO, private=True, commit_message="from Python")
+    record = hub.push_encoder(enc, REPO, private=True, commit_message="from Python")
     (_, _, create), (_, repo, sent) = hub_calls
     assert repo == REPO and create["private"] is True and sent["commit_message"] == "from Python"
     assert set(sent["content"]) == set(record["files"]) == set(written) - {MARKER}
     assert sent["content"]["model.safetensors"] == written["model.safetensors"]
 
 
-def test_encoder_push_to_hub_offline_raises_user_error(tiny_bert, monkeypatch):
+def test_push_encoder_offline_raises_user_error(tiny_bert, monkeypatch):
     from huggingface_hub import HfApi
     from huggingface_hub import errors as hub_errors
 
@@ -354,7 +360,7 @@ def test_encoder_push_to_hub_offline_raises_user_error(tiny_bert, monkeypatch):
 
     monkeypatch.setattr(HfApi, "create_repo", unreachable)
     with pytest.raises(UserError, match=f"repo_id {REPO}: could not push"):
-        Encoder.load(tiny_bert, device="cpu").push_to_hub(REPO)
+        hub.push_encoder(Encoder.load(tiny_bert, device="cpu"), REPO)
 
 
 def test_the_uploaded_card_front_matter_is_valid_yaml(saved, tmp_path, capsys):

@@ -78,6 +78,18 @@ def test_train_eval_after_puts_scores_in_card_and_json(tiny_bert, data_file, sts
         assert expected in card, expected
 
 
+def test_card_lists_the_settings_the_run_named_in_their_order():
+    """The trainer records which settings the card shows (its config's `card` fields); the card names none."""
+    from mirrorbert.publish.model_card import render_model_card
+
+    config = {"lr": 0.001, "seed": 3, "temperature": 0.05, "output": "out", "steps": None}
+    info = {"method": "mirror-bert", "config": config, "card_settings": ["temperature", "lr", "steps", "seed", "gone"]}
+    card = render_model_card({"training": info, "pooling": "cls"})
+    rows = [line for line in card.splitlines() if line.startswith("| ") and not line.startswith("| setting")]
+    assert rows == ["| temperature | 0.05 |", "| lr | 0.001 |", "| seed | 3 |"]
+    assert "Settings (" not in render_model_card({"training": {**info, "card_settings": "lr"}, "pooling": "cls"})
+
+
 def test_card_without_training_and_its_transformers_snippet_runs(tiny_bert, tmp_path):
     enc = Encoder.load(tiny_bert, pooling="mean", device="cpu")
     out = enc.save(tmp_path / "plain")

@@ -349,7 +349,7 @@ def test_sigterm_to_one_process_of_a_two_process_job_checkpoints_and_resume_equa
 
 @pytest.mark.slow  # reason: three torchrun launches with 2 processes (~80 s on 2 shared cores)
 def test_sigterm_to_the_launcher_checkpoints_and_resume_equals_uninterrupted(tiny_bert, tmp_path, corpus):
-    """Preemption through the launcher (issue 26): SIGTERM to torchrun itself reaches every worker at once;
+    """Preemption through the launcher: SIGTERM to torchrun itself reaches every worker at once;
     they agree at the next step boundary, rank 0 writes one checkpoint within torchrun's grace period,
     each names it, and the resumed run equals an uninterrupted one."""
     run = _preempted_then_resumed(tiny_bert, tmp_path, corpus, "launcher")

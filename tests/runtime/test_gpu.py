@@ -17,6 +17,7 @@ from mirrorbert.mirror.config import TrainConfig
 from mirrorbert.encoder.model import Encoder
 from mirrorbert.runtime.device import autocast, make_grad_scaler
 from mirrorbert.training.optim import backward_and_step, build_optimizer
+from mirrorbert.mirror.loss import build_loss
 from mirrorbert.mirror.step import embed_views, mirror_step_loss
 from mirrorbert.mirror.train import train
 from mirrorbert.encoder.dropout import dropout_overrides
@@ -71,7 +72,7 @@ def test_packed_training_step_equals_padded_on_cuda(tiny_bert, corpus):
     for layout in (False, True):
         encoder.zero_grad(set_to_none=True)
         encoder.packing = layout
-        loss = mirror_step_loss(encoder, first, second, 0, 0.05, False, CUDA, "fp32")
+        loss = mirror_step_loss(encoder, first, second, build_loss("infonce", 0.05), CUDA, "fp32")
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in encoder.named_parameters()
                                         if p.grad is not None}))
@@ -84,7 +85,7 @@ def test_packed_training_step_equals_padded_on_cuda(tiny_bert, corpus):
 
 def _loss_at(encoder: Encoder, first, second, precision: str) -> torch.Tensor:
     with torch.no_grad():
-        return mirror_step_loss(encoder, first, second, 0, 0.05, False, CUDA, precision).float()
+        return mirror_step_loss(encoder, first, second, build_loss("infonce", 0.05), CUDA, precision).float()
 
 
 def fused_attention_kernels(encoder: Encoder, first, second, device: torch.device, precision: str) -> list[str]:
@@ -100,7 +101,7 @@ def fused_attention_kernels(encoder: Encoder, first, second, device: torch.devic
     fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
     encoder.packing = True
     with profile(activities=[ProfilerActivity.CPU]) as prof, sdpa_kernel(fused):
-        mirror_step_loss(encoder, first, second, 0, 0.05, False, device, precision).backward()
+        mirror_step_loss(encoder, first, second, build_loss("infonce", 0.05), device, precision).backward()
     return sorted({e.name for e in prof.events()
                    if "scaled_dot_product" in e.name and e.name != "aten::scaled_dot_product_attention"})
 
@@ -148,7 +149,7 @@ def test_fp16_step_with_the_grad_scaler_updates_like_fp32(tiny_bert, corpus):
     for model, precision, grad_scaler in ((encoder, "fp16", scaler), (reference, "fp32", None)):
         start = {n: p.detach().clone() for n, p in model.named_parameters()}
         optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.0)
-        loss = mirror_step_loss(model, first, second, 0, 0.05, False, CUDA, precision)
+        loss = mirror_step_loss(model, first, second, build_loss("infonce", 0.05), CUDA, precision)
         backward_and_step(loss, optimizer, scaler=grad_scaler, max_grad_norm=1.0)
         moved[precision] = {n: p.detach() - start[n] for n, p in model.named_parameters()}
     assert scaler.get_scale() > 0 and all(torch.isfinite(d).all() for d in moved["fp16"].values())
@@ -200,7 +201,7 @@ def test_one_ddp_step_on_nccl_equals_the_plain_step(tiny_bert, corpus, monkeypat
         for model, gather in ((encoder, lambda rows: ctx.gather_views(rows, len(first))), (plain, None)):
             model.train()
             optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.01)
-            loss = mirror_step_loss(model, first, second, 0, 0.05, False, ctx.device, "fp32", gather=gather)
+            loss = mirror_step_loss(model, first, second, build_loss("infonce", 0.05), ctx.device, "fp32", gather=gather)
             backward_and_step(loss, optimizer)
             after.append((loss.detach(), model))
         ctx.unwrap(encoder)

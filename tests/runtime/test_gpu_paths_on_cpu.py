@@ -1,4 +1,4 @@
-"""GPU code paths checked on a CPU (issue 27): fake device counts, a mocked CUDA RNG and capability, fp16
+"""GPU code paths checked on a CPU: fake device counts, a mocked CUDA RNG and capability, fp16
 autocast with a GradScaler on the CPU, and a model on a device the example inputs must follow."""
 
 from __future__ import annotations
@@ -90,9 +90,10 @@ def test_tf32_is_on_only_inside_the_run_and_restored_after(monkeypatch):
         assert on is False and torch.get_float32_matmul_precision() == before[0]
 
 
-def test_train_runs_inside_the_tf32_context(monkeypatch):
-    """`mirrorbert train` enters tf32_matmuls around the whole run (not a process-wide switch)."""
+def test_train_runs_inside_the_tf32_context(monkeypatch, tmp_path):
+    """Every training run enters tf32_matmuls around the whole run (not a process-wide switch)."""
     from mirrorbert.mirror import train as trainer
+    from mirrorbert.training import run as lifecycle
 
     entered = []
 
@@ -106,11 +107,11 @@ def test_train_runs_inside_the_tf32_context(monkeypatch):
     def stop(*args):
         raise Sentinel
 
-    monkeypatch.setattr(trainer, "tf32_matmuls", fake_context)
-    monkeypatch.setattr(trainer, "_train_on", stop)
+    monkeypatch.setattr(lifecycle, "tf32_matmuls", fake_context)
+    monkeypatch.setattr(lifecycle, "_run", stop)
     monkeypatch.setattr(trainer, "check_eval_after", lambda tasks, data_dir: [])
     with pytest.raises(Sentinel):
-        trainer._train(trainer.TrainConfig(model="m", data="d", device="cpu"), None)
+        trainer.train(trainer.TrainConfig(model="m", data="d", device="cpu", output=str(tmp_path / "out")))
     assert entered == [CPU]
 
 

@@ -36,12 +36,12 @@ ALLOWED = {
     ("mirror/config.py", "read_text"): "--config: the user's own options file, trusted like the command line",
     ("reproduce/cells.py", "read_bytes"): "the --quick copy mirrorbert itself wrote, compared before rewriting",
     ("reproduce/cells.py", "read_text"): "a cell's input list mirrorbert itself wrote, compared before rewriting",
-    ("safeguards/writes.py", "open"): "/proc/sys/kernel/random/boot_id",
+    ("safeguards/writes/temporaries.py", "open"): "/proc/sys/kernel/random/boot_id",
     ("cli/quickstart_summary.py", "read_text"): "the eval reports this quickstart run has just written",
     ("data/hf_datasets.py", "ParquetFile"): "over a buffer mapped from a descriptor open_regular or ConfinedFolder "
                                             "checked, never a path",
     ("encoder/sharded.py", "load"): "the header of the .npy rank 0 of this run has just written",
-    ("gloss/pretrain.py", "load_file"): "the real path ConfinedFolder.check_file returned for the checkpoint's "
+    ("gloss/parts.py", "load_file"): "the real path ConfinedFolder.check_file returned for the checkpoint's "
                                         "gloss encoder",
     ("training/state_format.py", "load_file"): "the real path the checkpoint's ConfinedFolder checked",
     ("training/state_format.py", "load"): "torch.load(weights_only=True) of a checked legacy .pt, after its "

@@ -55,16 +55,16 @@ def test_an_owner_record_names_this_process_and_is_alive():
 
 def test_an_owner_is_gone_once_killed_or_when_its_pid_was_reused_or_of_another_boot():
     child = subprocess.Popen(["sleep", "60"])
-    start = safety._start_ticks(child.pid)
-    boot = safety._boot_id()
+    start = safety.start_ticks(child.pid)
+    boot = safety.boot_id()
     assert not safety.owner_gone(child.pid, boot, start)
     child.kill()
     child.wait()
     assert safety.owner_gone(child.pid, boot, start)
-    assert safety.owner_gone(1, boot, (safety._start_ticks(1) or 0) + 1)  # pid 1 is running, but not that one
+    assert safety.owner_gone(1, boot, (safety.start_ticks(1) or 0) + 1)  # pid 1 is running, but not that one
     other = "0badb007" if boot != "0badb007" else "0badb008"
     if boot != "0" * 8:
-        assert safety.owner_gone(os.getpid(), other, safety._start_ticks(os.getpid()) or 0)
+        assert safety.owner_gone(os.getpid(), other, safety.start_ticks(os.getpid()) or 0)
 
 
 # --------------------------------------------------------------------------- leftovers of a killed writer
@@ -96,11 +96,11 @@ def test_a_killed_atomic_write_is_cleaned_up_by_the_rerun(tmp_path):
 
 def test_only_a_dead_writers_own_files_and_folders_of_that_target_are_removed(tmp_path):
     target = tmp_path / "x.npy"
-    boot = safety._boot_id()
-    dead = f"1.{boot}.{(safety._start_ticks(1) or 0) + 7}"
+    boot = safety.boot_id()
+    dead = f"1.{boot}.{(safety.start_ticks(1) or 0) + 7}"
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        live = f"{sleeper.pid}.{boot}.{safety._start_ticks(sleeper.pid)}"
+        live = f"{sleeper.pid}.{boot}.{safety.start_ticks(sleeper.pid)}"
         keep = {
             f".x.tmp-{live}-abcdefgh.npy": "a live writer's",
             f".x.tmp-{dead}-abcdefgh.npy.notes": "a longer name",
@@ -292,12 +292,12 @@ def test_overwrite_refuses_to_discard_a_checkpoint_folder_holding_unproven_files
     with pytest.raises(UserError, match=r"^--checkpoint-dir .*: --overwrite would discard step-3, which holds "
                                         r".*w\.bin"):
         with contextlib.ExitStack() as stack:
-            safety.guard_run(stack, output=tmp_path / "out", overwrite=True, inputs={"--model": model},
-                             checkpoint_dir=root)
+            safety.guard_run(stack, safety.RunPaths(tmp_path / "out", {"--model": model}, checkpoint_dir=root),
+                             overwrite=True)
     assert (step / "model" / "w.bin").read_bytes() == b"weights"
     with contextlib.ExitStack() as stack:  # resuming discards nothing: nothing to prove
-        safety.guard_run(stack, output=tmp_path / "out", overwrite=True, inputs={"--model": model},
-                         checkpoint_dir=root, resuming=True)
+        safety.guard_run(stack, safety.RunPaths(tmp_path / "out", {"--model": model}, checkpoint_dir=root),
+                         overwrite=True, resuming=True)
 
 
 def test_a_marked_folders_best_model_must_prove_its_files_too(tmp_path):

@@ -189,7 +189,7 @@ def test_read_only_folder_fails_up_front(proj, tiny_bert, capsys, no_model_load)
 
 
 def test_too_little_free_space_fails_up_front(proj, tiny_bert, capsys, no_model_load, monkeypatch):
-    monkeypatch.setattr(safety.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 10))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 10))
     assert main(train_args(tiny_bert, "sents.txt", "out")) == 2
     one_error_line(capsys, "free in", "needed")
 
@@ -326,7 +326,7 @@ def test_only_rank_zero_locks_under_a_distributed_launcher(proj, monkeypatch):
     with safety.folder_lock(proj / "out", "--output"):  # rank 0 of the same job holds it
         monkeypatch.setenv("RANK", "1")
         with contextlib.ExitStack() as stack:
-            safety.guard_run(stack, output="out", overwrite=False, inputs={}, checkpoint_dir="out.checkpoints")
+            safety.guard_run(stack, safety.RunPaths("out", {}, checkpoint_dir="out.checkpoints"), overwrite=False)
         monkeypatch.setenv("RANK", "0")
         with pytest.raises(UserError, match="another mirrorbert run"), contextlib.ExitStack() as stack:
-            safety.guard_run(stack, output="out", overwrite=False, inputs={}, checkpoint_dir="out.checkpoints")
+            safety.guard_run(stack, safety.RunPaths("out", {}, checkpoint_dir="out.checkpoints"), overwrite=False)

@@ -185,14 +185,17 @@ def test_query_vectors_must_be_finite_and_of_the_index_dimension():
 def test_an_index_s_texts_are_read_when_a_hit_needs_them_not_held(capsys, tiny_bert, tmp_path):
     from pathlib import Path
 
-    from mirrorbert.search.index_store import StoredTexts, check_index, load_index
+    from mirrorbert.search.exact import SearchIndex
+    from mirrorbert.search.index_claims import check_index
+    from mirrorbert.search.index_store import read_index
+    from mirrorbert.search.index_texts import StoredTexts
 
     lines = ["plain", 'quotes " and \\ back', "naïve café — ünïcode", "tab\there", "last"]
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     folder = tmp_path / "index"
     assert run(capsys, ["index", "--model", tiny_bert, "--corpus", corpus, "--output", folder, "--no-progress"])[0] == 0
-    index, ids = load_index(folder, check_index(Path(folder), str(tiny_bert)), use_faiss=False)
+    index = SearchIndex.from_stored(read_index(folder, check_index(Path(folder), str(tiny_bert)), use_faiss=False))
     assert isinstance(index.texts, StoredTexts) and len(index.texts) == len(lines)
     assert list(index.texts) == lines and index.texts[-1] == "last" and index.texts[1:3] == lines[1:3]
     with pytest.raises(IndexError):

@@ -103,7 +103,7 @@ def test_the_python_api_load_is_confined_too(tmp_path):
     SearchIndex.from_vectors(np.eye(3, 4, dtype=np.float32), ["a", "b", "c"], use_faiss=False).save(folder)
     shutil.move(folder / "vectors.npy", tmp_path / "vectors.npy")
     os.symlink(tmp_path / "vectors.npy", folder / "vectors.npy")
-    with pytest.raises(UserError, match="leads out of the saved search index"):
+    with pytest.raises(UserError, match="leads out of the index folder"):
         SearchIndex.load(folder, use_faiss=False)
 
 
@@ -118,7 +118,7 @@ def test_a_model_folder_with_a_link_leading_out_is_refused_before_hashing(capsys
 def test_the_model_fingerprint_is_the_one_earlier_versions_recorded(tiny_bert, tmp_path):
     """The confined walk hashes what `sorted(rglob)` hashed: indexes built before still match their model."""
     from mirrorbert.safeguards.readback import file_sha256
-    from mirrorbert.search.index_store import IGNORED_MODEL_FILES, MODEL_FILE_SUFFIXES, model_fingerprint
+    from mirrorbert.search.fingerprints import IGNORED_MODEL_FILES, MODEL_FILE_SUFFIXES, model_fingerprint
 
     model = tmp_path / "model"
     shutil.copytree(tiny_bert, model)
@@ -234,7 +234,7 @@ def test_a_dataset_folder_corpus_is_hashed_inside_itself(capsys, tiny_bert, tmp_
     link leading out of it, added since, is refused, not hashed."""
     datasets = pytest.importorskip("datasets")
     from mirrorbert.safeguards.readback import file_sha256
-    from mirrorbert.search.index_store import corpus_sha256
+    from mirrorbert.search.fingerprints import corpus_sha256
 
     folder = tmp_path / "ds"
     datasets.Dataset.from_dict({"text": ["a cat", "a dog", "the fox"]}).save_to_disk(str(folder), num_shards=2)

@@ -1,4 +1,5 @@
-"""Search: chunked exact top-k with and without faiss equals a brute-force argsort; Encoder API; CLI."""
+"""Search: chunked exact top-k with and without faiss equals a brute-force argsort; `search`/`build_index` over an
+encoder; `SearchIndex.save`/`load` in the index folder format; CLI."""
 
 from __future__ import annotations
 
@@ -120,18 +121,74 @@ def test_top_k_larger_than_corpus_is_capped():
     assert [len(row) for row in index.search_vectors(np.eye(3), 10)] == [3, 3, 3]
 
 
-def test_index_save_load_round_trip(tmp_path):
+def test_index_save_load_round_trip_in_the_index_folder_format(tmp_path):
     rng = np.random.default_rng(1)
+    meta = {"model": "m", "pooling": "cls", "max_length": 32, "note": "dev set", "version": 3}
     index = S.SearchIndex.from_vectors(rng.normal(size=(20, 8)), [f"t{i}" for i in range(20)], use_faiss=False,
-                                       meta={"model": "m"})
+                                       meta=meta)
     index.save(tmp_path / "idx")
+    manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    assert not (tmp_path / "idx" / "index.json").exists() and manifest["format"] == "mirrorbert-index/2"
+    assert manifest["model"] == "m" and manifest["model_sha256"] is None and manifest["corpus"] is None
+    assert manifest["meta"] == {"note": "dev set", "version": 3}
+    assert set(manifest["files"]) >= {"vectors.npy", "ids.npy", "texts.jsonl"}
     loaded = S.SearchIndex.load(tmp_path / "idx", use_faiss=False)
     np.testing.assert_array_equal(loaded.vectors, index.vectors)
-    assert loaded.texts == index.texts and loaded.meta["model"] == "m"
+    assert list(loaded.texts) == index.texts and loaded.meta == meta
     q = rng.normal(size=(4, 8))
     assert loaded.search_vectors(q, 5) == index.search_vectors(q, 5)
-    with pytest.raises(UserError, match="not a saved search index"):
+    with pytest.raises(UserError, match="not a search index"):
         S.SearchIndex.load(tmp_path)
+
+
+def test_an_index_without_texts_or_meta_round_trips(tmp_path):
+    index = S.SearchIndex.from_vectors(np.eye(3, 4), use_faiss=False)
+    loaded = S.SearchIndex.load(index.save(tmp_path / "idx"), use_faiss=False)
+    assert loaded.texts is None and loaded.meta == {} and not (tmp_path / "idx" / "texts.jsonl").exists()
+    assert [h.corpus_id for h in loaded.search_vectors(np.eye(1, 4), 1)[0]] == [0]
+
+
+def test_save_refuses_an_empty_index_and_meta_a_manifest_cannot_hold(tmp_path):
+    with pytest.raises(UserError, match="empty"):
+        S.SearchIndex.from_vectors(np.zeros((0, 4)), use_faiss=False).save(tmp_path / "empty")
+    for meta, field in (({"nested": {"a": 1}}, "meta"), ({"pooling": "median"}, "pooling"),
+                        ({"max_length": 0}, "max_length")):
+        with pytest.raises(UserError, match=f"field '{field}'"):
+            S.SearchIndex.from_vectors(np.eye(2, 4), meta=meta, use_faiss=False).save(tmp_path / "bad")
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "empty").exists()
+
+
+@has_faiss
+def test_an_approximate_index_saves_its_parts_and_loads_to_the_same_hits(tmp_path):
+    rng = np.random.default_rng(4)
+    keys = rng.standard_normal((2000, 16)).astype(np.float32)
+    index = S.SearchIndex.from_vectors(keys, index_type="ivf")
+    loaded = S.SearchIndex.load(index.save(tmp_path / "ivf"))
+    assert loaded.approximate is not None and loaded.approximate.parts.nlist == index.approximate.parts.nlist
+    np.testing.assert_array_equal(loaded.approximate.parts.centroids, index.approximate.parts.centroids)
+    queries = rng.standard_normal((10, 16))
+    assert loaded.search_vectors(queries, 5) == index.search_vectors(queries, 5)
+
+
+def test_a_folder_of_the_first_save_format_still_loads(tmp_path, caplog):
+    folder = tmp_path / "first"
+    folder.mkdir()
+    vectors = np.eye(3, 4, dtype=np.float32)
+    vectors[2] *= 50  # nothing checked its length: loaded unit length, so it cannot win every query
+    np.save(folder / "vectors.npy", vectors)
+    (folder / "texts.jsonl").write_text('"a"\n"b"\n"c"\n', encoding="utf-8")
+    (folder / "index.json").write_text(json.dumps({"model": "m", "pooling": "cls", "format_version": 1, "size": 3,
+                                                   "dim": 4, "normalized": True}), encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        loaded = S.SearchIndex.load(folder, use_faiss=False)
+    assert "save it again" in caplog.text
+    assert loaded.texts == ["a", "b", "c"] and loaded.meta == {"model": "m", "pooling": "cls"}
+    np.testing.assert_allclose(np.linalg.norm(loaded.vectors, axis=1), 1.0, rtol=1e-6)
+    resaved = S.SearchIndex.load(loaded.save(tmp_path / "again"), use_faiss=False)
+    assert (tmp_path / "again" / "manifest.json").is_file() and list(resaved.texts) == ["a", "b", "c"]
+    (folder / "texts.jsonl").write_text('"a"\n{}\n"c"\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"texts.jsonl:2: damaged \(expected a JSON string"):
+        S.SearchIndex.load(folder, use_faiss=False)
 
 
 @pytest.fixture(scope="module")
@@ -140,26 +197,78 @@ def tiny_encoder(tiny_bert):
 
 
 @pytest.mark.parametrize("use_faiss", FAISS_MODES)
-def test_encoder_search_equals_brute_force_on_a_tiny_model(tiny_encoder, corpus, use_faiss):
+def test_search_with_an_encoder_equals_brute_force_on_a_tiny_model(tiny_encoder, corpus, use_faiss):
     queries = ["a cat on a mat", "interest rates", "football"]
-    index = tiny_encoder.build_index(corpus, use_faiss=use_faiss)
+    index = S.build_index(tiny_encoder, corpus, use_faiss=use_faiss)
     np.testing.assert_allclose(np.linalg.norm(index.vectors, axis=1), 1.0, atol=1e-5)
-    hits = tiny_encoder.search(queries, index, top_k=4, use_faiss=use_faiss)
+    assert index.meta == {"model": tiny_encoder.source, "pooling": "mean", "max_length": tiny_encoder.max_length}
+    hits = S.search(tiny_encoder, queries, index, top_k=4, use_faiss=use_faiss)
     ref_s, ref_i = brute_force(tiny_encoder.encode(queries), tiny_encoder.encode(corpus), 4)
     assert [[h.corpus_id for h in row] for row in hits] == ref_i.tolist()
     np.testing.assert_allclose([[h.score for h in row] for row in hits], ref_s, atol=1e-5)
     assert all(h.text == corpus[h.corpus_id] for row in hits for h in row)
     # a plain list of strings works as the corpus, a single string query gives one list of hits
-    single = tiny_encoder.search(queries[0], corpus, top_k=4, use_faiss=use_faiss)
+    single = S.search(tiny_encoder, queries[0], corpus, top_k=4, use_faiss=use_faiss)
     assert [(h.corpus_id, h.text) for h in single] == [(h.corpus_id, h.text) for h in hits[0]]
     np.testing.assert_allclose([h.score for h in single], [h.score for h in hits[0]], atol=1e-5)
 
 
-def test_encoder_search_rejects_bad_input(tiny_encoder, corpus):
+def test_search_rejects_bad_input(tiny_encoder, corpus):
     with pytest.raises(UserError, match="top-k"):
-        tiny_encoder.search("x", corpus, top_k=0)
+        S.search(tiny_encoder, "x", corpus, top_k=0)
     with pytest.raises(UserError, match="empty"):
-        tiny_encoder.build_index([])
+        S.build_index(tiny_encoder, [])
+    from mirrorbert.search import build_index, search  # the package's names, without importing numpy first
+
+    assert (search, build_index) == (S.search, S.build_index)
+    assert not hasattr(tiny_encoder, "search") and not hasattr(tiny_encoder, "push_to_hub")
+
+
+def test_an_index_saved_from_python_is_searched_with_model_and_checked_against_it(tiny_bert, tiny_encoder, corpus,
+                                                                                  tmp_path, capsys):
+    from mirrorbert.cli.app import main
+
+    folder = S.build_index(tiny_encoder, corpus, use_faiss=False).save(tmp_path / "idx")
+    code = main(["search", "--index", str(folder), "--query", "a cat", "--no-progress"])
+    assert code == 2 and "give the model that encoded it with --model" in capsys.readouterr().err
+    code = main(["search", "--index", str(folder), "--model", str(tiny_bert), "--query", "a cat on a mat",
+                 "--top-k", "2", "--no-progress"])
+    assert code == 0
+    hits = json.loads(capsys.readouterr().out.splitlines()[0])["hits"]
+    expected = S.search(tiny_encoder, "a cat on a mat", corpus, top_k=2)
+    assert [(h["id"], h["text"]) for h in hits] == [(h.corpus_id, h.text) for h in expected]
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    code = main(["search", "--index", str(folder), "--model", str(tiny_bert), "--corpus", str(corpus_file),
+                 "--query", "x", "--no-progress"])
+    assert code == 2 and "leave --corpus out" in capsys.readouterr().err
+    cls_encoder = Encoder.load(tiny_bert, pooling="cls", device="cpu")  # vectors of another pooling: refused
+    S.build_index(cls_encoder, corpus, use_faiss=False).save(tmp_path / "cls")
+    idx = json.loads((tmp_path / "cls" / "manifest.json").read_text())
+    idx["pooling"] = "mean"  # a manifest edited to the model's default: the stored vectors disagree
+    (tmp_path / "cls" / "manifest.json").write_text(json.dumps(idx), encoding="utf-8")
+    code = main(["search", "--index", str(tmp_path / "cls"), "--model", str(tiny_bert), "--query", "x",
+                 "--no-progress"])
+    assert code == 2 and "is not what --model makes of its text" in capsys.readouterr().err
+    S.SearchIndex.from_vectors(np.eye(3, 4), ["a", "b", "c"], use_faiss=False).save(tmp_path / "bare")
+    code = main(["search", "--index", str(tmp_path / "bare"), "--model", str(tiny_bert), "--query", "x",
+                 "--no-progress"])
+    assert code == 2 and "without its pooling and its max_length" in capsys.readouterr().err
+
+
+def test_an_index_the_command_built_loads_in_python(tiny_bert, tiny_encoder, corpus, tmp_path, capsys):
+    from mirrorbert.cli.app import main
+
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("\n".join(corpus) + "\n", encoding="utf-8")
+    assert main(["index", "--model", str(tiny_bert), "--corpus", str(corpus_file), "--output", str(tmp_path / "i"),
+                 "--pooling", "mean", "--no-progress"]) == 0
+    capsys.readouterr()
+    index = S.SearchIndex.load(tmp_path / "i", use_faiss=False)
+    assert index.meta["pooling"] == "mean" and list(index.texts) == corpus
+    hits, expected = (S.search(tiny_encoder, "interest rates", where, top_k=3) for where in (index, corpus))
+    assert [(h.corpus_id, h.text) for h in hits] == [(h.corpus_id, h.text) for h in expected]
+    np.testing.assert_allclose([h.score for h in hits], [h.score for h in expected], atol=1e-5)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -182,7 +291,7 @@ def test_cli_search_query_and_queries_file(tiny_bert, tiny_encoder, corpus, tmp_
     assert code == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(lines) == 1 and lines[0]["query"] == queries[0]
-    expected = tiny_encoder.search(queries[0], corpus, top_k=3)
+    expected = S.search(tiny_encoder, queries[0], corpus, top_k=3)
     assert [(h["id"], h["text"]) for h in lines[0]["hits"]] == [(h.corpus_id, h.text) for h in expected]
     np.testing.assert_allclose([h["score"] for h in lines[0]["hits"]], [h.score for h in expected], atol=1e-5)
 

@@ -6,9 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mirrorbert.search.exact import chunked_topk, l2_normalize
-from mirrorbert.search.streaming import RunningTopK, stream_topk
+from mirrorbert.search.exact import chunked_topk, l2_normalize, search
+from mirrorbert.search.streaming import RunningTopK
 from tests.support import cli_hits, run_cli
+
+
+def stream_topk(queries, chunks, k):
+    """`RunningTopK` over (vectors, texts) chunks, as `search --corpus` drives it."""
+    running = RunningTopK(queries, k)
+    for vectors, texts in chunks:
+        running.add(vectors, texts)
+    return running.hits()
 
 
 def _chunks(keys, size):
@@ -68,7 +76,7 @@ def test_cli_search_corpus_streams_in_chunks_with_the_whole_search_hits(tiny_ber
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     queries = corpus[:4]
     encoder = Encoder.load(str(tiny_bert), device="cpu")
-    whole = encoder.search(queries, [t for t in lines if t.strip()], top_k=5)  # encoded whole, in memory
+    whole = search(encoder, queries, [t for t in lines if t.strip()], top_k=5)  # encoded whole, in memory
     numbers = [i for i, t in enumerate(lines) if t.strip()]
 
     largest = []

@@ -8,11 +8,11 @@ from mirrorbert.mirror.config import TrainConfig, validate
 from mirrorbert.encoder.model import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.training.gradcache import cached_embeddings, cached_step
-from mirrorbert.mirror.loss import mirror_infonce
+from mirrorbert.mirror.loss import MirrorInfoNCE
 from mirrorbert.runtime.device import enable_gradient_checkpointing
 from mirrorbert.mirror.step import embed_views
 from mirrorbert.mirror.train import train
-from mirrorbert.mirror.views import masked_views, special_token_ids, tokenize_once
+from mirrorbert.mirror.views import mask_span, special_token_ids, tokenize_once
 
 CPU = torch.device("cpu")
 DROPOUT = {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
@@ -28,7 +28,8 @@ def _encoder(path, overrides):
 def _batch(enc, corpus, n=6):
     first = tokenize_once(enc.tokenizer, corpus[:n], 16)
     gen = torch.Generator().manual_seed(0)
-    second = masked_views(first, 2, enc.tokenizer.mask_token_id, special_token_ids(enc.tokenizer), gen)
+    special = special_token_ids(enc.tokenizer)
+    second = [mask_span(ids, 2, enc.tokenizer.mask_token_id, special, gen) for ids in first]
     return first + second
 
 
@@ -41,7 +42,7 @@ def _embed_fn(enc):
 
 
 def _loss(emb):
-    return mirror_infonce(emb, 0.05)
+    return MirrorInfoNCE(0.05)(emb)
 
 
 def _run(enc, step):

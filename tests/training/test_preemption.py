@@ -140,8 +140,8 @@ class _Linear:
 
 
 def _engine(tmp_path, method, dist=None, save_every=0, total=10):
-    return Engine(method, total_steps=total, checkpoints=CheckpointManager(tmp_path / "ckpt"), save_every=save_every,
-                  checkpointing=bool(save_every), dist=dist, show_progress=False)
+    return Engine(method, total_steps=total, dist=dist, show_progress=False,
+                  checkpoints=CheckpointManager(tmp_path / "ckpt", every=save_every, at_end=bool(save_every)))
 
 
 def test_a_sigterm_seen_by_the_other_rank_stops_this_one_at_the_same_step_with_one_checkpoint(tmp_path, monkeypatch):

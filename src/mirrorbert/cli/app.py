@@ -28,7 +28,7 @@ from mirrorbert.cli.pretrain_mlm import add_pretrain_parser
 from mirrorbert.cli.push import add_push_parser
 from mirrorbert.cli.reproduce import add_reproduce_parser
 from mirrorbert.cli.search import add_index_parser, add_search_parser
-from mirrorbert.cli.train import PRESET_KEYS, add_train_parser, train_defaults
+from mirrorbert.cli.train import add_train_parser
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -77,10 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reproduce_parser(sub)
     for name, subparser in sub.choices.items():
         _add_trust_remote_code(subparser, name)
-        if name == "train":
-            options.state_defaults(subparser, train_defaults(), PRESET_KEYS)
-        else:
-            options.state_defaults(subparser)
+        options.state_defaults(subparser)
     return parser
 
 
@@ -89,10 +86,12 @@ NO_MODEL_LOAD = ("push",)
 
 
 def _add_trust_remote_code(parser: argparse.ArgumentParser, command: str) -> None:
-    """--trust-remote-code, last, for every command that loads a model (model_loading.py)."""
-    if command in NO_MODEL_LOAD or not any("--model" in a.option_strings for a in parser._actions):
+    """--trust-remote-code, last, for every command that loads a model (model_loading.py); a trainer has it
+    already, as a field of its config."""
+    flags = {flag for action in parser._actions for flag in action.option_strings}
+    if command in NO_MODEL_LOAD or "--model" not in flags or options.SPECS["trust_remote_code"].flag in flags:
         return
-    options.add(parser, "trust_remote_code", defaults=options.UNSET if command == "train" else None)
+    options.add(parser, "trust_remote_code")
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:

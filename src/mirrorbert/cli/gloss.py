@@ -14,15 +14,21 @@ from typing import Any
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.cli import options
+from mirrorbert.cli.field_options import add_config_options
 from mirrorbert.cli.options import config_defaults, use
 from mirrorbert.errors import UserError
+from mirrorbert.gloss.config import MODEL_POSITIONS, GlossPretrainConfig
 from mirrorbert.settings.choices import POOLINGS
-
-MODEL_POSITIONS = "at most the model's positions"
 
 
 # --------------------------------------------------------------------------- gloss-pretrain
+# The --help groups of `gloss-pretrain`, in order, by the `group` key of GlossPretrainConfig's fields.
+GLOSS_GROUPS = {"output": "model, data and output", "data": "model, data and output", "method": "method",
+                "optimisation": "optimisation", "hardware": "hardware and bookkeeping"}
+
+
 def add_gloss_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """`gloss-pretrain`: one flag per GlossPretrainConfig field (gloss/config.py, no torch import)."""
     p = subparsers.add_parser(
         "gloss-pretrain",
         help="GR-BERT: MLM pre-training regularised by matching words in context to their glosses",
@@ -30,56 +36,15 @@ def add_gloss_parser(subparsers: Any) -> argparse.ArgumentParser:
         "adding an InfoNCE loss that aligns the word's contextual representation with the embedding of its "
         "gloss (GR-BERT). The result is a Hugging Face *ForMaskedLM folder usable anywhere an MLM is.",
     )
-    _add_gloss_inputs(p.add_argument_group("model, data and output"))
-    _add_gloss_method(p.add_argument_group("method"))
-    o = p.add_argument_group("optimisation")
-    options.add(o, "lr", "weight_decay", "warmup", use("batch_size", note="triplets per step (paper: 48)"),
-                "epochs", "steps", "max_grad_norm", "seed", defaults=_gloss_defaults())
-    h = p.add_argument_group("hardware and bookkeeping")
-    options.add(h, "device", "precision", "eval_batch_size", use("save_every", note="0: at epoch ends and on interrupt only"),
-                "checkpoint_dir", "keep_checkpoints", "resume", "log_dir", "no_progress", defaults=_gloss_defaults())
+    add_config_options(p, GlossPretrainConfig, GLOSS_GROUPS)
     p.set_defaults(func=run_gloss_pretrain)
     return p
-
-
-def _gloss_defaults() -> dict:
-    from mirrorbert.gloss.pretrain import GlossPretrainConfig
-
-    return config_defaults(GlossPretrainConfig)
-
-
-def _add_gloss_inputs(g) -> None:
-    d = _gloss_defaults()
-    options.add(g, use("model", required=True, note="the masked LM to start from"))
-    g.add_argument("--triplets", default=d["triplets"],
-                   help="'wordnet' (build from <data-dir>/wordnet) or a TSV file 'word TAB sentence TAB gloss'")
-    options.add(g, use("data_dir", note="holding wordnet/"), use("output", required=True, note="the trained MLM's folder"),
-                "overwrite", defaults=d)
-    g.add_argument("--holdout", type=float, default=d["holdout"], help=f"held-out fraction of triplets (default {d['holdout']})")
-    options.add(g, use("limit", note="a random sample of the triplets (seeded; for quick runs)"), defaults=d)
-    g.add_argument("--export-triplets", help="also write the (training) triplets to this TSV file")
-
-
-def _add_gloss_method(m) -> None:
-    d = _gloss_defaults()
-    m.add_argument("--arch", choices=("mt", "sc"), default=d["arch"],
-                   help="mt: one encoder, L = MLM + lambda*GR(h_s); sc: separate context encoders, "
-                        "GR on h_s(enc2) - h_c(enc1), only enc2 saved (default mt)")
-    m.add_argument("--lambda", dest="lam", type=float, default=d["lam"], help=f"weight of the gloss loss (default {d['lam']})")
-    m.add_argument("--tau", type=float, default=d["tau"], help=f"InfoNCE temperature (default {d['tau']})")
-    m.add_argument("--mlm-prob", type=float, default=d["mlm_prob"],
-                   help="also mask this fraction of the other tokens, BERT-style 80/10/10 (default 0: target only)")
-    m.add_argument("--no-hard-negatives", dest="hard_negatives", action="store_false", default=True,
-                   help="do not add another gloss of the same word as a negative")
-    options.add(m, use("max_length", note=MODEL_POSITIONS), defaults=d)
-    m.add_argument("--max-gloss-length", type=int, default=d["max_gloss_length"],
-                   help=f"gloss tokens (default {d['max_gloss_length']})")
 
 
 def run_gloss_pretrain(args: argparse.Namespace) -> int:
     from dataclasses import fields
 
-    from mirrorbert.gloss.pretrain import GlossPretrainConfig, pretrain
+    from mirrorbert.gloss.pretrain import pretrain
 
     names = {f.name for f in fields(GlossPretrainConfig)}
     cfg = GlossPretrainConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})

@@ -116,19 +116,21 @@ def run_search(args) -> int:
 
         st_quantization()
     queries = _read_queries(opts)
+    from mirrorbert.search.exact import build_index, search
+
     if opts.index:
         encoder, index, ids = _open_index(opts, use_faiss)
-        results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
-                                 quantize=opts.quantize, nprobe=opts.nprobe)
+        results = search(encoder, queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
+                         quantize=opts.quantize, nprobe=opts.nprobe)
     elif opts.quantize == "float32":
         results, ids = _search_streamed(opts, queries, use_faiss)
     else:  # quantisation ranges come from the whole corpus's vectors: it is encoded whole
         texts, ids = _corpus_rows(opts)
         encoder = _corpus_encoder(opts)
-        index = encoder.build_index(texts, batch_size=opts.batch_size, use_faiss=use_faiss,
-                                    show_progress=opts.show_progress)
-        results = encoder.search(queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
-                                 quantize=opts.quantize)
+        index = build_index(encoder, texts, batch_size=opts.batch_size, use_faiss=use_faiss,
+                            show_progress=opts.show_progress)
+        results = search(encoder, queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
+                         quantize=opts.quantize)
     from mirrorbert.data.readers import json_safe_line
 
     for query, hits in zip(queries, results):
@@ -143,8 +145,9 @@ def _open_index(opts, use_faiss):
     any weight loads, --pooling/--max-length against the manifest, then the files (ids and texts against
     --corpus when given), then a few stored vectors against the loaded model (index_store says why)."""
     from mirrorbert.safeguards.preflight import check_max_length, check_model_exists
-    from mirrorbert.search.index_store import (MANIFEST, check_index, check_settings, check_vectors_match_model,
-                                               load_index)
+    from mirrorbert.search.exact import SearchIndex
+    from mirrorbert.search.index_claims import MANIFEST, check_index, check_settings
+    from mirrorbert.search.index_store import check_vectors_match_model, read_index
 
     folder = Path(opts.index)
     if opts.model is not None:
@@ -160,16 +163,17 @@ def _open_index(opts, use_faiss):
     check_max_length(manifest.max_length, encoder.model.config, f"--index {folder / MANIFEST}: max_length",
                      str(model))
     encoder.max_length = manifest.max_length  # what the vectors were encoded with
-    index, ids = load_index(folder, manifest, use_faiss, corpus=opts.corpus, skip_bad_lines=opts.skip_bad_lines)
+    stored = read_index(folder, manifest, use_faiss, corpus=opts.corpus, skip_bad_lines=opts.skip_bad_lines)
+    index = SearchIndex.from_stored(stored)
     check_vectors_match_model(encoder, index, folder)
-    return encoder, index, ids
+    return encoder, index, stored.ids
 
 
 def _index_encoder(opts, model: str, pooling: str, folder: Path):
     """The model answering from the index; one the manifest names is named so in any error (the user gave no
     --model), its fingerprint checked like a --model's (`check_index`)."""
     from mirrorbert.encoder.model import Encoder
-    from mirrorbert.search.index_store import MANIFEST
+    from mirrorbert.search.index_claims import MANIFEST
 
     try:
         return Encoder.load(model, pooling=pooling, device=opts.device, trust_remote_code=opts.trust_remote_code,
@@ -234,7 +238,8 @@ def run_index(args) -> int:
     from mirrorbert.encoder.model import Encoder
     from mirrorbert.search.approximate import resolve_index_type
     from mirrorbert.search.exact import faiss_available
-    from mirrorbert.search.index_store import Manifest, corpus_sha256, corpus_size, count_lines, model_fingerprint
+    from mirrorbert.search.fingerprints import corpus_sha256, corpus_size, count_lines, model_fingerprint
+    from mirrorbert.search.index_claims import Manifest
     from mirrorbert.safeguards.writes import WritePlan
     from mirrorbert.runtime.device import check_device_and_precision
 

@@ -1,111 +1,59 @@
 """`mirrorbert train`: Mirror-BERT tuning from the command line (the work is in `mirror/train.py`).
 
-Every option's argparse default is None, so that "not given" can be told from "given": a --config file and
-a --preset fill what the command line leaves out, and `TrainConfig` the rest (its defaults are the ones
---help states).
+Every option is a `TrainConfig` field (mirror/config.py), its flag made from the field (cli/field_options.py).
+Every argparse default is None, so that "not given" can be told from "given": a --config file and a --preset
+fill what the command line leaves out, and `TrainConfig` the rest (its defaults are the ones --help states).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 
 import mirrorbert.jsonio as jsonio
-from mirrorbert.cli import options
-from mirrorbert.cli.options import UNSET, use
+from mirrorbert.cli.field_options import add_config_options
 from mirrorbert.cli.push import PUSH_TO_HUB_HELP, check_push_to_hub, push_trained
+from mirrorbert.mirror.config import FIELD_NAMES, PRESETS, TrainConfig, resolve_config
 from mirrorbert.reporting.timing import pending_phase
 from mirrorbert.safeguards.writes import WritePlan, check_outputs_avoid
+from mirrorbert.settings.fields import preset_names
 
 EXIT_INTERRUPTED = 130
-# Options whose value comes from --preset when one is given.
-PRESET_KEYS = ("temperature", "mask_span", "epochs", "max_length", "pooling")
+# The --help groups of `train`, in order, by the `group` key of the fields.
+GROUPS = {"output": "model and output", "data": "training strings", "method": "method",
+          "optimisation": "optimisation", "hardware": "hardware and bookkeeping",
+          "eval": "evaluation after training (model card)"}
 
 
 def add_train_parser(sub) -> None:
-    """`train`, its options in the groups --help shows; every default None (see the module docstring)."""
+    """`train`: one flag per TrainConfig field, every default None (see the module docstring)."""
     p = sub.add_parser(
         "train", help="Mirror-BERT tuning of a masked LM into an encoder",
         description="Mirror-BERT: self-supervised contrastive tuning with duplicated views, span masking "
                     "and dropout. Options default to the chosen --preset (the paper's settings).",
     )
-    _add_model_and_data(p)
-    _add_method(p.add_argument_group("method"))
-    _add_optimisation(p.add_argument_group("optimisation"))
-    _add_hardware(p.add_argument_group("hardware and bookkeeping"))
-    e = p.add_argument_group("evaluation after training (model card)")
-    e.add_argument("--eval-after", help="comma-separated eval tasks (e.g. sts,wordsim) run on the trained model before "
-                                        "saving; scores go into mirrorbert.json and README.md (default: none)")
-    options.add(e, use("data_dir", note="the evaluation sets of --eval-after"), defaults=UNSET)
+    add_config_options(p, TrainConfig, GROUPS, leave_unset=True, preset_values=preset_values(),
+                       after={"output": _add_run_inputs})
     p.set_defaults(func=run_train)
 
 
-def _add_model_and_data(p) -> None:
-    """What is trained, on which strings, and where it goes."""
-    g = p.add_argument_group("model and output")
-    options.add(g, use("model", note="the masked LM to start from"), use("output", note="the trained model's folder"),
-                "overwrite", defaults=UNSET)
-    g.add_argument("--push-to-hub", metavar="USER/NAME", help=PUSH_TO_HUB_HELP)
-    g.add_argument("--preset", help="paper settings: word | phrase | sentence")
-    g.add_argument("--config", dest="config_file", help="YAML or JSON file of options; command-line options win")
-    d = p.add_argument_group("training strings")
-    d.add_argument("--data", help="strings: .txt (one per line), .csv/.tsv/.parquet/.arrow or a saved datasets folder (with --column), .jsonl (with --field)")
-    options.add(d, "column", "field", defaults=UNSET)
-    d.add_argument("--words-top", type=int, help="train on the N most frequent words of --lang (wordfreq)")
-    d.add_argument("--lang", help="language of --words-top (default en)")
-    d.add_argument("--random-strings", type=int, help="train on N random letter/digit strings (zero-semantics control)")
-    options.add(d, use("limit", note="a random sample of the strings (seeded)"), "skip_bad_lines", defaults=UNSET)
+def _add_run_inputs(group) -> None:
+    """What `train` takes besides TrainConfig's fields: where the result goes after, and a file of options."""
+    group.add_argument("--push-to-hub", metavar="USER/NAME", help=PUSH_TO_HUB_HELP)
+    group.add_argument("--config", dest="config_file", help="YAML or JSON file of options; command-line options win")
 
 
-def _add_method(m) -> None:
-    """The paper's knobs: views, masking, dropout, loss."""
-    m.add_argument("--temperature", type=float, help="InfoNCE temperature tau (default 0.04; word preset 0.2)")
-    m.add_argument("--loss", help="infonce (default, paper eq. 1) | ms (multi-similarity loss with online triplet "
-                                  "mining, as SapBERT)")
-    m.add_argument("--mask-span", type=int, help="mask a span of K units (--mask-unit) in the second view (0: off; default 0, presets: phrase 2, sentence 5)")
-    m.add_argument("--mask-unit", help="char (default, the authors' code: K characters become one mask token) | "
-                                       "token (our variant: K tokens become K mask tokens)")
-    m.add_argument("--mask-min-chars", type=int, help="char unit: strings of N characters or fewer stay unmasked (default 30)")
-    m.add_argument("--dropout", type=float, help="dropout probability (hidden, attention, embeddings)")
-    m.add_argument("--drophead", type=float, help="probability of dropping a whole attention head per example")
-    m.add_argument("--controlled-dropout", action="store_true", default=None, help="identical dropout masks for both views (ablation)")
-    options.add(m, "pooling", "max_length", defaults=UNSET)
-
-
-def _add_optimisation(o) -> None:
-    """AdamW, schedule and budget."""
-    options.add(o, "lr", "weight_decay", defaults=UNSET)
-    o.add_argument("--schedule", help="constant (paper) | linear (decay to 0 after warmup)")
-    options.add(o, "warmup_steps", "max_grad_norm", use("batch_size", note="strings per step, 2 views each"),
-                "epochs", "steps", "seed", defaults=UNSET)
-
-
-def _add_hardware(h) -> None:
-    """Where and how fast it runs, and what it leaves behind (checkpoints, logs)."""
-    # no `choices` for --packing: a value from a --config file is checked by TrainConfig, so is the command line's
-    options.add(h, "device", "precision", use("packing", choices=None), "threads", defaults=UNSET)
-    h.add_argument("--compile", action="store_true", default=None,
-                   help="torch.compile the model (default: off; falls back to eager with a warning if it fails)")
-    h.add_argument("--gradient-checkpointing", action="store_true", default=None,
-                   help="recompute activations in backward: less memory, ~30%% more time (default: off)")
-    h.add_argument("--grad-cache-chunk", type=int,
-                   help="GradCache: run the encoder N views at a time with cached embedding gradients, so "
-                        "big batches fit in small memory with every in-batch negative kept (default 0: off)")
-    options.add(h, use("save_every", note="0: only at the end or on interrupt"), "checkpoint_dir", "keep_checkpoints",
-                "resume", "log_dir", "log_every", "no_progress", defaults=UNSET)
-
-
-def train_defaults() -> dict:
-    """TrainConfig's defaults: the ones `train --help` states (argparse's are all None)."""
-    from mirrorbert.mirror.config import default_values
-
-    return default_values()
+def preset_values() -> dict[str, str]:
+    """Per preset field, what each preset sets it to, as --help states it ("word 0.2, phrase 0.04, ...")."""
+    unset = {f.name: f.metadata.get("unset") or "none" for f in dataclasses.fields(TrainConfig)}
+    return {name: ", ".join(f"{preset} {unset[name] if values[name] is None else values[name]}"
+                            for preset, values in PRESETS.items() if name in values)
+            for name in preset_names(TrainConfig)}
 
 
 def _train_keys() -> tuple[str, ...]:
     """Every TrainConfig field is a `train` option of the same name, so the CLI never lists them twice."""
-    from mirrorbert.mirror.config import FIELD_NAMES
-
     return tuple(sorted(FIELD_NAMES))
 
 
@@ -142,7 +90,6 @@ def train_summary(result) -> str:
 
 def run_train(args) -> int:
     """Resolve the configuration, check every output before any data is read, train, report (rank 0 only)."""
-    from mirrorbert.mirror.config import resolve_config
     from mirrorbert.data.strings import strings_for_config
 
     push_repo = check_push_to_hub(getattr(args, "push_to_hub", None))  # before anything is read or trained

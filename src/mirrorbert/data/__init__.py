@@ -2,8 +2,10 @@
 
 Modules: `readers` (text, CSV/TSV and JSONL as a stream of records with their ids), `strings` (read, clean,
 deduplicate, fingerprint training strings), `token_store` (the strings' token ids as flat memory-mapped arrays,
-built in one streaming pass and cached by content and tokenizer), `hf_datasets` (Parquet, Arrow, saved datasets,
-`hf:` Hub datasets, a column at a time), `wordnet` (WordNet's own data files, read without nltk).
+cached by content and tokenizer: open or build), `token_files` (the store's files and reading them),
+`token_writing` (the one streaming pass that writes them), `token_checks` (a cached store checked against the data
+before use), `hf_datasets` (Parquet, Arrow, saved datasets, `hf:` Hub datasets, a column at a time), `wordnet`
+(WordNet's own data files, read without nltk).
 """
 
 

@@ -28,7 +28,7 @@ TEXT_SUFFIXES = {".txt", ".text", ""}
 @dataclass
 class TrainingStrings:
     # the strings; once a run has built its token store, a read-only sequence over the store's copy
-    # (`data.token_store.StoreStrings`), so a run does not keep a Python list of every string alive
+    # (`data.token_files.StoreStrings`), so a run does not keep a Python list of every string alive
     strings: Sequence[str]
     source: str
     n_read: int
@@ -49,7 +49,14 @@ class TrainingStrings:
         }
 
 
-def fingerprint(strings: list[str]) -> str:
+def fingerprint(strings: Sequence[str]) -> str:
+    """SHA-256 of the strings, each followed by a newline (the lines of a text file hash as the file does).
+
+    A string holding a newline (possible only from a Dataset or a Python caller) hashes like the two strings
+    around it. Checkpoints record this hash as `data_sha256` and a resume whose hash differs is refused as other
+    data, so another encoding would refuse every checkpoint written with this one. `data.token_checks`
+    recomputes it from a store's files, `data.token_writing` while it writes them.
+    """
     digest = hashlib.sha256()
     for s in strings:
         digest.update(s.encode("utf-8"))
@@ -246,7 +253,7 @@ class FileStrings:
         return len(self.positions)
 
     def __iter__(self):
-        block = 65536  # positions turned into Python ints a block at a time, never all at once (8 vs 36 bytes each)
+        block = 65536  # positions turned into Python ints a block at a time: 8 bytes each in the array, 36 in a list
         wanted = itertools.chain.from_iterable(self.positions[i:i + block].tolist()
                                                for i in range(0, len(self.positions), block))
         target = next(wanted, None)

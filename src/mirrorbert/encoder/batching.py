@@ -20,8 +20,3 @@ def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int, length: int | Non
         input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attention_mask[row, : len(seq)] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask}
-
-
-def pair_batch(first: Sequence[Sequence[int]], second: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Both views in one tensor: rows [x_1..x_B, xbar_1..xbar_B], so one forward pass encodes all 2B."""
-    return pad_batch(list(first) + list(second), pad_id)

@@ -1,5 +1,8 @@
 """The encoder: a Hugging Face model + tokenizer + pooling, with loading, batched encoding and saving.
 
+Searching and uploading take an encoder rather than living on it: `mirrorbert.search.search` and
+`build_index` (search/exact.py), `mirrorbert.publish.hub.push_encoder`.
+
 Saved folders are at the same time a `transformers` model folder (AutoModel/AutoTokenizer load them) and
 a sentence-transformers folder (modules.json, pooling config), plus `mirrorbert.json` describing how the
 model was trained. `Encoder.load` reads any of: such a folder, a sentence-transformers folder, a plain
@@ -29,7 +32,7 @@ from mirrorbert.encoder.pooling import (
     pooling_from_sentence_transformers,
     sentence_transformers_modules,
 )
-from mirrorbert.search import exact as _search
+from mirrorbert.search.exact import as_vectors
 from mirrorbert.safeguards.preflight import (check_max_length, inspect_model, max_positions, model_load_error,
                                              weights_load_error)
 from mirrorbert.safeguards.model_folder import vet_model_folder
@@ -145,6 +148,14 @@ def usable_device(device: Any, option: str = "device") -> torch.device:
     return target
 
 
+# Methods an Encoder once had that take an encoder now: the call that replaces each, for the one-line error.
+MOVED = {
+    "search": "mirrorbert.search.search(encoder, queries, corpus_or_index)",
+    "build_index": "mirrorbert.search.build_index(encoder, corpus)",
+    "push_to_hub": "mirrorbert.publish.hub.push_encoder(encoder, repo_id)",
+}
+
+
 class Encoder(torch.nn.Module):
     """Encodes strings into vectors; also the module Mirror-BERT trains (its forward is the pooled vector)."""
 
@@ -221,6 +232,12 @@ class Encoder(torch.nn.Module):
         encoder.training_info = info.get("training", {})
         encoder.to(resolve_device(device))
         return encoder
+
+    def __getattr__(self, name: str):
+        """torch's lookup of parameters and submodules; a moved method's name says what to call instead."""
+        if name in MOVED:
+            raise AttributeError(f"Encoder.{name} is not a method of the encoder: call {MOVED[name]}")
+        return super().__getattr__(name)
 
     @property
     def device(self) -> torch.device:
@@ -370,21 +387,7 @@ class Encoder(torch.nn.Module):
                 bad = next(i for i, item in enumerate(x) if not isinstance(item, str))
                 raise UserError(f"{name}: a list mixing strings and other values (item {bad} is "
                                 f"{type(x[bad]).__name__}); give strings or vectors")
-        return _unit(_search.as_vectors(x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x, name,
-                                        self.dim))
-
-    # ------------------------------------------------------------------ search (mirrorbert.search.exact)
-    def build_index(self, corpus: Sequence[str], batch_size: int = 64, use_faiss: bool | None = None,
-                    show_progress: bool = False) -> _search.SearchIndex:
-        """Encode and L2-normalise a corpus once for many searches (faiss IndexFlatIP too when used)."""
-        return _search.build_index(self, corpus, batch_size=batch_size, use_faiss=use_faiss,
-                                   show_progress=show_progress)
-
-    def search(self, queries: str | Sequence[str], corpus_or_index, top_k: int = 10, batch_size: int = 64,
-               use_faiss: bool | None = None, **kwargs):
-        """Exact cosine top-k: per query a list of Hit(corpus_id, text, score), best first (ties: smaller id)."""
-        return _search.search(self, queries, corpus_or_index, top_k, batch_size=batch_size, use_faiss=use_faiss,
-                              **kwargs)
+        return _unit(as_vectors(x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x, name, self.dim))
 
     # ------------------------------------------------------------------ saving
     def write(self, folder: str | Path, training_info: dict[str, Any] | None = None) -> Path:
@@ -433,22 +436,6 @@ class Encoder(torch.nn.Module):
         with atomic_output_dir(path, overwrite=overwrite, option="path") as tmp:
             self.write(tmp, training_info)
         return Path(path)
-
-    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | None = None,
-                    commit_message: str | None = None, dry_run_dir: str | Path | None = None) -> dict[str, Any]:
-        """Upload this encoder to the Hugging Face Hub repo `repo_id` ("user/name"; created when missing).
-
-        The encoder is saved as `save` writes it (transformers and sentence-transformers files, `mirrorbert.json`)
-        with a model card whose usage snippets load `repo_id`; mirrorbert's bookkeeping files are not sent.
-        `private`: the visibility of a repo created now (None: the Hub's default). `token`: a Hub token
-        (default: `HF_TOKEN` or the saved login). `dry_run_dir`: touch no network, write exactly the files that
-        would be uploaded into this new folder instead. Returns a record: repo, files, bytes (and the URL).
-        A bad repo id, or a Hub that cannot be reached, raises `UserError` naming the repo.
-        """
-        from mirrorbert.publish.hub import push_encoder
-
-        return push_encoder(self, repo_id, private=private, token=token, commit_message=commit_message,
-                            dry_run_dir=dry_run_dir)
 
 
 def _saved_settings(name: str, trust_remote_code: bool) -> tuple[str | None, bool, int | None, dict[str, Any]]:

@@ -519,25 +519,7 @@ def evaluate_bel(
     field). ``use_faiss=None`` uses faiss when importable (exact search either way).
     """
     ks = sorted({1, *(int(k) for k in ks)})  # acc@1 is always reported: it is the primary metric
-    explicit = datasets is not None
-    names = [datasets] if isinstance(datasets, str) else list(BEL_DATASETS if datasets is None else datasets)
-    unknown = [n for n in names if n not in _LOADERS]
-    if unknown:
-        raise UserError(f"unknown BEL data set(s) {', '.join(unknown)}; known: {', '.join(BEL_DATASETS)}")
-
-    folders: dict[str, Path] = {}
-    messages: dict[str, str] = {}
-    for name in names:
-        try:
-            folders[name] = ds.require(data_dir, name)
-        except DatasetMissing as err:
-            if explicit:
-                raise
-            logger.warning("BEL: skipping %s: %s", name, err)
-            messages[name] = str(err)
-    if not folders:
-        raise DatasetMissing("; ".join(messages.values()) if messages else "no BEL data set requested")
-
+    folders, messages = _set_folders(data_dir, datasets)
     metrics = TaskMetrics()
     metrics.skipped.update(messages)
     records: list[dict[str, Any]] = []
@@ -562,10 +544,39 @@ def evaluate_bel(
 
     metrics["primary"] = float(np.mean([metrics[f"{n}_acc@1"] for n in folders]))
     if predictions_path is not None:
-        from mirrorbert.safeguards.writes import write_text_atomic
-
-        # the caller applied the write policy (`eval` refuses an existing file without --overwrite)
-        path = write_text_atomic(predictions_path, "".join(jsonio.dumps(r, ensure_ascii=False) + "\n" for r in records),
-                                 overwrite=True, option="predictions_path")
-        logger.info("BEL predictions written to %s", path)
+        _write_predictions(predictions_path, records)
     return metrics
+
+
+def _set_folders(data_dir: str | os.PathLike[str] | None,
+                 datasets: Sequence[str] | str | None) -> tuple[dict[str, Path], dict[str, str]]:
+    """({set: folder} of the sets to evaluate, {set: why skipped}): a set named explicitly is required, one of
+    the default list is skipped with a warning when absent; none at all is DatasetMissing."""
+    explicit = datasets is not None
+    names = [datasets] if isinstance(datasets, str) else list(BEL_DATASETS if datasets is None else datasets)
+    unknown = [n for n in names if n not in _LOADERS]
+    if unknown:
+        raise UserError(f"unknown BEL data set(s) {', '.join(unknown)}; known: {', '.join(BEL_DATASETS)}")
+    folders: dict[str, Path] = {}
+    messages: dict[str, str] = {}
+    for name in names:
+        try:
+            folders[name] = ds.require(data_dir, name)
+        except DatasetMissing as err:
+            if explicit:
+                raise
+            logger.warning("BEL: skipping %s: %s", name, err)
+            messages[name] = str(err)
+    if not folders:
+        raise DatasetMissing("; ".join(messages.values()) if messages else "no BEL data set requested")
+    return folders, messages
+
+
+def _write_predictions(path: str | os.PathLike[str], records: list[dict[str, Any]]) -> None:
+    """One JSON line per query; the caller applied the write policy (`eval` refuses an existing file without
+    --overwrite)."""
+    from mirrorbert.safeguards.writes import write_text_atomic
+
+    written = write_text_atomic(path, "".join(jsonio.dumps(r, ensure_ascii=False) + "\n" for r in records),
+                                overwrite=True, option="predictions_path")
+    logger.info("BEL predictions written to %s", written)

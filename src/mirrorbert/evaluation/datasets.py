@@ -256,13 +256,6 @@ def info(name: str) -> DatasetInfo:
         raise UserError(f"unknown evaluation set {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
 
 
-def missing_files(data_dir: str | os.PathLike[str] | None, name: str) -> list[Path]:
-    """Required files of ``name`` that are absent (empty list when the set is complete)."""
-    entry = info(name)
-    folder = resolve_data_dir(data_dir) / entry.folder
-    return [folder / f for f in entry.files if not (folder / f).is_file()]
-
-
 def missing_message(entry: DatasetInfo, folder: Path, missing: list[Path]) -> str:
     """One-line explanation of what is missing and where to get it."""
     shown = ", ".join(p.name if p.parent == folder else str(p) for p in missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 from mirrorbert.data.strings import read_text_lines
 from mirrorbert.errors import UserError
 from mirrorbert.evaluation.sts import (
+    PairSet,
     TaskMetrics,
     TextEncoder,
     encode_unique,
@@ -98,75 +100,119 @@ def _read_texts(path: str | Path) -> list[str]:
     return [line.strip() for line in read_text_lines(path) if line.strip()]
 
 
+@dataclass
+class IsotropySettings:
+    """What the isotropy task embeds and how it draws its plot: each field is an `--option isotropy.KEY=VALUE`."""
+
+    texts: Sequence[str] | None = None  # the strings scored (default: the distinct STS-B test sentences)
+    texts_file: str | Path | None = None  # or a text file of them, one a line
+    max_texts: int | None = None  # a sample of at most this many, drawn with `seed`
+    seed: int = 0
+    high: float = 4.0  # gold score from which an STS-B pair counts as high-scored in the plot
+    low: float = 1.0  # gold score up to which it counts as low-scored
+    model_label: str | None = None  # the plot panels' titles
+    reference_label: str | None = None
+
+
+#: The runner passes a task's options as this dataclass (`settings=`) instead of as keywords.
+SETTINGS = IsotropySettings
+
+
+@dataclass
+class _Embedded:
+    """The texts scored and each model's vectors of them ("" the evaluated model, "_before" the reference)."""
+
+    texts: list[str]
+    encoders: dict[str, TextEncoder]
+    vectors: dict[str, np.ndarray]
+
+    def pair_cosines(self, suffix: str, pairs: PairSet, batch_size: int) -> np.ndarray:
+        """Cosine of each STS-B pair, from the vectors above when they hold both sides (no second encoding)."""
+        row = {t: i for i, t in enumerate(self.texts)}
+        if all(t in row for t in pairs.s1) and all(t in row for t in pairs.s2):
+            vectors = self.vectors[suffix]
+            return paired_cosine(vectors[[row[t] for t in pairs.s1]], vectors[[row[t] for t in pairs.s2]])
+        return pair_similarities(self.encoders[suffix], pairs.s1, pairs.s2, batch_size=batch_size)
+
+
 def evaluate_isotropy(
     encoder: TextEncoder,
     data_dir: str | Path | None = None,
     *,
-    texts: Sequence[str] | None = None,
-    texts_file: str | Path | None = None,
-    max_texts: int | None = None,
+    settings: IsotropySettings | None = None,
     reference_encoder: TextEncoder | None = None,
-    model_label: str | None = None,
-    reference_label: str | None = None,
     plot_dir: str | Path | None = None,
-    high: float = 4.0,
-    low: float = 1.0,
     batch_size: int = 64,
     show_progress: bool = False,
-    seed: int = 0,
     **_: Any,
 ) -> TaskMetrics:
     """IS (``primary``) and MVN of the model (and of ``reference_encoder`` as ``*_before``), plus the plot.
 
     ``cos_gap`` (and ``cos_gap_before``) = mean cosine of high-scored minus low-scored STS-B pairs, the
-    separation the plot shows. ``model_label`` / ``reference_label`` title the plot panels.
+    separation the plot shows.
     """
-    pairs = None
-    if texts is None and texts_file is None:
-        pairs = load_set(data_dir, "stsb", "test")
-        texts = list(dict.fromkeys(pairs.s1 + pairs.s2))
-    elif texts is None:
-        texts = _read_texts(texts_file)  # type: ignore[arg-type]
-    texts = list(texts)
-    if max_texts is not None and len(texts) > max_texts:
-        rng = np.random.default_rng(seed)
-        texts = [texts[i] for i in sorted(rng.choice(len(texts), size=max_texts, replace=False))]
+    settings = settings or IsotropySettings()
+    texts, pairs = _texts(settings, data_dir)
     encoders: dict[str, TextEncoder] = {"": encoder}
     if reference_encoder is not None:
         encoders["_before"] = reference_encoder
     out = TaskMetrics()
-    embeddings: dict[str, np.ndarray] = {}
+    embedded = _Embedded(texts, encoders, {})
     for suffix, enc in encoders.items():
-        embeddings[suffix] = encode_unique(enc, texts, batch_size=batch_size, show_progress=show_progress)
-        out[f"is{suffix}"] = isotropy_score(embeddings[suffix])
-        out[f"mvn{suffix}"] = mean_vector_norm(embeddings[suffix])
+        embedded.vectors[suffix] = encode_unique(enc, texts, batch_size=batch_size, show_progress=show_progress)
+        out[f"is{suffix}"] = isotropy_score(embedded.vectors[suffix])
+        out[f"mvn{suffix}"] = mean_vector_norm(embedded.vectors[suffix])
     out["primary"] = out["is"]
     out["n_texts"] = float(len(texts))
-    if plot_dir is not None and not _matplotlib_available():
+    if plot_dir is not None:
+        pairs = _plot_pairs(out, pairs, data_dir)
+        if pairs is not None:
+            _plot_cosines(out, embedded, pairs, settings, Path(plot_dir), batch_size)
+    return out
+
+
+def _texts(settings: IsotropySettings, data_dir: str | Path | None) -> tuple[list[str], PairSet | None]:
+    """The texts scored, and the STS-B test pairs when the texts were taken from them (else None)."""
+    pairs = None
+    if settings.texts is not None:
+        texts = list(settings.texts)
+    elif settings.texts_file is not None:
+        texts = _read_texts(settings.texts_file)
+    else:
+        pairs = load_set(data_dir, "stsb", "test")
+        texts = list(dict.fromkeys(pairs.s1 + pairs.s2))
+    if settings.max_texts is not None and len(texts) > settings.max_texts:
+        rng = np.random.default_rng(settings.seed)
+        texts = [texts[i] for i in sorted(rng.choice(len(texts), size=settings.max_texts, replace=False))]
+    return texts, pairs
+
+
+def _plot_pairs(out: TaskMetrics, pairs: PairSet | None, data_dir: str | Path | None) -> PairSet | None:
+    """The STS-B test pairs the plot needs, or None with the reason in ``out.skipped`` (the scores still stand)."""
+    if not _matplotlib_available():
         out.skipped["cosine plot"] = 'needs matplotlib, which is not installed: pip install "mirrorbert[eval]"'
         logger.warning("isotropy: scores computed; the cosine plot %s", out.skipped["cosine plot"])
-    elif plot_dir is not None:
-        if pairs is None:
-            try:
-                pairs = load_set(data_dir, "stsb", "test")
-            except UserError as exc:  # DatasetMissing included: the scores above still stand
-                out.skipped["cosine plot"] = str(exc)
-        if pairs is not None:
-            hi_mask, lo_mask = pairs.scores >= high, pairs.scores <= low
-            row = {t: i for i, t in enumerate(texts)}
-            reuse = all(t in row for t in pairs.s1) and all(t in row for t in pairs.s2)
-            name = model_label or "evaluated model"
-            labels = {"": f"after: {name}" if reference_encoder is not None else name,
-                      "_before": f"before: {reference_label or 'reference model'}"}
-            panels: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-            for suffix in sorted(encoders, reverse=True):  # "_before" first
-                if reuse:  # the pair sentences were embedded above: no second encoding pass
-                    emb = embeddings[suffix]
-                    sims = paired_cosine(emb[[row[t] for t in pairs.s1]], emb[[row[t] for t in pairs.s2]])
-                else:
-                    sims = pair_similarities(encoders[suffix], pairs.s1, pairs.s2, batch_size=batch_size)
-                panels[labels[suffix]] = (sims[hi_mask], sims[lo_mask])
-                out[f"cos_gap{suffix}"] = float(sims[hi_mask].mean() - sims[lo_mask].mean())
-            path = plot_cosine_distributions(panels, Path(plot_dir) / "isotropy_cosine.png", high, low)
-            out.artifacts["cosine distributions of high- vs low-scored STS-B pairs"] = str(path)
-    return out
+        return None
+    if pairs is not None:
+        return pairs
+    try:
+        return load_set(data_dir, "stsb", "test")
+    except UserError as exc:  # DatasetMissing included
+        out.skipped["cosine plot"] = str(exc)
+        return None
+
+
+def _plot_cosines(out: TaskMetrics, embedded: _Embedded, pairs: PairSet, settings: IsotropySettings, plot_dir: Path,
+                  batch_size: int) -> None:
+    """The cosine histograms of high- and low-scored pairs, one panel per model ("before" first), and cos_gap."""
+    hi_mask, lo_mask = pairs.scores >= settings.high, pairs.scores <= settings.low
+    name = settings.model_label or "evaluated model"
+    labels = {"": f"after: {name}" if "_before" in embedded.encoders else name,
+              "_before": f"before: {settings.reference_label or 'reference model'}"}
+    panels: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for suffix in sorted(embedded.encoders, reverse=True):  # "_before" first
+        sims = embedded.pair_cosines(suffix, pairs, batch_size)
+        panels[labels[suffix]] = (sims[hi_mask], sims[lo_mask])
+        out[f"cos_gap{suffix}"] = float(sims[hi_mask].mean() - sims[lo_mask].mean())
+    path = plot_cosine_distributions(panels, plot_dir / "isotropy_cosine.png", settings.high, settings.low)
+    out.artifacts["cosine distributions of high- vs low-scored STS-B pairs"] = str(path)

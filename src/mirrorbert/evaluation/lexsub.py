@@ -1,10 +1,6 @@
-"""Lexical substitution (SemEval-2007 LS07 and CoInCo/LS14) with a masked LM, and its metrics.
+"""Lexical substitution (SemEval-2007 LS07 and CoInCo/LS14) with a masked LM: candidate generation and the task.
 
-Data (``<data_dir>/lexsub``, the LexSubCon preprocessing):
-
-* ``*.preprocessed``: ``lemma.pos TAB id TAB target-token-index TAB sentence`` (sentence
-  tokens separated by single spaces, lower-cased);
-* ``*.gold``: ``lemma.pos id :: sub count;sub count;...``.
+The test sets and the answer-file format are in `lexsub_data`, the official metrics in `lexsub_scoring`.
 
 Candidate generation (the GR-BERT protocol): the *unmasked* sentence s goes through the MLM
 and the substitutes are ranked by p(x|s) = softmax(h_s^T v_x) at the target position. A
@@ -15,49 +11,19 @@ tokens without ``##``, byte-level BPE tokens with the word-start marker, alphabe
 Candidates are then filtered (paper appendix C): those sharing the target's lemma, those
 that are not a WordNet lemma of the target's POS, and duplicates after lemmatisation (the
 best-scored form is kept and reported as its lemma, since gold substitutes are lemmas).
-
-Metrics follow the official SemEval-2007 scorer (McCarthy & Navigli 2007, ``score.pl``):
-
-* scored items T: gold lines with at least two responses in total (after removing entries
-  containing ``pn``, the annotators' proper-noun marker); H_i = total response count;
-* **best**: per item, sum of gold counts of the guesses / number of guesses / H_i;
-  precision averages over attempted items, recall over all of T;
-* **best-mode**: over items with a unique most frequent response, 1 when the *first* guess
-  is that mode;
-* **oot**: up to 10 guesses, sum of their gold counts / H_i (not divided by the number of
-  guesses); **oot-mode**: 1 when the mode is among the guesses;
-* precision and recall differ only when some items are unanswered; both are reported.
-* Normalisation as in the scorer (one apostrophe removed, hyphens read as spaces,
-  ``non-x``/``non x`` -> ``nonx``), plus lower-casing of both sides (our vocabulary is
-  lower-cased; the official scorer is case-sensitive, which only matters for the few
-  capitalised CoInCo substitutes) and the same normalisation of the mode (the scorer
-  compares a hyphenated mode with de-hyphenated guesses, so it can never match).
-
-P@k (the lexsub generation literature, e.g. Zhou et al. 2019; LexSubCon): over the scored
-items, the fraction of the top-k generated substitutes that are in the gold set (any gold
-count), averaged over items; an item with fewer than k guesses still divides by k.
-All scores are percentages, as the official scorer prints them.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import mirrorbert.jsonio as jsonio
-from mirrorbert.errors import DatasetMissing, UserError
-
-logger = logging.getLogger(__name__)
-
-DATASETS: dict[str, tuple[str, str]] = {
-    "LS07": ("LS07/test/lst_test.preprocessed", "LS07/test/lst_test.gold"),
-    "LS14": ("LS14/test/coinco_test.preprocessed", "LS14/test/coinco_test.gold"),
-}
-ALIASES = {"ls07": "LS07", "semeval2007": "LS07", "ls14": "LS14", "coinco": "LS14"}
+from mirrorbert.errors import UserError
+from mirrorbert.evaluation.lexsub_data import LexSubItem, load_lexsub, resolve_dataset, word_span, write_system_file
+from mirrorbert.evaluation.lexsub_scoring import LexSubScores, score_lexsub
 
 #: Post-processing defaults. The GR-BERT paper's own values could not be looked up offline;
 #: these follow the methods it builds on. emb: product of experts with the embedding
@@ -68,306 +34,6 @@ DEFAULT_EMB_TEMPERATURE = 1.0 / 15.0
 DEFAULT_VALID_WEIGHT = 0.01
 DEFAULT_VALID_TOP = 50
 POST_CHOICES = ("none", "emb", "valid")
-
-
-# --------------------------------------------------------------------------- data
-@dataclass(frozen=True)
-class LexSubItem:
-    """One target occurrence: ``key`` is (``lemma.pos``, id), the scorer's item identity."""
-
-    lemma_pos: str
-    id: str
-    tokens: tuple[str, ...]
-    index: int
-    gold: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.lemma_pos, self.id)
-
-    @property
-    def lemma(self) -> str:
-        return self.lemma_pos.rsplit(".", 1)[0].lower()
-
-    @property
-    def pos(self) -> str:
-        """The target's POS as n/v/a/r (CoInCo's J is an adjective)."""
-        from mirrorbert.data.wordnet import normalize_pos
-
-        return normalize_pos(self.lemma_pos.rsplit(".", 1)[1])
-
-    @property
-    def target(self) -> str:
-        return self.tokens[self.index]
-
-    @property
-    def sentence(self) -> str:
-        return " ".join(self.tokens)
-
-    def target_span(self) -> tuple[int, int]:
-        start = sum(len(t) + 1 for t in self.tokens[: self.index])
-        return start, start + len(self.tokens[self.index])
-
-
-def _read_lines(path: Path) -> list[str]:
-    # One LS07 sentence has a stray Latin-1 byte; replacing it is harmless for scoring.
-    from mirrorbert.safeguards.readback import read_regular_bytes
-
-    return read_regular_bytes(path, "lexical substitution file", 1 << 30).decode("utf-8", errors="replace").splitlines()
-
-
-def read_preprocessed(path: str | os.PathLike) -> list[LexSubItem]:
-    """Parse a ``.preprocessed`` file; malformed lines raise a UserError naming file and line."""
-    path = Path(path)
-    items: list[LexSubItem] = []
-    for lineno, line in enumerate(_read_lines(path), 1):
-        if not line.strip():
-            continue
-        fields = line.split("\t")
-        if len(fields) != 4:
-            raise UserError(f"{path}:{lineno}: expected 4 TAB-separated fields (lemma.pos, id, index, sentence)")
-        lemma_pos, item_id, idx, sentence = fields
-        tokens = tuple(sentence.strip().split(" "))
-        try:
-            index = int(idx)
-        except ValueError:
-            raise UserError(f"{path}:{lineno}: target index {idx!r} is not an integer") from None
-        if not 0 <= index < len(tokens) or "." not in lemma_pos:
-            raise UserError(f"{path}:{lineno}: target index {index} outside the sentence or bad lemma.pos {lemma_pos!r}")
-        items.append(LexSubItem(lemma_pos.strip(), item_id.strip(), tokens, index))
-    return items
-
-
-_GOLD_ENTRY = re.compile(r"^\s*(.*\S)\s+(\d+)\s*$")
-
-
-def parse_answer_line(line: str) -> tuple[str, str, str, list[str]] | None:
-    """Split ``lemma.pos id :: a;b`` (best) or ``lemma.pos id ::: a;b`` (oot).
-
-    Returns (lemma.pos, id, separator, entries) or None for a line in neither format.
-    """
-    m = re.match(r"^(.*\S)\s+(\S+)\s+(:::?)\s?(.*)$", line.rstrip("\r\n"))
-    if not m:
-        return None
-    entries = [e for e in m.group(4).split(";") if e.strip()]
-    return m.group(1).strip(), m.group(2), m.group(3), entries
-
-
-def read_gold(path: str | os.PathLike) -> dict[tuple[str, str], dict[str, int]]:
-    """``{(lemma.pos, id): {substitute: count}}`` from a ``.gold`` file (file order kept)."""
-    path = Path(path)
-    gold: dict[tuple[str, str], dict[str, int]] = {}
-    for lineno, line in enumerate(_read_lines(path), 1):
-        if not line.strip():
-            continue
-        parsed = parse_answer_line(line)
-        if parsed is None or parsed[2] != "::":
-            raise UserError(f"{path}:{lineno}: expected 'lemma.pos id :: substitute count;...'")
-        lemma_pos, item_id, _, entries = parsed
-        subs: dict[str, int] = {}
-        for entry in entries:
-            m = _GOLD_ENTRY.match(entry)
-            if not m and re.fullmatch(r"\s*\d+\s*", entry):
-                # CoInCo has one response that was ";" itself ("...;; 1;"): skipped, as score.pl does.
-                logger.debug("%s:%d: gold entry without a substitute skipped", path, lineno)
-                continue
-            if not m:
-                raise UserError(f"{path}:{lineno}: gold entry {entry.strip()!r} is not 'substitute count'")
-            subs[m.group(1)] = subs.get(m.group(1), 0) + int(m.group(2))
-        key = (lemma_pos, item_id)
-        if key in gold:
-            logger.warning("%s:%d: duplicate gold item %s %s ignored", path, lineno, *key)
-            continue
-        gold[key] = subs
-    return gold
-
-
-def resolve_dataset(name: str) -> str:
-    key = ALIASES.get(name.lower(), name)
-    if key not in DATASETS:
-        raise UserError(f"--dataset: unknown lexical substitution set {name!r}; choose LS07 or LS14 (CoInCo)")
-    return key
-
-
-def lexsub_dir(data_dir: str | os.PathLike | None) -> Path:
-    if data_dir is None:
-        data_dir = os.environ.get("MIRRORBERT_DATA")
-        if not data_dir:
-            raise UserError("no data directory given: pass --data-dir or set MIRRORBERT_DATA")
-    base = Path(data_dir)
-    return base / "lexsub" if (base / "lexsub").is_dir() else base
-
-
-def load_lexsub(name: str, data_dir: str | os.PathLike | None = None) -> list[LexSubItem]:
-    """Test items of LS07 or LS14 (CoInCo) with their gold substitutes attached.
-
-    Items without a gold line are kept (with empty gold): the scorer ignores them.
-    """
-    key = resolve_dataset(name)
-    root = lexsub_dir(data_dir)
-    pre, gold_path = (root / p for p in DATASETS[key])
-    for p in (pre, gold_path):
-        if not p.is_file():
-            raise DatasetMissing(f"{key}: {p} not found (expected the LexSubCon layout under <data_dir>/lexsub)")
-    items = read_preprocessed(pre)
-    gold = read_gold(gold_path)
-    out = []
-    seen: set[tuple[str, str]] = set()
-    for it in items:
-        if it.key in seen:
-            continue
-        seen.add(it.key)
-        g = gold.get(it.key, {})
-        out.append(LexSubItem(it.lemma_pos, it.id, it.tokens, it.index, tuple(g.items())))
-    logger.info("%s: %d items, %d with gold", key, len(out), sum(bool(i.gold) for i in out))
-    return out
-
-
-# --------------------------------------------------------------------------- metrics
-def normalize_answer(text: str) -> str:
-    """The scorer's normalisation of a substitute (see module docstring), plus lower-casing."""
-    t = text.strip().lower()
-    t = re.sub(r"^non[\s-](.*)$", r"non\1", t)
-    t = t.replace("-", " ")
-    t = t.replace("'", "", 1)
-    return re.sub(r"\s+", " ", t).strip()
-
-
-@dataclass(frozen=True)
-class ScoredGold:
-    """An item's gold as the scorer sees it: normalised counts, total, and unique mode."""
-
-    counts: dict[str, int]
-    total: int
-    mode: str | None
-
-
-def prepare_gold(gold: Mapping[str, int]) -> ScoredGold | None:
-    """Apply the scorer's item rules; None when the item is not scored.
-
-    Entries containing ``pn`` are dropped; an item is scored when at least two responses
-    remain in total; the mode is the single response with the strictly highest count.
-    """
-    counts: dict[str, int] = {}
-    for sub, n in gold.items():
-        if "pn" in sub:
-            continue
-        key = normalize_answer(sub)
-        if len(key) < 2 or n <= 0:
-            continue
-        counts[key] = counts.get(key, 0) + int(n)
-    total = sum(counts.values())
-    if total < 2:
-        return None
-    top = max(counts.values())
-    tops = [s for s, n in counts.items() if n == top]
-    return ScoredGold(counts, total, tops[0] if len(tops) == 1 else None)
-
-
-@dataclass
-class LexSubScores:
-    """Percentages; P = over attempted items, R = over all scored items."""
-
-    best_p: float
-    best_r: float
-    best_mode_p: float
-    best_mode_r: float
-    oot_p: float
-    oot_r: float
-    oot_mode_p: float
-    oot_mode_r: float
-    p_at_1: float
-    p_at_3: float
-    n_items: int
-    n_attempted: int
-    n_mode: int
-    extra: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "extra"}
-        d.update(self.extra)
-        return d
-
-
-def _pct(num: float, den: float) -> float:
-    return 100.0 * num / den if den else 0.0
-
-
-def score_lexsub(
-    gold: Mapping[tuple[str, str], Mapping[str, int]],
-    best: Mapping[tuple[str, str], Sequence[str]],
-    oot: Mapping[tuple[str, str], Sequence[str]] | None = None,
-    ranked: Mapping[tuple[str, str], Sequence[str]] | None = None,
-    oot_k: int = 10,
-) -> LexSubScores:
-    """Official best / best-mode / oot / oot-mode (P and R) and P@1, P@3.
-
-    ``best`` holds each item's best guesses (usually one), ``oot`` up to 10 guesses (more
-    are cut, as the scorer does), ``ranked`` the full ranked list for P@k; ``oot`` and
-    ``ranked`` default to ``best``. Items absent from a mapping or with no guess are
-    unanswered.
-    """
-    oot = best if oot is None else oot
-    ranked = oot if ranked is None else ranked
-    n_items = n_mode = 0
-    b_att = o_att = b_mode_att = o_mode_att = 0
-    b_sum = o_sum = 0.0
-    b_mode_hits = o_mode_hits = 0
-    p1 = p3 = 0.0
-    for key, raw in gold.items():
-        g = prepare_gold(raw)
-        if g is None:
-            continue
-        n_items += 1
-        n_mode += g.mode is not None
-        guesses = [normalize_answer(x) for x in best.get(key, ()) if x.strip()]
-        if guesses:
-            b_att += 1
-            b_sum += sum(g.counts.get(x, 0) for x in guesses) / len(guesses) / g.total
-            if g.mode is not None:
-                b_mode_att += 1
-                b_mode_hits += guesses[0] == g.mode
-        oguesses = [normalize_answer(x) for x in oot.get(key, ()) if x.strip()][:oot_k]
-        if oguesses:
-            o_att += 1
-            o_sum += sum(g.counts.get(x, 0) for x in oguesses) / g.total
-            if g.mode is not None:
-                o_mode_att += 1
-                o_mode_hits += g.mode in oguesses
-        rguesses = [normalize_answer(x) for x in ranked.get(key, ()) if x.strip()]
-        p1 += sum(x in g.counts for x in rguesses[:1]) / 1.0
-        p3 += sum(x in g.counts for x in rguesses[:3]) / 3.0
-    return LexSubScores(
-        best_p=_pct(b_sum, b_att), best_r=_pct(b_sum, n_items),
-        best_mode_p=_pct(b_mode_hits, b_mode_att), best_mode_r=_pct(b_mode_hits, n_mode),
-        oot_p=_pct(o_sum, o_att), oot_r=_pct(o_sum, n_items),
-        oot_mode_p=_pct(o_mode_hits, o_mode_att), oot_mode_r=_pct(o_mode_hits, n_mode),
-        p_at_1=_pct(p1, n_items), p_at_3=_pct(p3, n_items),
-        n_items=n_items, n_attempted=b_att, n_mode=n_mode,
-    )
-
-
-def read_system_file(path: str | os.PathLike) -> dict[tuple[str, str], list[str]]:
-    """Read a system answer file in the official format (``::`` best or ``:::`` oot lines)."""
-    path = Path(path)
-    out: dict[tuple[str, str], list[str]] = {}
-    for lineno, line in enumerate(_read_lines(path), 1):
-        if not line.strip():
-            continue
-        parsed = parse_answer_line(line)
-        if parsed is None:
-            raise UserError(f"{path}:{lineno}: expected 'lemma.pos id :: answers' or 'lemma.pos id ::: answers'")
-        lemma_pos, item_id, _, entries = parsed
-        out.setdefault((lemma_pos, item_id), [e.strip() for e in entries])  # later duplicates ignored
-    return out
-
-
-def write_system_file(path: str | os.PathLike, answers: Mapping[tuple[str, str], Sequence[str]], oot: bool = False) -> None:
-    """Write answers in the official format (usable with the original ``score.pl``)."""
-    sep = ":::" if oot else "::"
-    with open(path, "w", encoding="utf-8") as fh:
-        for (lemma_pos, item_id), subs in answers.items():
-            fh.write(f"{lemma_pos} {item_id} {sep} {';'.join(subs)}\n")
 
 
 # --------------------------------------------------------------------------- generation
@@ -532,7 +198,7 @@ class LexSubGenerator:
             chunk = items[b:b + bs]
             fitted = [self._fit(it) for it in chunk]
             enc, tmask = self._encode([" ".join(t) for t, _ in fitted],
-                                      [_span(t, i) for t, i in fitted])
+                                      [word_span(t, i) for t, i in fitted])
             ids = enc["input_ids"].to(self.device)
             att = enc["attention_mask"].to(self.device)
             tmask = tmask.to(self.device)
@@ -591,7 +257,7 @@ class LexSubGenerator:
         orig_tgt = orig[tm].mean(0)
         sentences, spans = [], []
         tokens, index = fitted
-        start = _span(tokens, index)[0]
+        start = word_span(tokens, index)[0]
         for w, _ in head:
             toks = list(tokens)
             toks[index] = w
@@ -619,12 +285,6 @@ class LexSubGenerator:
         return rescored + tail
 
 
-def _span(tokens: Sequence[str], index: int) -> tuple[int, int]:
-    """Character span of ``tokens[index]`` in ``" ".join(tokens)``."""
-    start = sum(len(t) + 1 for t in tokens[:index])
-    return start, start + len(tokens[index])
-
-
 def evaluate_lexsub(
     model_path: str,
     dataset: str,
@@ -647,24 +307,10 @@ def evaluate_lexsub(
     wn = WordNet.load(data_dir)
     if limit:
         items = items[:limit]
-    dev = resolve_device(device)
-    from mirrorbert.safeguards.preflight import first_line, inspect_model, weights_load_error
+    from mirrorbert.encoder.masked_lm import load_masked_lm
 
-    from mirrorbert.safeguards.model_loading import load_model, load_tokenizer
-
-    # before the weights load (max_length: capped)
-    inspect_model(str(model_path), need_mask=True, mask_option="--model", trust_remote_code=trust_remote_code)
-    try:
-        tok = load_tokenizer(model_path, trust_remote_code=trust_remote_code)
-        model = load_model(model_path, "AutoModelForMaskedLM", trust_remote_code=trust_remote_code)
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001  damaged weights raise safetensors' own error type
-        error = weights_load_error(str(model_path), exc)
-        if error is None and not isinstance(exc, (OSError, ValueError)):
-            raise
-        raise error or UserError(f"--model {model_path}: cannot load a masked LM ({first_line(exc)})") from None
-    gen = LexSubGenerator(model, tok, wn, device=dev, config=config)
+    tok, model = load_masked_lm(str(model_path), trust_remote_code)
+    gen = LexSubGenerator(model, tok, wn, device=resolve_device(device), config=config)
     ranked = gen.rank(items, show_progress=show_progress)
     gold = {it.key: dict(it.gold) for it in items if it.gold}
     best = {k: v[:1] for k, v in ranked.items()}

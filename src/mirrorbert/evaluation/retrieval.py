@@ -1,7 +1,7 @@
 """Retrieval for the evaluation tasks: cosine top-k (BEL) and CSLS (BLI).
 
 The exact, chunked, memory-bounded search itself lives in :mod:`mirrorbert.search.exact` (shared with
-``Encoder.search``); its names are re-exported here for the evaluation modules. Ties go to the smaller
+the `search` command); its names are re-exported here for the evaluation modules. Ties go to the smaller
 key id on every path; with ``use_faiss=None`` faiss (exact ``IndexFlatIP``) is used when installed.
 """
 

@@ -1,7 +1,8 @@
 """Run evaluation tasks on one encoder; print a table (x100, two decimals), write JSON and a Markdown report.
 
 A task is a callable ``task(encoder, data_dir, **options) -> dict`` returning a flat dict of floats
-(fractions, i.e. 0.8203 for a Spearman of 82.03) with a ``primary`` key. A task whose data is absent
+(fractions, i.e. 0.8203 for a Spearman of 82.03) with a ``primary`` key. A task module with more options than
+a signature holds declares them as a dataclass, ``SETTINGS``: the task then takes them as ``settings=``. A task whose data is absent
 raises DatasetMissing and is reported as *skipped* with the message (never as a zero); any other
 failure is reported as an *error* and the remaining tasks still run.
 """
@@ -9,6 +10,7 @@ failure is reported as an *error* and the remaining tasks still run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import importlib
 import logging
@@ -49,6 +51,11 @@ def get_task(name: str) -> Callable[..., Mapping[str, float]]:
     return getattr(importlib.import_module(module_name), func_name)
 
 
+def task_settings(name: str) -> type | None:
+    """The dataclass a task takes its options in (its module's ``SETTINGS``), or None: options as keywords."""
+    return getattr(importlib.import_module(TASKS[name].split(":")[0]), "SETTINGS", None)
+
+
 def parse_tasks(tasks: str | Iterable[str] | None) -> list[str]:
     """Comma string or list -> validated task names (order kept, duplicates dropped)."""
     if tasks is None:
@@ -64,7 +71,7 @@ def parse_tasks(tasks: str | Iterable[str] | None) -> list[str]:
 
 
 def check_task_options(options: Mapping[str, Mapping[str, Any]]) -> None:
-    """Refuse an option no task function takes (it used to be silently ignored), before any model loads."""
+    """Refuse an option no task takes (rather than ignore it), before any model loads."""
     import inspect
 
     unknown = [k for k in options if k not in TASKS]
@@ -75,8 +82,11 @@ def check_task_options(options: Mapping[str, Mapping[str, Any]]) -> None:
         # `**_` is how tasks ignore the runner's common keywords; any other **kwargs takes anything
         if any(p.kind is inspect.Parameter.VAR_KEYWORD and n != "_" for n, p in params.items()):
             continue
-        accepted = [n for n, p in list(params.items())[2:]
-                    if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        accepted = [n for n, p in list(params.items())[2:] if n != "settings"
+                    and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        settings = task_settings(task)
+        if settings is not None:
+            accepted += [f.name for f in dataclasses.fields(settings)]
         for key in values:
             if key not in accepted:
                 raise UserError(f"--option {task}.{key}: the {task} task has no option {key!r} "
@@ -208,7 +218,7 @@ def _ordered_metrics(metrics: Mapping[str, float]) -> list[tuple[str, float]]:
 def check_eval_data(root: str | Path, tasks: Iterable[str]) -> None:
     """The selected tasks' files checked before any model loads: UTF-8 (datasets.check_eval_files), and the
     gold scores of the STS and word-similarity sets, read as the tasks read them (small files): a NaN,
-    infinite or out-of-range score is refused now, in one line naming the file and line, not after the model
+    infinite or out-of-range score is refused here, in one line naming the file and line, not after the model
     loaded and other tasks ran."""
     wanted = set(tasks)
     datasets.check_eval_files(root, wanted)
@@ -254,7 +264,7 @@ def evaluate(
 
     ``encoder`` is any object with the encoder protocol, or a model folder / hub id / ``"glove"``
     (loaded with ``Encoder.load`` or the GloVe baseline).
-    ``task_options`` maps a task name to extra keyword arguments of its callable;
+    ``task_options`` maps a task name to its options (keywords of its callable, or its ``SETTINGS`` fields);
     ``reference_encoder`` is the "before" model for the isotropy plot. Plots go to ``plot_dir``
     (default: ``<report stem>_files`` beside the report; none without a report or plot_dir).
     ``raise_errors`` re-raises unexpected task failures instead of recording them (for debugging).
@@ -273,80 +283,107 @@ def evaluate(
     check_eval_data(root, names)
     if plot_dir is None and report is not None:
         plot_dir = Path(report).with_name(Path(report).stem + "_files")
-    from mirrorbert.safeguards.writes import WritePlan, atomic_output_dir, write_text_atomic
+    from mirrorbert.safeguards.writes import WritePlan, atomic_output_dir
 
     plan = WritePlan({"data_dir": root, "model": model_name}, overwrite=overwrite)
     plan.file("output", output).file("report", report).folder("plot_dir", plot_dir).check()
     with contextlib.ExitStack() as stack:  # plots are drawn in a temporary folder, renamed into place at the end
         tmp_plots = None if plot_dir is None else stack.enter_context(
             atomic_output_dir(plot_dir, overwrite=overwrite, kind="plots", keep_empty=False))
-        outcomes = _run_tasks(encoder, names, root, options, tmp_plots, batch_size, show_progress, reference_encoder,
-                              model_name, raise_errors)
+        run = _TaskRun(root, tmp_plots, batch_size, show_progress, reference_encoder, model_name, raise_errors)
+        outcomes = {name: _run_task(encoder, name, options.get(name, {}), run) for name in names}
     if tmp_plots is not None:  # artifacts point into the final folder, named as the caller named it
         final = str(Path(plot_dir))
         for outcome in outcomes.values():
             outcome.artifacts = {k: v.replace(str(tmp_plots), final, 1) if isinstance(v, str) else v
                                  for k, v in outcome.artifacts.items()}
     result = EvaluationResult(model=model_name or type(encoder).__name__, data_dir=str(root), outcomes=outcomes)
+    _write_result(result, output, report, overwrite)
+    return result
+
+
+def _write_result(result: EvaluationResult, output: str | Path | None, report: str | Path | None,
+                  overwrite: bool) -> None:
+    """The JSON (``output``) and the Markdown report, each through the write policy."""
+    from mirrorbert.safeguards.writes import write_text_atomic
+
     if output is not None:
         logger.info("results written to %s", write_text_atomic(output, result.to_json() + "\n", overwrite, "output"))
     if report is not None:
         rep_path = Path(report)
         write_text_atomic(rep_path, result.markdown(base_dir=rep_path.parent) + "\n", overwrite, "report")
         logger.info("report written to %s", rep_path)
-    return result
 
 
-def _run_tasks(encoder: Any, names: list[str], root: Path, options: dict[str, dict[str, Any]], plot_dir: Path | None,
-               batch_size: int, show_progress: bool, reference_encoder: Any, model_name: str | None,
-               raise_errors: bool) -> dict[str, TaskOutcome]:
-    outcomes: dict[str, TaskOutcome] = {}
-    for name in names:
-        kwargs: dict[str, Any] = {"batch_size": batch_size, "show_progress": show_progress}
-        if name in PLOTTING_TASKS and plot_dir is not None:
-            kwargs["plot_dir"] = Path(plot_dir)
+@dataclass
+class _TaskRun:
+    """What every task of one `evaluate` call shares."""
+
+    root: Path
+    plot_dir: Path | None
+    batch_size: int
+    show_progress: bool
+    reference_encoder: Any
+    model_name: str | None
+    raise_errors: bool
+
+    def task_kwargs(self, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The keywords of one task's call: the run's own, then the user's options (those of a task's
+        ``SETTINGS`` fields as one ``settings=``)."""
+        kwargs: dict[str, Any] = {"batch_size": self.batch_size, "show_progress": self.show_progress}
+        options = dict(options)
+        if name in PLOTTING_TASKS and self.plot_dir is not None:
+            kwargs["plot_dir"] = Path(self.plot_dir)
         if name == "isotropy":
-            if reference_encoder is not None:
-                kwargs["reference_encoder"] = reference_encoder
-            if model_name:
-                kwargs["model_label"] = Path(model_name).name or model_name
-        kwargs.update(options.get(name, {}))
-        start = time.perf_counter()
-        logger.info("evaluating %s", name)
-        try:
-            func = get_task(name)
-            result = func(encoder, root, **kwargs)
-            outcome = TaskOutcome(
-                name,
-                "ok",
-                metrics=_as_float_dict(name, result),
-                skipped_parts=dict(getattr(result, "skipped", {}) or {}),
-                artifacts=dict(getattr(result, "artifacts", {}) or {}),
-            )
-            not_finite = [k for k, v in outcome.metrics.items() if not math.isfinite(v)]
-            if not_finite:  # a NaN score is never reported as a result: the task failed (exit 1)
-                outcome.status = "error"
-                outcome.message = (f"score(s) not finite: {', '.join(not_finite[:5])} (constant similarities or "
-                                   "constant gold scores, or too few covered pairs)")
-                logger.error("%s failed: %s", name, outcome.message)
-        except NonFiniteEmbeddings:
-            raise  # every task would score NaN: stop with one error line, never print NaN as a result
-        except DatasetMissing as exc:
-            logger.warning("%s skipped: %s", name, exc)
-            outcome = TaskOutcome(name, "skipped", message=str(exc))
-        except ModuleNotFoundError as exc:
-            if raise_errors:
-                raise
-            logger.error("%s not available: %s", name, exc)
-            outcome = TaskOutcome(name, "error", message=f"task module not available: {exc}")
-        except Exception as exc:  # one broken task must not lose the others' results
-            if raise_errors:
-                raise
-            if isinstance(exc, UserError):
-                logger.error("%s failed: %s", name, exc)
-            else:
-                logger.exception("%s failed", name)
-            outcome = TaskOutcome(name, "error", message=f"{type(exc).__name__}: {exc}")
-        outcome.seconds = time.perf_counter() - start
-        outcomes[name] = outcome
-    return outcomes
+            if self.reference_encoder is not None:
+                kwargs["reference_encoder"] = self.reference_encoder
+            if self.model_name:
+                options.setdefault("model_label", Path(self.model_name).name or self.model_name)
+        settings = task_settings(name)
+        if settings is not None:
+            fields = {f.name for f in dataclasses.fields(settings)}
+            kwargs["settings"] = settings(**{k: v for k, v in options.items() if k in fields})
+            options = {k: v for k, v in options.items() if k not in fields}
+        return {**kwargs, **options}
+
+
+def _run_task(encoder: Any, name: str, options: Mapping[str, Any], run: _TaskRun) -> TaskOutcome:
+    """One task's outcome: its scores, or why it was skipped or failed (the other tasks still run)."""
+    start = time.perf_counter()
+    logger.info("evaluating %s", name)
+    try:
+        func = get_task(name)
+        result = func(encoder, run.root, **run.task_kwargs(name, options))
+        outcome = TaskOutcome(
+            name,
+            "ok",
+            metrics=_as_float_dict(name, result),
+            skipped_parts=dict(getattr(result, "skipped", {}) or {}),
+            artifacts=dict(getattr(result, "artifacts", {}) or {}),
+        )
+        not_finite = [k for k, v in outcome.metrics.items() if not math.isfinite(v)]
+        if not_finite:  # a NaN score is never reported as a result: the task failed (exit 1)
+            outcome.status = "error"
+            outcome.message = (f"score(s) not finite: {', '.join(not_finite[:5])} (constant similarities or "
+                               "constant gold scores, or too few covered pairs)")
+            logger.error("%s failed: %s", name, outcome.message)
+    except NonFiniteEmbeddings:
+        raise  # every task would score NaN: stop with one error line, never print NaN as a result
+    except DatasetMissing as exc:
+        logger.warning("%s skipped: %s", name, exc)
+        outcome = TaskOutcome(name, "skipped", message=str(exc))
+    except ModuleNotFoundError as exc:
+        if run.raise_errors:
+            raise
+        logger.error("%s not available: %s", name, exc)
+        outcome = TaskOutcome(name, "error", message=f"task module not available: {exc}")
+    except Exception as exc:  # one broken task must not lose the others' results
+        if run.raise_errors:
+            raise
+        if isinstance(exc, UserError):
+            logger.error("%s failed: %s", name, exc)
+        else:
+            logger.exception("%s failed", name)
+        outcome = TaskOutcome(name, "error", message=f"{type(exc).__name__}: {exc}")
+    outcome.seconds = time.perf_counter() - start
+    return outcome

@@ -338,20 +338,7 @@ def evaluate_sts(
     absent: list[str] = []
     for name in wanted:
         try:
-            if name.upper() in datasets.STS_YEAR_SUBSETS:
-                scores = _score_year(encoder, load_sts_year(data_dir, name), batch_size, show_progress)
-                out[name] = scores.pop("all")
-                for key, value in scores.items():
-                    out[f"{name}_{key}" if key in ("mean", "wmean", "n") else f"{name}/{key}"] = value
-            else:
-                pairs = load_set(data_dir, name, "test")
-                out[name] = score_pairs(encoder, pairs, batch_size=batch_size, show_progress=show_progress)
-                out[f"{name}_n"] = float(len(pairs))
-                if name == "stsb" and include_dev:
-                    try:
-                        out["stsb_dev"] = stsb_dev_score(encoder, data_dir, batch_size=batch_size)
-                    except DatasetMissing as exc:
-                        out.skipped["stsb_dev"] = str(exc)
+            _score_set(out, encoder, data_dir, name, include_dev, batch_size, show_progress)
         except DatasetMissing as exc:
             messages.append(str(exc))
             if name in ENGLISH_SETS or explicit:
@@ -366,6 +353,34 @@ def evaluate_sts(
                 raise UserError(f"STS extra set {name!r}: file not found: {p}")
         out[name] = score_pairs(encoder, load_pair_score(inp, gs, score_range=None), batch_size=batch_size,
                                 show_progress=show_progress)
+    _set_primary(out, [*wanted, *(extra or {})], messages)
+    if any(isinstance(v, float) and math.isnan(v) for v in out.values()):
+        logger.warning("some STS scores are NaN (constant similarities or constant gold scores)")
+    return out
+
+
+def _score_set(out: TaskMetrics, encoder: TextEncoder, data_dir: str | Path | None, name: str, include_dev: bool,
+               batch_size: int, show_progress: bool) -> None:
+    """One set's scores into ``out``: a year's pooled subsets with their means, or a test split (STS-B's dev too)."""
+    if name.upper() in datasets.STS_YEAR_SUBSETS:
+        scores = _score_year(encoder, load_sts_year(data_dir, name), batch_size, show_progress)
+        out[name] = scores.pop("all")
+        for key, value in scores.items():
+            out[f"{name}_{key}" if key in ("mean", "wmean", "n") else f"{name}/{key}"] = value
+        return
+    pairs = load_set(data_dir, name, "test")
+    out[name] = score_pairs(encoder, pairs, batch_size=batch_size, show_progress=show_progress)
+    out[f"{name}_n"] = float(len(pairs))
+    if name == "stsb" and include_dev:
+        try:
+            out["stsb_dev"] = stsb_dev_score(encoder, data_dir, batch_size=batch_size)
+        except DatasetMissing as exc:
+            out.skipped["stsb_dev"] = str(exc)
+
+
+def _set_primary(out: TaskMetrics, ran_names: list[str], messages: list[str]) -> None:
+    """``primary``: the mean of the English sets scored (``avg``; ``avg7`` when all seven are), else of every
+    set that ran; no set at all is DatasetMissing with each set's reason."""
     english = [out[n] for n in ENGLISH_SETS if n in out]
     if english:
         out["avg"] = float(np.mean(english))
@@ -373,11 +388,8 @@ def evaluate_sts(
         if len(english) == len(ENGLISH_SETS):
             out["avg7"] = out["avg"]
         out["primary"] = out["avg"]
-    else:
-        ran = [v for k, v in out.items() if k in wanted or k in (extra or {})]
-        if not ran:
-            raise DatasetMissing("no STS set found: " + " | ".join(messages))
-        out["primary"] = float(np.mean(ran))
-    if any(isinstance(v, float) and math.isnan(v) for v in out.values()):
-        logger.warning("some STS scores are NaN (constant similarities or constant gold scores)")
-    return out
+        return
+    ran = [v for k, v in out.items() if k in ran_names]
+    if not ran:
+        raise DatasetMissing("no STS set found: " + " | ".join(messages))
+    out["primary"] = float(np.mean(ran))

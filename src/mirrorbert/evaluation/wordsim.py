@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -298,57 +298,77 @@ def evaluate_wordsim(
     if isinstance(cross_lingual, str):
         cross_lingual = [p for p in cross_lingual.split(",") if p.strip()]
     xpairs = [_parse_pair(p) for p in (cross_lingual or [])]
-    out = TaskMetrics()
-    messages: list[str] = []
+    scoring = _Scoring(encoder, batch_size, show_progress)
+    for name in wanted:
+        if name != "multisimlex":
+            _score_english(scoring, data_dir, name)
+    if "multisimlex" in wanted or xpairs:
+        monolingual = None if "multisimlex" in wanted else []  # None: every language of the file
+        if monolingual is None and languages is not None:
+            monolingual = [_lang_code(x) for x in languages]
+        _score_multisimlex(scoring, data_dir, monolingual, xpairs, max_score_diff)
+    return scoring.with_primary()
 
-    def record(key: str, pairs: WordPairs) -> None:
-        rho, cov = score_word_pairs(encoder, pairs, batch_size=batch_size, show_progress=show_progress)
-        out[key] = rho
-        out[f"{key}_coverage"] = cov
+
+@dataclass
+class _Scoring:
+    """The task's scores as its sets are scored (each with its coverage), and why the others were skipped."""
+
+    encoder: TextEncoder
+    batch_size: int
+    show_progress: bool
+    out: TaskMetrics = field(default_factory=TaskMetrics)
+    messages: list[str] = field(default_factory=list)
+
+    def record(self, key: str, pairs: WordPairs) -> None:
+        rho, cov = score_word_pairs(self.encoder, pairs, batch_size=self.batch_size, show_progress=self.show_progress)
+        self.out[key] = rho
+        self.out[f"{key}_coverage"] = cov
         if cov < 1.0:
             logger.info("%s: coverage %.4f (%d pairs)", key, cov, len(pairs))
 
-    for name in wanted:
-        if name == "multisimlex":
-            continue
-        try:
-            folder = datasets.require(data_dir, name)
-        except DatasetMissing as exc:
-            out.skipped[name] = str(exc)
-            messages.append(str(exc))
-            continue
-        path = folder / datasets.REGISTRY[name].files[0]
-        record(name, _load_english(name, path))
+    def missing(self, name: str, exc: DatasetMissing) -> None:
+        self.out.skipped[name] = str(exc)
+        self.messages.append(str(exc))
 
-    if "multisimlex" in wanted or xpairs:
-        try:
-            folder = datasets.require(data_dir, "multisimlex")
-        except DatasetMissing as exc:
-            out.skipped["multisimlex"] = str(exc)
-            messages.append(str(exc))
-        else:
-            table = load_multisimlex(folder / "multisimlex.tsv")
-            if "multisimlex" in wanted:
-                langs = [_lang_code(x) for x in languages] if languages is not None else list(table)
-                for lang in langs:
-                    if lang not in table:
-                        out.skipped[f"msimlex_{lang}"] = f"language {lang} not in {folder / 'multisimlex.tsv'}"
-                        continue
-                    record(f"msimlex_{lang}", monolingual_pairs(table, lang))
-            for l1, l2 in xpairs:
-                absent = [x for x in (l1, l2) if x not in table]
-                if absent:
-                    out.skipped[f"xmsimlex_{l1}-{l2}"] = f"language(s) {', '.join(absent)} not in Multi-SimLex file"
-                    continue
-                record(f"xmsimlex_{l1}-{l2}", cross_lingual_pairs(table, l1, l2, max_score_diff))
+    def with_primary(self) -> TaskMetrics:
+        """The scores with ``primary``: SimLex-999, else Multi-SimLex English, else the first set scored."""
+        out = self.out
+        scored = [k for k in out if not k.endswith("_coverage")]
+        if not scored:
+            raise DatasetMissing("no word-similarity set found: " +
+                                 " | ".join(self.messages or list(out.skipped.values())))
+        out["primary"] = next((out[key] for key in ("simlex999", "msimlex_en") if key in out), out[scored[0]])
+        return out
 
-    scored = [k for k in out if not k.endswith("_coverage")]
-    if not scored:
-        raise DatasetMissing("no word-similarity set found: " + " | ".join(messages or list(out.skipped.values())))
-    for key in ("simlex999", "msimlex_en"):
-        if key in out:
-            out["primary"] = out[key]
-            break
-    else:
-        out["primary"] = out[scored[0]]
-    return out
+
+def _score_english(scoring: _Scoring, data_dir: str | Path | None, name: str) -> None:
+    try:
+        folder = datasets.require(data_dir, name)
+    except DatasetMissing as exc:
+        scoring.missing(name, exc)
+        return
+    scoring.record(name, _load_english(name, folder / datasets.REGISTRY[name].files[0]))
+
+
+def _score_multisimlex(scoring: _Scoring, data_dir: str | Path | None, monolingual: list[str] | None,
+                       xpairs: list[tuple[str, str]], max_score_diff: float | None) -> None:
+    """Multi-SimLex: the ``monolingual`` languages (None: every language of the file) and the cross-lingual
+    pairs ``xpairs``."""
+    try:
+        folder = datasets.require(data_dir, "multisimlex")
+    except DatasetMissing as exc:
+        scoring.missing("multisimlex", exc)
+        return
+    table = load_multisimlex(folder / "multisimlex.tsv")
+    for lang in list(table) if monolingual is None else monolingual:
+        if lang not in table:
+            scoring.out.skipped[f"msimlex_{lang}"] = f"language {lang} not in {folder / 'multisimlex.tsv'}"
+            continue
+        scoring.record(f"msimlex_{lang}", monolingual_pairs(table, lang))
+    for l1, l2 in xpairs:
+        absent = [x for x in (l1, l2) if x not in table]
+        if absent:
+            scoring.out.skipped[f"xmsimlex_{l1}-{l2}"] = f"language(s) {', '.join(absent)} not in Multi-SimLex file"
+            continue
+        scoring.record(f"xmsimlex_{l1}-{l2}", cross_lingual_pairs(table, l1, l2, max_score_diff))

@@ -2,56 +2,57 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 from mirrorbert.errors import UserError
+from mirrorbert.settings.fields import option, redeclare
+from mirrorbert.settings.run_options import RunOptions
 from mirrorbert.settings.typed import check_finite_numbers, check_types
 
-# Options that may change on --resume without changing the result (the triplets' fingerprint is checked).
-RESUME_HARMLESS = ("model", "output", "triplets", "data_dir", "overwrite", "limit", "export_triplets", "epochs",
-                   "steps", "device", "eval_batch_size", "save_every", "checkpoint_dir", "keep_checkpoints", "resume",
-                   "log_dir", "show_progress", "trust_remote_code")
+# The --max-length note of the commands that run a masked LM over sentences (gloss-pretrain, lexsub, finetune-sts).
+MODEL_POSITIONS = "at most the model's positions"
 
 
-@dataclass
-class GlossPretrainConfig:
-    """Options of ``mirrorbert gloss-pretrain`` (see its --help for each)."""
+@dataclass(kw_only=True)
+class GlossPretrainConfig(RunOptions):
+    """Options of ``mirrorbert gloss-pretrain``; each field is the long CLI option of the same name (`lam`:
+    `--lambda`), declared once with its help and facts (settings/fields.py); the bookkeeping ones come from
+    `RunOptions`. `resume_safe` options may change on --resume (the triplets are checked by fingerprint)."""
 
-    model: str = ""
-    output: str = ""
-    triplets: str = "wordnet"
-    data_dir: str | None = None
-    overwrite: bool = False
-    holdout: float = 0.05
-    limit: int | None = None
-    export_triplets: str | None = None
-    arch: str = "mt"
-    lam: float = 2.0
-    tau: float = 0.05
-    mlm_prob: float = 0.0
-    hard_negatives: bool = True
-    max_length: int = 128
-    max_gloss_length: int = 64
-    lr: float = 2e-5
-    weight_decay: float = 0.01
-    warmup: float = 0.1
-    batch_size: int = 48
-    epochs: int = 10
-    steps: int | None = None
-    max_grad_norm: float = 1.0
-    seed: int = 42
-    device: str = "auto"
-    precision: str = "auto"  # bf16 where native (GPUs, AVX512-BF16/AMX CPUs), else fp32/fp16
-    eval_batch_size: int = 64
-    save_every: int = 0
-    checkpoint_dir: str | None = None
-    keep_checkpoints: int = 2
-    resume: str | None = None
-    log_dir: str | None = None
-    show_progress: bool = True
-    trust_remote_code: bool = False  # --trust-remote-code (safeguards/model_loading.py)
+    model: str = option("", shared="model", note="the masked LM to start from", group="output", required=True,
+                        resume_safe=True)
+    triplets: str = option("wordnet", help="'wordnet' (build from <data-dir>/wordnet) or a TSV file 'word TAB "
+                                           "sentence TAB gloss'", group="data", resume_safe=True)
+    data_dir: str | None = option(None, shared="data_dir", note="holding wordnet/", group="data", resume_safe=True)
+    holdout: float = option(0.05, help="held-out fraction of triplets", group="data")
+    limit: int | None = option(None, shared="limit", note="a random sample of the triplets (seeded; for quick runs)",
+                               group="data", resume_safe=True)
+    export_triplets: str | None = option(None, help="also write the (training) triplets to this TSV file",
+                                         group="data", resume_safe=True)
+    # the method
+    arch: str = option("mt", help="mt: one encoder, L = MLM + lambda*GR(h_s); sc: separate context encoders, GR on "
+                                  "h_s(enc2) - h_c(enc1), only enc2 saved", choices=("mt", "sc"), group="method")
+    lam: float = option(2.0, help="weight of the gloss loss", flag="--lambda", group="method")
+    tau: float = option(0.05, help="InfoNCE temperature", group="method")
+    mlm_prob: float = option(0.0, help="also mask this fraction of the other tokens, BERT-style 80/10/10; 0: the "
+                                       "target only", group="method")
+    hard_negatives: bool = option(True, help="do not add another gloss of the same word as a negative",
+                                  flag="--no-hard-negatives", group="method")
+    max_length: int = option(128, shared="max_length", note=MODEL_POSITIONS, group="method")
+    max_gloss_length: int = option(64, help="gloss tokens", group="method")
+    # optimisation
+    lr: float = option(2e-5, shared="lr", group="optimisation")
+    weight_decay: float = option(0.01, shared="weight_decay", group="optimisation")
+    warmup: float = option(0.1, shared="warmup", group="optimisation")
+    batch_size: int = option(48, shared="batch_size", note="triplets per step (paper: 48)", group="optimisation")
+    epochs: int = option(10, shared="epochs", group="optimisation", resume_safe=True)
+    steps: int | None = option(None, shared="steps", group="optimisation", resume_safe=True)
+    max_grad_norm: float = option(1.0, shared="max_grad_norm", group="optimisation")
+    # hardware and bookkeeping
+    eval_batch_size: int = option(64, shared="eval_batch_size", group="hardware", resume_safe=True)
+    output: str = redeclare(RunOptions, "output", default="", note="the trained MLM's folder", required=True)
+    save_every: int = redeclare(RunOptions, "save_every", note="0: at epoch ends and on interrupt only")
+    log_every: int = redeclare(RunOptions, "log_every", default=1)
 
     def validate(self) -> None:
         check_types(self)  # a value of the wrong type is named before any comparison trips over it
@@ -61,7 +62,8 @@ class GlossPretrainConfig:
             raise UserError("--output is required: the folder to write the trained model to")
         if self.arch not in ("mt", "sc"):
             raise UserError(f"--arch must be mt or sc, got {self.arch!r}")
-        for name in ("batch_size", "epochs", "max_length", "max_gloss_length", "eval_batch_size", "keep_checkpoints"):
+        for name in ("batch_size", "epochs", "max_length", "max_gloss_length", "eval_batch_size", "keep_checkpoints",
+                     "log_every"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.batch_size < 2:
@@ -78,7 +80,9 @@ class GlossPretrainConfig:
             raise UserError("--tau and --lr must be > 0 and --lambda >= 0")
         if self.save_every < 0:
             raise UserError(f"--save-every must be >= 0, got {self.save_every}")
-        check_finite_numbers(self, {"lam": "--lambda"})
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"--threads must be >= 1, got {self.threads}")
+        check_finite_numbers(self)
         if self.weight_decay < 0:
             raise UserError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if self.max_grad_norm <= 0:
@@ -92,10 +96,3 @@ class GlossPretrainConfig:
 
         check_device_and_precision(self.device, self.precision)
 
-    def resolved_checkpoint_dir(self) -> Path:
-        from mirrorbert.safeguards.writes import default_checkpoint_dir
-
-        return default_checkpoint_dir(self.output, self.checkpoint_dir)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

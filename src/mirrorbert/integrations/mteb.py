@@ -94,7 +94,9 @@ class MirrorBertMTEB:
 
     model: an `Encoder`, or what `Encoder.load` reads (a mirrorbert, sentence-transformers or plain Hugging
     Face folder; a hub id); `pooling`, `max_length` and `device` are passed to `Encoder.load` (an `Encoder`
-    given is moved to `device`). batch_size: texts per forward pass (None: mteb's `encode_kwargs` batch
+    given is moved to `device`). A model that ships its own Python code is refused by name; load it with
+    `Encoder.load(..., trust_remote_code=True)` and pass the `Encoder`, so running its code is decided where
+    the model is loaded. batch_size: texts per forward pass (None: mteb's `encode_kwargs` batch
     size, else 64). normalize: unit-length vectors (None: the model's default; cosine scores do not
     change, mteb's euclidean/manhattan ones do). precision: compute precision, auto | fp32 | bf16 | fp16.
     name, revision: override the metadata's (see the module's docstring).
@@ -103,7 +105,7 @@ class MirrorBertMTEB:
     def __init__(self, model: "Encoder | str | os.PathLike", revision: str | None = None, *,
                  device: str | None = None, batch_size: int | None = None, normalize: bool | None = None,
                  precision: str = "fp32", pooling: str | None = None, max_length: int | None = None,
-                 name: str | None = None, trust_remote_code: bool = False, **kwargs: Any):
+                 name: str | None = None, **kwargs: Any):
         from mirrorbert.encoder.model import Encoder, _check_encode_arguments
 
         if kwargs:
@@ -119,8 +121,7 @@ class MirrorBertMTEB:
             if device is not None:
                 encoder.to(device)
         elif isinstance(model, (str, os.PathLike)):
-            encoder = Encoder.load(model, pooling=pooling, device=device, max_length=max_length,
-                                   trust_remote_code=trust_remote_code)
+            encoder = Encoder.load(model, pooling=pooling, device=device, max_length=max_length)
         else:
             raise UserError(f"model must be an Encoder or a model folder / hub id, not {type(model).__name__}")
         self.encoder = encoder
@@ -211,7 +212,6 @@ class MirrorBertMTEB:
     def base_model(self) -> str | None:
         """The model this one was trained from (mirrorbert.json `base_model`), by hub id or folder name."""
         from mirrorbert.publish.model_card import public_name
-
         from mirrorbert.safeguards.model_folder import vet_model_folder
 
         folder = self._local_folder()

@@ -11,9 +11,10 @@
 What each piece does and why it is ours: sentence-transformers has no loss that makes the positive from the
 anchor itself (SimCSE-style `MultipleNegativesRankingLoss` on duplicated columns counts each string's own
 copy among the negatives' side and masks nothing). `MirrorBertLoss` embeds the two views of every string
-(with dropout on, as in training mode) and applies the very loss of `mirrorbert train` (`mirrorbert.mirror.loss`:
-InfoNCE over the 2B views, the anchor excluded from its denominator, or the multi-similarity loss), gathering
-the views of every process first when the trainer runs on several (differentiable all-gather). With one text
+(with dropout on, as in training mode) and calls the very loss object of `mirrorbert train`
+(`mirrorbert.mirror.loss.MirrorInfoNCE`: InfoNCE over the 2B views, the anchor excluded from its denominator,
+or `MirrorMultiSimilarity`), gathering the views of every process first when the trainer runs on several
+(differentiable all-gather); it adds sentence-transformers' calling convention, not another loss. With one text
 column and no collator the two views differ by dropout alone; `MirrorBertDataCollator` adds the masked second
 view as the authors ran it (one span of `mask_span` characters replaced by the tokenizer's mask token, strings
 of at most `mask_min_chars` characters left whole), drawn from `seed` and the batch number (and, in DataLoader
@@ -28,13 +29,13 @@ from typing import Any, Iterable
 import torch
 
 from mirrorbert.errors import UserError
-from mirrorbert.mirror.loss import LOSSES, build_loss
+from mirrorbert.mirror.loss import build_loss
 from mirrorbert.runtime.randomness import derived_generator
 from mirrorbert.settings.choices import MASK_UNITS
 from mirrorbert.mirror.views import char_span_starts, mask_chars, special_token_ids
 from mirrorbert.mirror.views import mask_span as mask_span_ids
 
-STREAM_ST_MASK = 7  # the collator's own random stream (training.randomness.derived_generator)
+STREAM_ST_MASK = 7  # the collator's own random stream (runtime.randomness.derived_generator)
 MIRROR_SUFFIX = "_mirror"
 
 
@@ -48,20 +49,15 @@ def _import_sentence_transformers():
 
 class MirrorBertLoss(torch.nn.Module):
     """The Mirror-BERT loss for `SentenceTransformerTrainer` (one text column, or the two columns of
-    `MirrorBertDataCollator`)."""
+    `MirrorBertDataCollator`): `loss` names the loss object of `mirrorbert.mirror.loss` ("infonce":
+    `MirrorInfoNCE(temperature)`, "ms": `MirrorMultiSimilarity()`), called on the gathered [2B, d] views."""
 
     def __init__(self, model, temperature: float = 0.04, loss: str = "infonce", gather_across_devices: bool = True):
         super().__init__()
-        if loss not in LOSSES:
-            raise UserError(f"loss: unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
-        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature > 0 \
-                or temperature == float("inf"):
-            raise UserError(f"temperature: must be a positive finite number, not {temperature!r}")
+        self.loss = build_loss(loss, temperature)  # the settings are checked there, before any training
         self.model = model
         self.temperature = float(temperature)
-        self.loss_name = loss
         self.gather_across_devices = gather_across_devices
-        self._loss = build_loss(loss, self.temperature)
 
     def embeddings(self, sentence_features: Iterable[dict[str, torch.Tensor]]) -> torch.Tensor:
         """[2B, d]: the first views, then the second views (mirror order), over every process."""
@@ -80,10 +76,10 @@ class MirrorBertLoss(torch.nn.Module):
         return torch.cat([first, second])
 
     def forward(self, sentence_features: Iterable[dict[str, torch.Tensor]], labels: Any = None) -> torch.Tensor:
-        return self._loss(self.embeddings(sentence_features))
+        return self.loss(self.embeddings(sentence_features))
 
     def get_config_dict(self) -> dict[str, Any]:  # shown in sentence-transformers' model card
-        return {"temperature": self.temperature, "loss": self.loss_name}
+        return {"temperature": self.temperature, "loss": self.loss.name}
 
     @property
     def citation(self) -> str:

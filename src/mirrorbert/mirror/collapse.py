@@ -5,7 +5,7 @@ contrastive loss could not separate the views. On a small or briefly pre-trained
 learning rate too low to move it (the paper's 2e-5 is set for a 110M-parameter BERT; the 11M-parameter
 reference MLM stays collapsed there and needs 5e-4, docs/results/README.md); on a BERT-base-size model a
 learning rate far above the paper's. The advice follows the model's size and the lr it was trained at.
-The numbers are recorded in mirrorbert.json (`training.collapse`) either way.
+The numbers are recorded in mirrorbert.json (its `training` record, key `collapse`) either way.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ from typing import Any
 from mirrorbert.errors import UserError, first_line
 from mirrorbert.settings.choices import (DEFAULT_MODEL, LOSSES, MASK_UNITS, PACKING_MODES, POOLINGS, PRECISIONS,
                                          SCHEDULES)
+from mirrorbert.settings.fields import (command_line_only_names, field_defaults, fill_presets, option,
+                                        preset_names)
+from mirrorbert.settings.run_options import RunOptions
 from mirrorbert.settings.seeds import SEED_RULE, seed_ok
 from mirrorbert.settings.typed import check_finite_numbers, check_types, coerce_mapping
 
@@ -30,95 +33,87 @@ PRESETS: dict[str, dict[str, Any]] = {
 MEAN_POOLING_SENTENCE_MODEL_TYPES = ("bert",)
 
 
-class _FromPreset:
-    """The default of a field a preset sets: the preset's value when one is chosen, `UNPRESET_DEFAULTS` otherwise."""
+@dataclass(kw_only=True)
+class TrainConfig(RunOptions):
+    """Every knob of a Mirror-BERT run; each field is the long CLI option of the same name (`_` -> `-`), declared
+    once with its help and facts (settings/fields.py); the bookkeeping ones come from `RunOptions`.
 
-    def __repr__(self) -> str:
-        return "<from preset>"
-
-
-FROM_PRESET: Any = _FromPreset()
-# What the preset-dependent fields are without a preset.
-UNPRESET_DEFAULTS: dict[str, Any] = {"temperature": 0.04, "mask_span": 0, "pooling": "cls", "max_length": 50,
-                                     "mask_unit": "char", "epochs": 1}
-
-
-@dataclass
-class TrainConfig:
-    """Every knob of a Mirror-BERT run; field names match the long CLI options (`_` -> `-`).
-
-    Fields as keywords; `preset` fills every field not given explicitly. Every value is checked when the
-    config is made and whenever a field is set afterwards: a bad one raises UserError (a ValueError) naming
-    the option, so code that receives a TrainConfig can trust it.
+    Fields as keywords; `preset` fills every preset field not given explicitly. Every value is checked when
+    the config is made and whenever a field is set afterwards: a bad one raises UserError (a ValueError)
+    naming the option, so code that receives a TrainConfig can trust it.
     """
 
-    # what to train and where to write it
-    model: str = DEFAULT_MODEL
-    output: str | None = None
-    overwrite: bool = False
-    preset: str | None = None
+    # what to train
+    model: str = option(DEFAULT_MODEL, shared="model", note="the masked LM to start from", group="output",
+                        resume_safe=True)
+    preset: str | None = option(None, help="paper settings: " + " | ".join(PRESETS), group="output", card=True)
     # training strings
-    data: str | None = None
-    column: str | None = None
-    field: str | None = None
-    words_top: int | None = None
-    lang: str = "en"
-    random_strings: int | None = None
-    limit: int | None = None
-    skip_bad_lines: bool = False
-    # the method
-    temperature: float = FROM_PRESET  # type: ignore[assignment]
-    mask_span: int = FROM_PRESET  # type: ignore[assignment]
-    dropout: float = 0.1
-    drophead: float = 0.0
-    controlled_dropout: bool = False
-    pooling: str | None = FROM_PRESET  # type: ignore[assignment]
-    max_length: int = FROM_PRESET  # type: ignore[assignment]
-    # fidelity to the authors' code: the unit of --mask-span (characters, as the paper's runs, or tokens),
-    # the shortest string masked in char mode, and the loss (InfoNCE or SapBERT's multi-similarity)
-    mask_unit: str = FROM_PRESET  # type: ignore[assignment]
-    mask_min_chars: int = 30
-    loss: str = "infonce"
+    data: str | None = option(None, help="strings: .txt (one per line), .csv/.tsv/.parquet/.arrow or a saved "
+                                         "datasets folder (with --column), .jsonl (with --field)", group="data",
+                              resume_safe=True)
+    column: str | None = option(None, shared="column", group="data", resume_safe=True)
+    field: str | None = option(None, shared="field", group="data", resume_safe=True)
+    words_top: int | None = option(None, help="train on the N most frequent words of --lang (wordfreq)", group="data",
+                                   resume_safe=True)
+    lang: str = option("en", help="language of --words-top", group="data", resume_safe=True)
+    random_strings: int | None = option(None, help="train on N random letter/digit strings (zero-semantics control)",
+                                        group="data", resume_safe=True)
+    limit: int | None = option(None, shared="limit", note="a random sample of the strings (seeded)", group="data",
+                               resume_safe=True)
+    skip_bad_lines: bool = option(False, shared="skip_bad_lines", group="data", resume_safe=True)
+    # the method; fidelity to the authors' code: the unit of --mask-span (characters, as the paper's runs, or
+    # tokens), the shortest string masked in char mode, and the loss (InfoNCE or SapBERT's multi-similarity)
+    temperature: float = option(0.04, help="InfoNCE temperature tau", group="method", preset=True, card=True)
+    loss: str = option("infonce", help="infonce (paper eq. 1) | ms (multi-similarity loss with online triplet "
+                                       "mining, as SapBERT)", group="method", card=True)
+    mask_span: int = option(0, help="mask a span of K units (--mask-unit) in the second view; 0: off",
+                            group="method", preset=True, card=True)
+    mask_unit: str = option("char", help="char (the authors' code: K characters become one mask token) | token "
+                                         "(our variant: K tokens become K mask tokens)", group="method",
+                            preset=True, card=True)
+    mask_min_chars: int = option(30, help="char unit: strings of N characters or fewer stay unmasked",
+                                 group="method", card=True)
+    dropout: float = option(0.1, help="dropout probability (hidden, attention, embeddings)", group="method",
+                            card=True)
+    drophead: float = option(0.0, help="probability of dropping a whole attention head per example",
+                             group="method", card=True)
+    controlled_dropout: bool = option(False, help="identical dropout masks for both views (ablation)",
+                                      group="method", card=True)
+    # None (the sentence preset): mean for BERT-family models, [CLS] otherwise, resolved once the model type is known
+    pooling: str | None = option("cls", shared="pooling", unset="mean (BERT models) or cls (others)",
+                                 group="method", preset=True, card=True)
+    max_length: int = option(50, shared="max_length", group="method", preset=True, card=True)
     # optimisation
-    lr: float = 2e-5
-    weight_decay: float = 0.01
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    max_grad_norm: float | None = None
-    batch_size: int = 200
-    epochs: int = FROM_PRESET  # type: ignore[assignment]
-    steps: int | None = None
-    seed: int = 42
-    # hardware
-    device: str = "auto"
-    precision: str = "auto"
-    # packing (encoder/packing.py): packed rows (on), length groups (grouped) or padding (off); auto = packed
-    # wherever supported, length groups for other models
-    packing: str = "auto"
-    # speed and memory (issue 9): CPU threads, torch.compile, activation checkpointing, GradCache chunks
-    threads: int | None = None
-    compile: bool = False
-    gradient_checkpointing: bool = False
-    grad_cache_chunk: int | None = None
-    # bookkeeping
-    save_every: int = 0
-    checkpoint_dir: str | None = None
-    keep_checkpoints: int = 2
-    resume: str | None = None
-    log_dir: str | None = None
-    log_every: int = 10
-    show_progress: bool = True
+    lr: float = option(2e-5, shared="lr", group="optimisation", card=True)
+    weight_decay: float = option(0.01, shared="weight_decay", group="optimisation", card=True)
+    schedule: str = option("constant", help="constant (paper) | linear (decay to 0 after warmup)",
+                           group="optimisation", card=True)
+    warmup_steps: int = option(0, shared="warmup_steps", group="optimisation", card=True)
+    max_grad_norm: float | None = option(None, shared="max_grad_norm", group="optimisation", card=True)
+    batch_size: int = option(200, shared="batch_size", note="strings per step, 2 views each", group="optimisation",
+                             card=True)
+    epochs: int = option(1, shared="epochs", group="optimisation", preset=True, card=True, resume_safe=True)
+    steps: int | None = option(None, shared="steps", group="optimisation", card=True, resume_safe=True)
+    # speed and memory: packed rows, length groups or padding (encoder/packing.py; no argparse choices: this
+    # config checks the value, a --config file's too), torch.compile, activation checkpointing, GradCache chunks
+    packing: str = option("auto", shared="packing", group="hardware")
+    compile: bool = option(False, help="torch.compile the model; falls back to eager with a warning if it fails",
+                           group="hardware")
+    gradient_checkpointing: bool = option(False, help="recompute activations in backward: less memory, ~30% more "
+                                                      "time", group="hardware")
+    grad_cache_chunk: int | None = option(None, help="GradCache: run the encoder N views at a time with cached "
+                                                     "embedding gradients, so big batches fit in small memory with "
+                                                     "every in-batch negative kept; 0: off", unset="off",
+                                          group="hardware")
     # model card: evaluate the trained model before saving (scores go into mirrorbert.json and README.md)
-    eval_after: str | None = None
-    data_dir: str | None = None
-    # run Python code shipped with the model (auto_map); the command line or Python only, never a config file
-    trust_remote_code: bool = False
+    eval_after: str | None = option(None, help="comma-separated eval tasks (e.g. sts,wordsim) run on the trained "
+                                               "model before saving; scores go into mirrorbert.json and README.md",
+                                    group="eval", resume_safe=True)
+    data_dir: str | None = option(None, shared="data_dir", note="the evaluation sets of --eval-after", group="eval",
+                                  resume_safe=True)
 
     def __post_init__(self) -> None:
-        preset = PRESETS.get(self.preset, {}) if isinstance(self.preset, str) else {}
-        for key, default in UNPRESET_DEFAULTS.items():
-            if getattr(self, key) is FROM_PRESET:
-                object.__setattr__(self, key, preset.get(key, default))
+        fill_presets(self, PRESETS.get(self.preset, {}) if isinstance(self.preset, str) else {})
         validate(self)
         object.__setattr__(self, "_checked", True)
 
@@ -134,36 +129,10 @@ class TrainConfig:
             object.__setattr__(self, key, before)
             raise
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def resolved_checkpoint_dir(self) -> Path:
-        """Checkpoints live beside the output so the final model folder can be written atomically."""
-        from mirrorbert.safeguards.writes import default_checkpoint_dir
-
-        return default_checkpoint_dir(self.output, self.checkpoint_dir)
-
 
 FIELD_NAMES = {f.name for f in dataclasses.fields(TrainConfig)}
-FIELD_ORDER = [f.name for f in dataclasses.fields(TrainConfig)]
-
-
-def default_values() -> dict[str, Any]:
-    """Each field's default without a preset (what `train --help` states)."""
-    return {f.name: UNPRESET_DEFAULTS.get(f.name, f.default) for f in dataclasses.fields(TrainConfig)}
-
-
-def with_preset(values: dict[str, Any]) -> dict[str, Any]:
-    """A preset's values under the explicitly given ones (what `TrainConfig(**values)` makes of them).
-
-    The CLI, a config file and ``TrainConfig(preset=...)`` in Python all resolve a preset this way, so the same
-    inputs give the same run, and what ``mirrorbert.json`` records is what was used. An unknown preset is
-    left for `validate` to name.
-    """
-    preset = values.get("preset")
-    if isinstance(preset, str) and preset in PRESETS:
-        return {**PRESETS[preset], **values}
-    return dict(values)
+# What the preset fields are without a preset.
+UNPRESET_DEFAULTS: dict[str, Any] = {name: field_defaults(TrainConfig)[name] for name in preset_names(TrainConfig)}
 
 
 def option_name(key: str) -> str:
@@ -171,7 +140,7 @@ def option_name(key: str) -> str:
 
 
 # Options a config file may not set: permission to run code from the model is the user's own decision.
-COMMAND_LINE_ONLY = ("trust_remote_code",)
+COMMAND_LINE_ONLY = command_line_only_names(TrainConfig)
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -1,18 +1,23 @@
-"""The Mirror-BERT losses over the 2B views of a batch: InfoNCE (paper eq. 1) and SapBERT's multi-similarity.
+"""The Mirror-BERT losses over the 2B views of a batch, one class per loss: `MirrorInfoNCE` (paper eq. 1) and
+`MirrorMultiSimilarity` (SapBERT's multi-similarity loss).
 
-Both take the full embedding matrix with rows [f(x_1)..f(x_B), f(xbar_1)..f(xbar_B)] and are computed in
-at least fp32 with autocast switched off, whatever the training precision: at tau = 0.04 a bf16 similarity
-matmul alone moves the InfoNCE loss by about 1e-2.
+Each is a `torch.nn.Module` called on the full embedding matrix with rows [f(x_1)..f(x_B), f(xbar_1)..f(xbar_B)]
+(the two views in mirror order). The same objects serve `mirrorbert train` (`build_loss` picks one by its
+`--loss` name) and the sentence-transformers integration, which only gathers the views before calling one.
+Both are computed in at least fp32 with autocast switched off, whatever the training precision: at tau = 0.04
+a bf16 similarity matmul alone moves the InfoNCE loss by about 1e-2.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from mirrorbert.errors import UserError
 from mirrorbert.settings.choices import LOSSES
 
 # SapBERT (Liu et al. 2021) settings of the multi-similarity loss and its online triplet miner.
@@ -38,23 +43,39 @@ def _mirror_index(n: int, device: torch.device) -> torch.Tensor:
     return torch.cat([torch.arange(half, n), torch.arange(0, half)]).to(device)
 
 
-def mirror_infonce(embeddings: torch.Tensor, temperature: float) -> torch.Tensor:
-    """InfoNCE over the 2B views.
+def _positive_finite(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        raise UserError(f"{name}: must be a positive finite number, not {value!r}")
+    return float(value)
+
+
+class MirrorInfoNCE(torch.nn.Module):
+    """InfoNCE over the 2B views (paper eq. 1).
 
     For each of the 2B anchors the positive is its mirror view (i <-> i+B) and the negatives are the
     other 2B-2 views (both views of every other string); the anchor itself is excluded from the
     denominator. Similarity is cosine / temperature; the loss is the mean over all 2B anchors.
     """
-    with full_precision(embeddings) as emb:
-        z = _unit_rows(emb)
-        n = z.shape[0]
-        logits = z @ z.T / temperature
-        logits = logits.masked_fill(torch.eye(n, dtype=torch.bool, device=z.device), float("-inf"))
-        return F.cross_entropy(logits, _mirror_index(n, z.device))
+
+    name = "infonce"
+
+    def __init__(self, temperature: float = 0.04):
+        super().__init__()
+        self.temperature = _positive_finite(temperature, "temperature")
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        with full_precision(embeddings) as emb:
+            z = _unit_rows(emb)
+            n = z.shape[0]
+            logits = z @ z.T / self.temperature
+            logits = logits.masked_fill(torch.eye(n, dtype=torch.bool, device=z.device), float("-inf"))
+            return F.cross_entropy(logits, _mirror_index(n, z.device))
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {"loss": self.name, "temperature": self.temperature}
 
 
-def mirror_multi_similarity(embeddings: torch.Tensor, alpha: float = MS_ALPHA, beta: float = MS_BETA,
-                            base: float = MS_BASE, margin: float = MS_MINER_MARGIN) -> torch.Tensor:
+class MirrorMultiSimilarity(torch.nn.Module):
     """Multi-similarity loss (Wang et al. 2019) on triplets mined online, as SapBERT trains.
 
     The two views of a string are the only positives of each other; every other view is a negative.
@@ -68,37 +89,57 @@ def mirror_multi_similarity(embeddings: torch.Tensor, alpha: float = MS_ALPHA, b
     test-only dependency. (One deliberate difference: the library returns zero when exactly one triplet
     is mined; here that triplet counts.)
     """
-    with full_precision(embeddings) as emb:
-        z = _unit_rows(emb)
-        n = z.shape[0]
-        sim = z @ z.T
-        mirror = _mirror_index(n, z.device)
-        positive = torch.zeros(n, n, dtype=torch.bool, device=z.device)
-        positive[torch.arange(n, device=z.device), mirror] = True
-        negative = ~positive & ~torch.eye(n, dtype=torch.bool, device=z.device)
-        with torch.no_grad():
-            # the miner measures Euclidean distance between the unit vectors (the library's default)
-            dist = torch.cdist(z, z, p=2)
-            pos_dist = dist.gather(1, mirror[:, None])  # [n, 1]: to the anchor's one positive
-            # a triplet (a, mirror(a), m) is mined when d(a, m) - d(a, mirror) <= margin
-            neg_mined = negative & (dist - pos_dist <= margin)
-            pos_mined = positive & neg_mined.any(dim=1, keepdim=True)
-        if not bool(neg_mined.any()):
-            return (embeddings * 0).sum().to(emb.dtype)
-        zero = torch.zeros(n, 1, dtype=sim.dtype, device=sim.device)
-        pos_terms = torch.cat([(alpha * (base - sim)).masked_fill(~pos_mined, float("-inf")), zero], dim=1)
-        neg_terms = torch.cat([(beta * (sim - base)).masked_fill(~neg_mined, float("-inf")), zero], dim=1)
-        per_anchor = torch.logsumexp(pos_terms, dim=1) / alpha + torch.logsumexp(neg_terms, dim=1) / beta
-        return per_anchor.mean()
+
+    name = "ms"
+
+    def __init__(self, alpha: float = MS_ALPHA, beta: float = MS_BETA, base: float = MS_BASE,
+                 margin: float = MS_MINER_MARGIN):
+        super().__init__()
+        self.alpha, self.beta = _positive_finite(alpha, "alpha"), _positive_finite(beta, "beta")
+        self.base, self.margin = float(base), float(margin)
+
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
+        with full_precision(embeddings) as emb:
+            z = _unit_rows(emb)
+            n = z.shape[0]
+            sim = z @ z.T
+            mirror = _mirror_index(n, z.device)
+            positive = torch.zeros(n, n, dtype=torch.bool, device=z.device)
+            positive[torch.arange(n, device=z.device), mirror] = True
+            negative = ~positive & ~torch.eye(n, dtype=torch.bool, device=z.device)
+            with torch.no_grad():
+                # the miner measures Euclidean distance between the unit vectors (the library's default)
+                dist = torch.cdist(z, z, p=2)
+                pos_dist = dist.gather(1, mirror[:, None])  # [n, 1]: to the anchor's one positive
+                # a triplet (a, mirror(a), m) is mined when d(a, m) - d(a, mirror) <= margin
+                neg_mined = negative & (dist - pos_dist <= self.margin)
+                pos_mined = positive & neg_mined.any(dim=1, keepdim=True)
+            if not bool(neg_mined.any()):
+                return (embeddings * 0).sum().to(emb.dtype)
+            zero = torch.zeros(n, 1, dtype=sim.dtype, device=sim.device)
+            pos_terms = torch.cat([(self.alpha * (self.base - sim)).masked_fill(~pos_mined, float("-inf")), zero],
+                                  dim=1)
+            neg_terms = torch.cat([(self.beta * (sim - self.base)).masked_fill(~neg_mined, float("-inf")), zero],
+                                  dim=1)
+            per_anchor = torch.logsumexp(pos_terms, dim=1) / self.alpha + torch.logsumexp(neg_terms, dim=1) / self.beta
+            return per_anchor.mean()
+
+    def get_config_dict(self) -> dict[str, Any]:
+        return {"loss": self.name, "alpha": self.alpha, "beta": self.beta, "base": self.base, "margin": self.margin}
 
 
-def build_loss(name: str, temperature: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The training loss as one callable of the full [2B, d] embedding matrix (views in mirror order).
+def build_loss(name: str, temperature: float) -> MirrorInfoNCE | MirrorMultiSimilarity:
+    """The loss named by `--loss`, as the object training calls on the [2B, d] embeddings.
 
-    `temperature` is InfoNCE's; the multi-similarity loss has its own fixed SapBERT constants.
+    `temperature` is InfoNCE's (checked whichever loss is named); the multi-similarity loss has its own fixed
+    SapBERT constants.
     """
-    if name == "infonce":
-        return lambda embeddings: mirror_infonce(embeddings, temperature)
-    if name == "ms":
-        return mirror_multi_similarity
-    raise ValueError(f"unknown loss {name!r}; choose one of {', '.join(LOSSES)}")
+    _positive_finite(temperature, "temperature")
+    if name == MirrorInfoNCE.name:
+        return MirrorInfoNCE(temperature)
+    if name == MirrorMultiSimilarity.name:
+        return MirrorMultiSimilarity()
+    raise UserError(f"loss: unknown loss {name!r}; choose one of {', '.join(LOSSES)}")
+
+
+__all__ = ["LOSSES", "MirrorInfoNCE", "MirrorMultiSimilarity", "build_loss"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,16 +17,17 @@ import torch
 
 from mirrorbert.encoder.model import Encoder
 from mirrorbert.mirror.config import TrainConfig
-from mirrorbert.mirror.loss import build_loss, mirror_infonce
-from mirrorbert.mirror.views import STREAM_MASK, STREAM_ORDER, SecondViews  # noqa: F401  (STREAM_MASK: callers)
+from mirrorbert.mirror.loss import build_loss
+from mirrorbert.mirror.views import STREAM_ORDER, SecondViews
 from mirrorbert.reporting.metrics import MetricLogger
-from mirrorbert.reporting.timing import PhaseTimer
 from mirrorbert.runtime.device import autocast, make_grad_scaler
-from mirrorbert.runtime.randomness import derived_generator, replay_rng
+from mirrorbert.runtime.randomness import replay_rng
 from mirrorbert.training.gradcache import cached_embeddings
 from mirrorbert.training.loss_record import LossRecord
 from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
+from mirrorbert.training.plan import BatchPlan, contrastive_plan
 from mirrorbert.training.prefetch import prefetch
+from mirrorbert.training.run import RunContext
 
 logger = logging.getLogger(__name__)
 
@@ -36,42 +36,16 @@ PREFETCH = 2  # batches made ahead of the step on an accelerator: enough to hide
 
 def prefetch_depth(device: torch.device) -> int:
     """Batches whose views are made ahead in a thread: on a GPU the CPU waits for the step anyway, so masking
-    there is free; on a CPU the thread would take cores from the step (measured: the 20-step 10k run of
-    benchmarks/train_scale.py on 2 cores, 3.93 s with the thread against 3.85 s without), so it runs inline."""
+    there is free; on a CPU the thread would take the cores the step needs, so it runs inline
+    (benchmarks/train_scale.py measures both)."""
     return PREFETCH if device.type != "cpu" else 0
 
 
-@dataclass
-class _Plan:
-    """How the strings are cut into batches; a pure function of the data, batch size and seed."""
-
-    n: int
-    batch_size: int
-    total_steps: int
-    seed: int
-
-    @property
-    def batches_per_epoch(self) -> int:
-        # A trailing batch of one string has no negatives, so it is dropped.
-        return self.n // self.batch_size + (1 if self.n % self.batch_size >= 2 else 0)
-
-    def epoch_order(self, epoch: int) -> torch.Tensor:
-        """The epoch's permutation of the strings (an int64 tensor: 8 bytes a string, no Python list of them)."""
-        return torch.randperm(self.n, generator=derived_generator(self.seed, STREAM_ORDER, epoch))
-
-    def iter_batches(self, epoch: int, first: int = 0):
-        """The epoch's batches from batch `first` on, each a list of string indices, made one at a time."""
-        order = self.epoch_order(epoch)
-        for b in range(first, self.batches_per_epoch):
-            yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
-
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
-        return list(self.iter_batches(epoch))
-
-
-def planned_steps(cfg: TrainConfig, n_strings: int) -> int:
-    """The optimiser steps a run makes: --steps, or the epochs' batches (known before any model loads)."""
-    return cfg.steps or cfg.epochs * _Plan(n_strings, min(cfg.batch_size, n_strings), 0, cfg.seed).batches_per_epoch
+def mirror_plan(cfg: TrainConfig, n_strings: int) -> BatchPlan:
+    """The run's batches and its optimiser steps (--steps, or the epochs' batches): known before any model loads."""
+    plan = contrastive_plan(n_strings, cfg.batch_size, cfg.seed, STREAM_ORDER)
+    plan.total_steps = plan.budget(cfg.steps, cfg.epochs)
+    return plan
 
 
 def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]], controlled_dropout: bool,
@@ -90,16 +64,15 @@ def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]
         return encoder.embed(first + second)
 
 
-def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], pad_id: int,
-                     temperature: float, controlled_dropout: bool, device: torch.device, precision: str,
-                     loss_fn=None, gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], loss_fn,
+                     device: torch.device, precision: str, *, controlled_dropout: bool = False,
+                     gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
                      grad_cache_chunk: int | None = None) -> torch.Tensor:
-    """Loss of one batch (kept for callers of the first version; `pad_id` is the tokenizer's own).
+    """Loss of one batch: `loss_fn` (mirror/loss.py) over the [2B, d] embeddings of both views.
 
-    `loss_fn` (from `loss.build_loss`) maps the [2B, d] embeddings to the loss; default InfoNCE at
-    `temperature`. `gather` turns this process's rows into the global batch's (several processes), so the
-    loss is eq. 1 over the global batch. With `grad_cache_chunk` the views are embedded that many at a
-    time with cached gradients (training/gradcache.py): same loss and gradients at the activation memory of one chunk.
+    `gather` turns this process's rows into the global batch's (several processes), so the loss is eq. 1
+    over the global batch. With `grad_cache_chunk` the views are embedded that many at a time with cached
+    gradients (training/gradcache.py): same loss and gradients at the activation memory of one chunk.
     """
     if grad_cache_chunk:
         embeddings = cached_embeddings(lambda chunk: embed_views(encoder, chunk, [], False, device, precision),
@@ -108,24 +81,24 @@ def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list
         embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
     if gather is not None:
         embeddings = gather(embeddings)
-    return loss_fn(embeddings) if loss_fn is not None else mirror_infonce(embeddings, temperature)
+    return loss_fn(embeddings)
 
 
 class MirrorMethod:
     """Mirror-BERT for the engine: batches of the epoch's order, two views each, InfoNCE over the pair."""
 
-    def __init__(self, cfg: TrainConfig, encoder: Encoder, views: SecondViews, plan: _Plan, dist_ctx,
-                 device: torch.device, precision: str, fingerprint: str, timer: PhaseTimer):
-        self.timer = timer  # wall time per phase (reporting/timing.py): span masking is its own phase
-        self.cfg, self.encoder, self.views, self.plan = cfg, encoder, views, plan
+    def __init__(self, cfg: TrainConfig, encoder: Encoder, views: SecondViews, plan: BatchPlan, run_ctx: RunContext,
+                 fingerprint: str):
+        self.timer = run_ctx.timer  # wall time per phase (reporting/timing.py): span masking is its own phase
+        self.cfg, self.encoder, self.views, self.plan, self.total_steps = cfg, encoder, views, plan, plan.total_steps
         self.store = views.store  # the token ids (data/token_store.py), read a batch at a time
-        self.dist, self.device, self.precision, self.fingerprint = dist_ctx, device, precision, fingerprint
-        self.pad_id = encoder.tokenizer.pad_token_id if encoder.tokenizer.pad_token_id is not None else 0
+        self.dist, self.device, self.precision = run_ctx.dist, run_ctx.device, run_ctx.precision
+        self.fingerprint = fingerprint
         self.loss_fn = build_loss(cfg.loss, cfg.temperature)
         self.optimizer = build_optimizer(encoder, cfg.lr, cfg.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule, cfg.warmup_steps, plan.total_steps)
-        self.scaler = make_grad_scaler(device, precision)
-        self.metrics = MetricLogger(cfg.log_dir if dist_ctx.is_main else None)
+        self.scaler = make_grad_scaler(self.device, self.precision)
+        self.metrics = MetricLogger(cfg.log_dir if self.dist.is_main else None)
         self.epoch, self.next_batch, self.epoch_done = 0, 0, False
         self.losses = LossRecord(plan.batches_per_epoch)  # the reported means, carried through checkpoints
         self.seen_strings, self.seen_tokens, self.start = 0, 0, time.time()
@@ -163,10 +136,10 @@ class MirrorMethod:
         started = time.perf_counter()
         self.views.stats.add(*counts)  # the views may have been made ahead: counted now that the batch is trained
         self.dist.seed_step(self.cfg.seed, engine.step)
-        loss = mirror_step_loss(self.encoder, self.dist.shard(first), self.dist.shard(second),
-                                self.pad_id, self.cfg.temperature, self.cfg.controlled_dropout, self.device,
-                                self.precision, self.loss_fn, lambda rows: self.dist.gather_views(rows, len(index)),
-                                self.cfg.grad_cache_chunk)
+        loss = mirror_step_loss(self.encoder, self.dist.shard(first), self.dist.shard(second), self.loss_fn,
+                                self.device, self.precision, controlled_dropout=self.cfg.controlled_dropout,
+                                gather=lambda rows: self.dist.gather_views(rows, len(index)),
+                                grad_cache_chunk=self.cfg.grad_cache_chunk)
         engine.check_finite(loss)
         backward_and_step(loss, self.optimizer, self.scheduler, self.scaler, max_grad_norm=self.cfg.max_grad_norm)
         self.losses.add(loss.item())
@@ -203,4 +176,4 @@ class MirrorMethod:
         return {"data_sha256": self.fingerprint, "config": self.cfg.to_dict(), "world_size": self.dist.world_size}
 
 
-__all__ = ["MirrorMethod", "embed_views", "mirror_step_loss", "planned_steps"]
+__all__ = ["MirrorMethod", "embed_views", "mirror_plan", "mirror_step_loss"]

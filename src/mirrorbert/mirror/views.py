@@ -84,15 +84,6 @@ def valid_span_starts(ids: Sequence[int], k: int, special: set[int]) -> list[int
     return starts
 
 
-def warn_if_span_never_applies(token_ids: Sequence[Sequence[int]], k: int, special: set[int]) -> bool:
-    """Token unit: a span longer than every string's real tokens masks nothing. Say so once."""
-    if k <= 0 or any(sum(1 for t in ids if t not in special) > k for ids in token_ids):
-        return False
-    logger.warning("--mask-span %d never applies: no training string has more than %d real tokens, so no "
-                   "span is masked (use a smaller --mask-span, or 0)", k, k)
-    return True
-
-
 def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], generator: torch.Generator,
               starts: Sequence[int] | None = None) -> list[int]:
     """Replace k consecutive non-special tokens by the mask token; start uniform over valid starts.
@@ -107,15 +98,6 @@ def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], gener
     start = starts[int(torch.randint(len(starts), (1,), generator=generator))]
     out[start:start + k] = [mask_id] * k
     return out
-
-
-def masked_views(token_ids: Sequence[Sequence[int]], k: int, mask_id: int | None, special: set[int],
-                 generator: torch.Generator) -> list[list[int]]:
-    """Second views for one epoch (a fresh draw each epoch from the given generator)."""
-    if k <= 0:
-        return [list(ids) for ids in token_ids]
-    assert mask_id is not None
-    return [mask_span(ids, k, mask_id, special, generator) for ids in token_ids]
 
 
 # ----------------------------------------------------------------------------- character span masking

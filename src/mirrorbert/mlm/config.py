@@ -2,77 +2,66 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mirrorbert.errors import UserError
+from mirrorbert.settings.fields import option, redeclare
+from mirrorbert.settings.run_options import RunOptions
 from mirrorbert.settings.seeds import SEED_RULE, seed_ok
 
 # Data-order settings: a checkpoint can only be resumed when all of these are unchanged.
 RESUME_KEYS = ("seq_length", "batch_size", "grad_accum", "seed", "mlm_probability", "whole_word_mask", "eval_fraction")
-# Options that may change on --resume without changing the result (the corpus key is checked separately).
-RESUME_HARMLESS = ("corpus", "output", "overwrite", "model", "tokenizer", "cache_dir", "epochs", "max_tokens", "device",
-                   "threads", "eval_every", "eval_sequences", "save_every", "checkpoint_dir", "keep_checkpoints",
-                   "resume", "stop_after_steps", "log_dir", "log_every", "show_progress", "prefetch_batches",
-                   "trust_remote_code")
 
 
-@dataclass
-class PretrainConfig:
-    """Every knob of an MLM pre-training run; field names match the long CLI options (`_` -> `-`)."""
+@dataclass(kw_only=True)
+class PretrainConfig(RunOptions):
+    """Every knob of an MLM pre-training run; each field is the long CLI option of the same name (`_` -> `-`),
+    declared once with its help and facts (settings/fields.py); the bookkeeping ones come from `RunOptions`.
+    `resume_safe` options may change on --resume (the corpus is checked by its key)."""
 
-    corpus: list[str] = field(default_factory=list)
-    output: str | None = None
-    overwrite: bool = False
+    corpus: list[str] = option(shared="corpus", note="UTF-8 text file(s): one sentence per line, blank lines "
+                                                     "separate documents", default_factory=list, group="output",
+                               required=True, nargs="+", metavar="FILE", resume_safe=True)
     # model: one of model (continued pre-training) or architecture (from scratch, needs tokenizer)
-    model: str | None = None
-    architecture: str | None = None
-    tokenizer: str | None = None
+    model: str | None = option(None, shared="model", note="continue pre-training this MLM", group="output",
+                               resume_safe=True)
+    architecture: str | None = option(None, shared="architecture", note="pre-train from scratch (with --tokenizer)",
+                                      group="output")
+    tokenizer: str | None = option(None, help="tokenizer folder (required with --architecture; default with --model: "
+                                              "the model's)", group="output", resume_safe=True)
     # data and objective
-    seq_length: int = 128
-    mlm_probability: float = 0.15
-    whole_word_mask: bool = False
-    eval_fraction: float = 0.01
-    cache_dir: str | None = None
+    seq_length: int = option(128, help="tokens per packed sequence, specials included", group="data")
+    mlm_probability: float = option(0.15, help="fraction of tokens to predict", group="data")
+    whole_word_mask: bool = option(False, help="select whole words instead of sub-word tokens", group="data")
+    eval_fraction: float = option(0.01, help="fraction of documents held out for evaluation", group="data")
+    cache_dir: str | None = option(None, help="where the tokenised corpus is kept",
+                                   unset="~/.cache/mirrorbert/mlm-corpus", group="data", resume_safe=True)
     # optimisation
-    lr: float | None = None  # None: 5e-4 from scratch, 5e-5 continued
-    weight_decay: float = 0.01
-    warmup_steps: int | None = None  # None: 6% of the steps (at most 10,000)
-    max_grad_norm: float | None = 1.0
-    batch_size: int = 128
-    grad_accum: int = 1
-    max_tokens: int | None = None
-    epochs: float | None = None  # neither budget given: 1 epoch
-    seed: int = 42
-    # hardware
-    device: str = "auto"
-    precision: str = "fp32"
-    threads: int | None = None  # CPU threads for torch during the run (None: torch's default)
-    # bookkeeping
-    eval_every: int = 500
-    eval_sequences: int = 256
-    save_every: int = 0
-    checkpoint_dir: str | None = None
-    keep_checkpoints: int = 2
-    resume: str | None = None
-    stop_after_steps: int | None = None
-    log_dir: str | None = None
-    log_every: int = 50
-    show_progress: bool = True
-    prefetch_batches: int = 4
-    trust_remote_code: bool = False  # --trust-remote-code (safeguards/model_loading.py)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def resolved_checkpoint_dir(self) -> Path:
-        """Checkpoints live beside the output so the final model folder can be written atomically."""
-        from mirrorbert.safeguards.writes import default_checkpoint_dir
-
-        return default_checkpoint_dir(self.output, self.checkpoint_dir)
+    lr: float | None = option(None, shared="lr", note="the peak", unset="5e-4 from scratch, 5e-5 continued",
+                              group="optimisation")
+    weight_decay: float = option(0.01, shared="weight_decay", group="optimisation")
+    warmup_steps: int | None = option(None, shared="warmup_steps", note="then linear decay to 0",
+                                      unset="6% of the steps, at most 10,000", group="optimisation")
+    max_grad_norm: float | None = option(1.0, shared="max_grad_norm", group="optimisation")
+    batch_size: int = option(128, shared="batch_size", note="sequences per forward pass", group="optimisation")
+    grad_accum: int = option(1, help="forward passes per optimiser step", group="optimisation")
+    max_tokens: int | None = option(None, help="budget: stop after this many training tokens", group="optimisation",
+                                    resume_safe=True)
+    epochs: float | None = option(None, shared="epochs", note="a budget, fractions allowed",
+                                  unset="1 when no budget is given", group="optimisation", resume_safe=True)
+    # hardware and bookkeeping
+    eval_every: int = option(500, help="held-out evaluation every N steps", group="hardware", resume_safe=True)
+    eval_sequences: int = option(256, help="held-out sequences per evaluation", group="hardware", resume_safe=True)
+    stop_after_steps: int | None = option(None, help="run only N more steps of the budget now, checkpoint and exit "
+                                                     "(resume later)", group="hardware", resume_safe=True)
+    prefetch_batches: int = option(4, help="batches made ahead of the step in a background thread; 0: in the step's "
+                                           "own thread", group="hardware", resume_safe=True)
+    output: str | None = redeclare(RunOptions, "output", note="the model's folder", required=True)
+    precision: str = redeclare(RunOptions, "precision", default="fp32")
+    save_every: int = redeclare(RunOptions, "save_every", note="0: only on interrupt")
+    log_every: int = redeclare(RunOptions, "log_every", default=50)
 
     def resolved_cache_dir(self) -> Path:
         if self.cache_dir:
@@ -112,6 +101,7 @@ def validate(cfg: PretrainConfig) -> None:
     check(cfg.stop_after_steps is None or cfg.stop_after_steps >= 1, "stop-after-steps", "must be >= 1")
     check(0 <= cfg.eval_fraction < 1, "eval-fraction", "must be in [0, 1)")
     check(cfg.threads is None or cfg.threads >= 1, "threads", "must be >= 1")
+    check(cfg.prefetch_batches >= 0, "prefetch-batches", "must be >= 0")
     from mirrorbert.mlm.masking import MaskingConfig
 
     MaskingConfig(mlm_probability=cfg.mlm_probability)  # raises UserError on a bad value

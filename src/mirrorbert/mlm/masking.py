@@ -209,12 +209,3 @@ def canonical_word_ids(word_ids: torch.Tensor, selectable: torch.Tensor) -> torc
     starts = valid & ((word_ids != prev) | ~prev_valid)
     words = torch.cumsum(starts.long(), dim=1) - 1
     return torch.where(valid, words, torch.full_like(words, -1))
-
-
-def word_ids_tensor(encodings_word_ids: Sequence[Sequence[int | None]], length: int) -> torch.Tensor:
-    """Turn fast-tokenizer `word_ids()` lists (None for specials) into a padded [batch, length] tensor."""
-    out = torch.full((len(encodings_word_ids), length), -1, dtype=torch.long)
-    for row, ids in enumerate(encodings_word_ids):
-        values = [-1 if w is None else int(w) for w in list(ids)[:length]]
-        out[row, : len(values)] = torch.tensor(values, dtype=torch.long)
-    return out

@@ -63,7 +63,7 @@ def script_corpus_builder(script: Path, data_dir: Path) -> Callable[[Path], None
             cmd.append("--skip-gcide")
         corpus.parent.mkdir(parents=True, exist_ok=True)
         logger.info("building the offline reference corpus %s", corpus)
-        # Its table goes to stdout (kept for an error); its progress lines and errors to our stderr as they come.
+        # Its table goes to stdout (its last line names a failure); its progress lines and errors to our stderr as they come.
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if done.returncode != 0:
             raise UserError(f"building the reference corpus failed (exit status {done.returncode}; its error is "

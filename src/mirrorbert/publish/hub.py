@@ -1,4 +1,5 @@
-"""Publishing a saved model on the Hugging Face Hub: `mirrorbert push`, `train --push-to-hub`, `Encoder.push_to_hub`.
+"""Publishing a model on the Hugging Face Hub: `mirrorbert push`, `train --push-to-hub` (a saved folder) and
+`push_encoder` (an encoder in memory, saved into a temporary folder first).
 
 What goes up is the saved folder as transformers and sentence-transformers read it (weights, config,
 tokenizer, `modules.json` and the pooling config), `mirrorbert.json` and the model card, and nothing of
@@ -37,7 +38,8 @@ from typing import Any, BinaryIO, Iterator
 
 from mirrorbert.errors import UserError, first_line
 from mirrorbert.publish.model_card import CARD_FILE
-from mirrorbert.safeguards.confined import ConfinedFolder, describe_kind
+from mirrorbert.safeguards.confined import ConfinedFolder
+from mirrorbert.safeguards.readback import describe_kind
 from mirrorbert.safeguards.writes import MARKER, remove_tree
 
 DEFAULT_COMMIT_MESSAGE = "Upload a sentence encoder trained with mirrorbert"
@@ -131,11 +133,6 @@ def _check_modules(model: ConfinedFolder, modules: list) -> None:
                 sub.read_json("config.json", dict)
 
 
-def check_model_folder(folder: Any, option: str = "--model") -> Path:
-    """`open_model_folder`, as the path the user gave."""
-    return open_model_folder(folder, option).given
-
-
 # ----------------------------------------------------------------------------- what is uploaded
 PUBLISHED = "only regular files inside the model folder, each its only link, are published"
 
@@ -183,13 +180,6 @@ def list_upload(model: ConfinedFolder) -> dict[str, os.stat_result]:
                 raise problem
             found[rel] = st
     return dict(sorted(found.items()))
-
-
-def upload_files(folder: str | Path, option: str = "--model") -> list[str]:
-    """The relative paths (sorted) of the files of a saved model folder that go to the Hub: everything but
-    dot-files and dot-folders, checkpoint folders and subfolders holding an output of their own; only regular
-    files with a single link, none reached through a symlink."""
-    return list(list_upload(ConfinedFolder(folder, option, kind="model folder")))
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -475,7 +465,17 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
 
 def push_encoder(encoder, repo_id: str, *, private: bool | None = None, token: str | None = None,
                  commit_message: str | None = None, dry_run_dir: str | Path | None = None) -> dict[str, Any]:
-    """`Encoder.push_to_hub`: save the encoder into a temporary folder, then push it (or dry-run it)."""
+    """Upload `encoder` (a `mirrorbert.Encoder`, or anything with its `write(folder)`) to the Hugging Face Hub
+    repo `repo_id` ("user/name"; created when missing); returns a record: repo, files, bytes (and the URL).
+
+    The encoder is written as `Encoder.save` writes it (transformers and sentence-transformers files,
+    `mirrorbert.json`) into a temporary folder, then pushed like `mirrorbert push`, with a model card whose usage
+    snippets load `repo_id`; mirrorbert's bookkeeping files are not sent. `private`: the visibility of a repo
+    created now (None: the Hub's default). `token`: a Hub token (default: `HF_TOKEN` or the saved login).
+    `dry_run_dir`: touch no network, write exactly the files that would be uploaded into this new folder
+    instead. A bad repo id, an existing `dry_run_dir` or a Hub that cannot be reached raises `UserError` naming
+    the argument (`repo_id`, `dry_run_dir`).
+    """
     repo_id = check_repo_id(repo_id, "repo_id")
     if dry_run_dir is not None:
         from mirrorbert.safeguards.writes import WritePlan
@@ -494,6 +494,5 @@ def push_encoder(encoder, repo_id: str, *, private: bool | None = None, token: s
     return record
 
 
-__all__ = ["DEFAULT_COMMIT_MESSAGE", "Upload", "check_model_folder", "check_repo_id", "dry_run", "list_upload",
-           "open_listed", "open_model_folder", "plan_upload", "PublishedFolder",
-           "push_encoder", "push_folder", "upload_files"]
+__all__ = ["DEFAULT_COMMIT_MESSAGE", "Upload", "check_repo_id", "dry_run", "list_upload", "open_listed",
+           "open_model_folder", "plan_upload", "PublishedFolder", "push_encoder", "push_folder"]

@@ -72,13 +72,9 @@ POOLING_NAMES = {
     "mean": "the attention-masked mean of the last layer's token vectors",
     "first-last": "the attention-masked mean of the average of the first and the last layer's token vectors",
 }
-# Settings shown in the card, in this order, when the run recorded them.
-SETTING_KEYS = (
-    "preset", "loss", "temperature", "mask_span", "mask_unit", "mask_min_chars", "dropout", "drophead",
-    "controlled_dropout", "pooling",
-    "max_length", "batch_size", "lr", "weight_decay", "schedule", "warmup_steps", "max_grad_norm", "epochs",
-    "steps", "seed", "precision",
-)
+# The training record's list of the settings the card shows, in order: the trainer writes its config's `card`
+# fields there (settings.fields.card_names), so the card names no trainer's options itself.
+CARD_SETTINGS = "card_settings"
 # Framework versions, as sentence-transformers' card names them (mirrorbert.json's `versions` keys).
 VERSION_NAMES = (("python", "Python"), ("mirrorbert", "mirrorbert"), ("sentence_transformers", "Sentence Transformers"),
                  ("transformers", "Transformers"), ("torch", "PyTorch"), ("tokenizers", "Tokenizers"))
@@ -317,7 +313,9 @@ def _training_section(info: dict[str, Any], config: dict[str, Any], data: dict[s
                        ("wall_time_s", "wall time (s)"), ("device", "device")):
         if info.get(key) is not None:
             lines.append(f"- {label}: {info[key]}")
-    settings = [(k, config[k]) for k in SETTING_KEYS if k in config and config[k] is not None]
+    keys = info.get(CARD_SETTINGS)
+    keys = [k for k in keys if isinstance(k, str)] if isinstance(keys, list) else []
+    settings = [(k, config[k]) for k in keys if k in config and config[k] is not None]
     if settings:
         lines += ["", "Settings (the resolved configuration; all of it is in `mirrorbert.json`):", "",
                   "| setting | value |", "|---|---|"]
@@ -371,9 +369,10 @@ def _usage_section(name: str, pooling: str, dim: Any) -> list[str]:
         pooled,
         "```", "", "### Direct Usage (mirrorbert)", "", "```python",
         "from mirrorbert import Encoder",
+        "from mirrorbert.search import search",
         "",
         f"encoder = Encoder.load({str(name)!r})",
         'vectors = encoder.encode(["a sentence", "another one"])',
-        'hits = encoder.search("a query", ["first entry", "second entry"], top_k=1)',
+        'hits = search(encoder, "a query", ["first entry", "second entry"], top_k=1)',
         "```",
     ]

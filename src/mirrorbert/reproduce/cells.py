@@ -8,7 +8,6 @@ cells that can run here, plus the parts that cannot, each with what it needs. Ce
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -262,7 +261,7 @@ def build_cells(
         en_words=en_words, word_train={"preset": "word", **en_words, **limit} if en_words else None,
     )
     for exp in experiments:
-        if exp not in EXPERIMENT_CELLS:  # validated at the edge; kept for safety
+        if exp not in EXPERIMENT_CELLS:  # a caller's bug: the command line refuses unknown experiments first
             raise ValueError(f"unknown experiment {exp}")
         EXPERIMENT_CELLS[exp](ctx, exp)
     ids = [c.id for c in ctx.cells]
@@ -533,7 +532,3 @@ EXPERIMENT_CELLS = {
     "gr-sts": _gr_sts_cells,
     "gr-supervised": _gr_supervised_cells,
 }
-
-
-def cells_json(cells: list[Cell]) -> str:
-    return json.dumps([c.spec() for c in cells], indent=1)  # key, not output

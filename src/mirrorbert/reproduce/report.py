@@ -185,19 +185,7 @@ def results_json(run: ReproduceResult, cells: dict[str, dict[str, Any]], version
 
 def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: dict[str, str], data_dir: Path,
              plots: dict[str, Path], out: Path) -> str:
-    compare = run.base_model is not None
-    lines = [f"# Reproduction report: `{run.config.model}`", ""]
-    lines += [f"- command: `{run.config.command or 'mirrorbert reproduce'}`",
-              f"- papers: {run.config.paper}; seeds: {', '.join(map(str, run.config.seeds))}"
-              + ("; **--quick smoke test: not a result**" if run.config.quick else ""),
-              "- base model: " + (f"**{run.base_model}**, one of the paper's: cells show ours | paper | Δ"
-                                   if compare else "not one of the paper's base models (bert-base-uncased, roberta-base, "
-                                   "mBERT, PubMedBERT at base size): ours only"),
-              f"- data directory: `{data_dir}`",
-              "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-              f"- {run.computed} cell runs computed now, {len(run.results) - run.computed} reused from the cache; "
-              f"this run took {run.wall_s:.0f} s",
-              "- values x100; the paper's numbers come from `paper_numbers.json` (source and table of each)", ""]
+    lines = _header(run, versions, data_dir)
     failed = [r for r in run.results if r.status == "error"]
     if failed:
         lines += ["## Failed cells", "", "Not cached: rerun the same command to try them again.", ""]
@@ -208,47 +196,75 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
     experiments = list(dict.fromkeys(e["experiment"] for e in cells.values()))
     experiments += [s.experiment for s in run.skipped if s.experiment not in experiments]
     for exp in dict.fromkeys(experiments):
-        table, title = EXPERIMENT_INFO.get(exp, ("", exp))
-        lines += [f"## {title} ({table})", ""]
-        rows = [(cid, e) for cid, e in cells.items() if e["experiment"] == exp]
-        if rows:
-            lines += _compare_table(rows) if compare else _wide_table(rows)
-            lines.append("")
-            notes = list(dict.fromkeys(f"{cid}: {e['data_note']}" for cid, e in rows if e["data_note"]))
-            if notes:
-                lines += ["Tuned on:", ""] + [f"- {n}" for n in notes] + [""]
-        parts = list(dict.fromkeys(part for _, e in rows for part in e["skipped"]))
-        missing = [s for s in run.skipped if s.experiment == exp]
-        if parts or missing:
-            lines += ["Skipped:", ""]
-            if parts:
-                lines.append(f"- evaluation sets absent: {', '.join(parts)} (see [Skipped data](#skipped-data))")
-            lines += [f"- {s.what}: needs {s.needs}" for s in missing]
-            lines.append("")
-        for cid, e in rows:
-            for label, rel in e["artifacts"].items():
-                if (out / rel).is_file():
-                    lines += [f"![{cid}: {label}]({Path(rel).as_posix()})", ""]
-                else:  # a cell cached by another run keeps its plot there: say so rather than embed a broken image
-                    lines += [f"- {cid}: {label}: `{Path(rel).as_posix()}` is not in this folder (the cell came "
-                              f"from a cache written by another run)", ""]
-        if exp in plots:
-            lines += [f"![{title}]({os.path.relpath(plots[exp], out)})", ""]
+        lines += _experiment(run, exp, [(cid, e) for cid, e in cells.items() if e["experiment"] == exp], plots, out)
     absent = dict(kv for e in cells.values() for kv in e["skipped"].items())
     if absent:
         lines += ["## Skipped data", ""] + [f"- **{k}**: {v}" for k, v in absent.items()] + [""]
-    lines += ["## Cell details", "", "Estimated s: printed before the cell ran (measured throughput x the cell's work).", "",
-              "| cell | seeds | estimated s | wall s | cached | data (sha256) | commands |", "|---|---|---:|---:|---|---|---|"]
+    lines += _cell_details(cells)
+    lines += ["", "## Paper numbers not recorded", ""]
+    lines += [f"- {u['what']}: {u['why']}" for u in load_paper_numbers()["unverified"]]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _header(run: ReproduceResult, versions: dict[str, str], data_dir: Path) -> list[str]:
+    lines = [f"# Reproduction report: `{run.config.model}`", ""]
+    lines += [f"- command: `{run.config.command or 'mirrorbert reproduce'}`",
+              f"- papers: {run.config.paper}; seeds: {', '.join(map(str, run.config.seeds))}"
+              + ("; **--quick smoke test: not a result**" if run.config.quick else ""),
+              "- base model: " + (f"**{run.base_model}**, one of the paper's: cells show ours | paper | Δ"
+                                   if run.base_model is not None else "not one of the paper's base models "
+                                   "(bert-base-uncased, roberta-base, mBERT, PubMedBERT at base size): ours only"),
+              f"- data directory: `{data_dir}`",
+              "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+              f"- {run.computed} cell runs computed now, {len(run.results) - run.computed} reused from the cache; "
+              f"this run took {run.wall_s:.0f} s",
+              "- values x100; the paper's numbers come from `paper_numbers.json` (source and table of each)", ""]
+    return lines
+
+
+def _experiment(run: ReproduceResult, exp: str, rows: list[tuple[str, dict[str, Any]]], plots: dict[str, Path],
+                out: Path) -> list[str]:
+    """One experiment's section: its table, the data it tuned on, what was skipped, and its plots."""
+    table, title = EXPERIMENT_INFO.get(exp, ("", exp))
+    lines = [f"## {title} ({table})", ""]
+    if rows:
+        lines += _compare_table(rows) if run.base_model is not None else _wide_table(rows)
+        lines.append("")
+        notes = list(dict.fromkeys(f"{cid}: {e['data_note']}" for cid, e in rows if e["data_note"]))
+        if notes:
+            lines += ["Tuned on:", ""] + [f"- {n}" for n in notes] + [""]
+    parts = list(dict.fromkeys(part for _, e in rows for part in e["skipped"]))
+    missing = [s for s in run.skipped if s.experiment == exp]
+    if parts or missing:
+        lines += ["Skipped:", ""]
+        if parts:
+            lines.append(f"- evaluation sets absent: {', '.join(parts)} (see [Skipped data](#skipped-data))")
+        lines += [f"- {s.what}: needs {s.needs}" for s in missing]
+        lines.append("")
+    for cid, e in rows:
+        for label, rel in e["artifacts"].items():
+            if (out / rel).is_file():
+                lines += [f"![{cid}: {label}]({Path(rel).as_posix()})", ""]
+            else:  # a cell cached by another run keeps its plot there: say so rather than embed a broken image
+                lines += [f"- {cid}: {label}: `{Path(rel).as_posix()}` is not in this folder (the cell came "
+                          f"from a cache written by another run)", ""]
+    if exp in plots:
+        lines += [f"![{title}]({os.path.relpath(plots[exp], out)})", ""]
+    return lines
+
+
+def _cell_details(cells: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["## Cell details", "", "Estimated s: printed before the cell ran (measured throughput x the cell's work).",
+             "", "| cell | seeds | estimated s | wall s | cached | data (sha256) | commands |",
+             "|---|---|---:|---:|---|---|---|"]
     for cid, e in cells.items():
         data = "<br>".join(f"{k} `{v[:12]}`" for k, v in e["data"].items())
         cmds = "<br>".join(f"`{c}`" for c in e["commands"])
         seeds = ",".join("-" if s is None else str(s) for s in e["seeds"])
         est = "-" if e["est_s"] is None else f"{e['est_s']:.1f}"
         lines.append(f"| {cid} | {seeds} | {est} | {e['wall_s']:.1f} | {'yes' if e['cached'] else 'no'} | {data} | {cmds} |")
-    lines += ["", "## Paper numbers not recorded", ""]
-    lines += [f"- {u['what']}: {u['why']}" for u in load_paper_numbers()["unverified"]]
-    lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def write_report(run: ReproduceResult, data_dir: Path, out: Path, versions: dict[str, str]) -> Path:

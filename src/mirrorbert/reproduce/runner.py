@@ -18,6 +18,7 @@ import os
 import stat
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, asdict, fields
 from pathlib import Path
@@ -378,7 +379,7 @@ def _run_cell(ctx: _Context, cell: Cell, seed: int | None, key: str) -> CellResu
     return result
 
 
-class _Plan:
+class _JobPlan:
     """Per-cell time estimates (see estimate.py); cells whose work cannot be counted (GR-BERT pre-training,
     lexical substitution, STS-B fine-tuning) take the mean time of the computed cells of their experiment."""
 
@@ -407,10 +408,10 @@ class _Plan:
             self.estimator.record([(kind, p, measured[kind.split(":")[0]]) for kind, p in self.predictions.get(i, [])])
 
 
-def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], progress: Callable[[str], None]) -> _Plan:
+def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], progress: Callable[[str], None]) -> _JobPlan:
     """Count each pending cell's work and measure this machine's throughput on it (a few seconds)."""
     if not todo:
-        return _Plan(jobs, None, {})
+        return _JobPlan(jobs, None, {})
     from mirrorbert.mirror.config import resolve_config
     from mirrorbert.reproduce.estimate import Estimator, warm_up
 
@@ -447,7 +448,7 @@ def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], p
     total = [estimator.estimate(p) for p in predictions.values()]
     progress(f"estimated {_fmt_s(sum(t for t in total if t is not None))} for {len(predictions)} cell runs "
              f"(throughput measured here in {time.perf_counter() - start:.0f} s)")
-    return _Plan(jobs, estimator, predictions)
+    return _JobPlan(jobs, estimator, predictions)
 
 
 def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = None) -> ReproduceResult:
@@ -481,7 +482,7 @@ def output_folder(cfg: ReproduceConfig, data_dir: Path) -> Iterator[Path]:
     A new or empty folder is claimed (its marker says "reproduce"); a folder whose marker says it is a
     reproduce output, holding nothing mirrorbert did not write, is continued (its cells are the cache);
     anything else needs --overwrite, which replaces only a folder mirrorbert wrote. The marker lists
-    the files written; it is brought up to date after every cell (see `safety.record_files`).
+    the files written; it is brought up to date after every cell (`record_files`).
     """
     from mirrorbert.safeguards.writes import discard_folder, mark_folder, read_marker, record_files
 
@@ -500,11 +501,27 @@ def output_folder(cfg: ReproduceConfig, data_dir: Path) -> Iterator[Path]:
             record_files(out, REPRODUCE_KIND)
 
 
+def _estimate_note(est: float | None, left: float | None) -> str:
+    """` (est. 2 min; about 1 h left after it)` for a cell's progress line, or nothing without an estimate."""
+    parts = ([f"est. {_fmt_s(est)}"] if est is not None else []) + \
+        ([f"about {_fmt_s(left)} left after it"] if left is not None else [])
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _cache_result(out: Path, path: Path, result: CellResult) -> None:
+    """A computed cell's result written into the output's cache, claimed in its marker before it is written."""
+    from mirrorbert.safeguards.writes import claim_files, record_files
+
+    claim_files(out, [path.relative_to(out).as_posix()], REPRODUCE_KIND)
+    _write_json(path, asdict(result))
+    record_files(out, REPRODUCE_KIND)
+
+
 def _reproduce(cfg: ReproduceConfig, experiments: list[str], data_dir: Path, out: Path,
                progress: Callable[[str], None], model_config: Any = None) -> ReproduceResult:
     from mirrorbert.reproduce.report import write_report
     from mirrorbert.reporting.metrics import library_versions
-    from mirrorbert.safeguards.writes import claim_files, record_files
+    from mirrorbert.safeguards.writes import record_files
 
     quick = QuickLimits() if cfg.quick else None
     if quick:  # every evaluation set cut to its first lines: a smoke test, not the paper's numbers
@@ -520,10 +537,7 @@ def _reproduce(cfg: ReproduceConfig, experiments: list[str], data_dir: Path, out
     jobs = [(c, s) for c in cells for s in (cfg.seeds if c.seeded else (None,))]
     if not cfg.report_only:
         preflight(ctx, jobs, model_config)
-    users: dict[Path, int] = {}
-    for c, s in jobs:
-        if c.train is not None:
-            users[ctx.trained_model_dir(c, s)] = users.get(ctx.trained_model_dir(c, s), 0) + 1
+    users = Counter(ctx.trained_model_dir(c, s) for c, s in jobs if c.train is not None)  # jobs per trained model
     start = time.perf_counter()
     keys = [cell_hash(ctx, c, s) for c, s in jobs]
     paths = [out / "cells" / f"{c.file_stem}--s{'x' if s is None else s}.json" for c, s in jobs]
@@ -543,18 +557,13 @@ def _reproduce(cfg: ReproduceConfig, experiments: list[str], data_dir: Path, out
                                 message="no cached result (--report-only)")
         else:
             est = plan.estimate(i)
-            left = plan.left_after(i)
-            parts = ([f"est. {_fmt_s(est)}"] if est is not None else []) + \
-                ([f"about {_fmt_s(left)} left after it"] if left is not None else [])
-            progress(f"{label}: running" + (f" ({'; '.join(parts)})" if parts else ""))
+            progress(f"{label}: running" + _estimate_note(est, plan.left_after(i)))
             result = _run_cell(ctx, cell, seed, key)
             result.versions, result.est_s = versions, est
             plan.done(i, result)
             computed += 1
             if result.status != "error":  # a failure is reported, never cached: the next run tries it again
-                claim_files(out, [path.relative_to(out).as_posix()], REPRODUCE_KIND)  # before it is written
-                _write_json(path, asdict(result))
-                record_files(out, REPRODUCE_KIND)
+                _cache_result(out, path, result)
             progress(f"{label}: done in {_fmt_s(result.wall_s)}" + (f" ({result.status}: {result.message})" if result.status != "ok" else ""))
         results.append(result)
         if cell.train is not None and not cfg.keep_models and not cfg.report_only:

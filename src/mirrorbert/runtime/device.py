@@ -65,7 +65,7 @@ def make_grad_scaler(device: torch.device, precision: str):
     return None
 
 
-# --------------------------------------------------------------------------- hardware defaults (issue 9)
+# --------------------------------------------------------------------------- hardware defaults
 # Precision `auto`, native-bf16 detection, threads, TF32, torch.compile and peak memory: one copy for
 # the three trainers so that a plain command is right by default on every machine.
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 flags in /proc/cpuinfo meaning native bf16 matmuls

@@ -19,13 +19,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def worker_init_fn(worker_id: int) -> None:
-    """Give each DataLoader worker its own reproducible seed derived from the torch base seed."""
-    seed = (torch.initial_seed() + worker_id) % (2**32)
-    random.seed(seed)
-    np.random.seed(seed)
-
-
 def derived_generator(seed: int, *stream: int) -> torch.Generator:
     """An independent torch generator for one purpose (e.g. masking in epoch 3), reproducible from the seed."""
     mixed = np.random.SeedSequence([seed, *stream]).generate_state(1, dtype=np.uint64)[0]

@@ -23,26 +23,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.readback import MAX_JSON_DEPTH, json_depth_ok
+from mirrorbert.safeguards.readback import MAX_JSON_DEPTH, NotRegularFile, describe_kind, json_depth_ok, open_checked
 
 # Bounds no real file of its kind comes near; a bigger one is refused before it is read.
 JSON_LIMIT = 256 << 20  # tokenizer.json of a 250k-token vocabulary is about 20 MB
 TEXT_LIMIT = 256 << 20  # vocab.txt, merges.txt, sentencepiece models
 MAX_ENTRIES = 100_000  # entries of one folder looked at
-
-
-def describe_kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    return "not a regular file"
 
 
 def shown(path: Any) -> str:
@@ -153,27 +139,10 @@ class ConfinedFolder:
     def open(self, name: str, limit: int | None = None, named_in: str | None = None) -> int:
         """A read-only descriptor of the regular file `name`, at most `limit` bytes (None: any size)."""
         real = self.resolve(name, named_in)
-        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
         try:
-            fd = os.open(real, flags)
-        except FileNotFoundError:
-            raise self.refuse(name, "no such file", named_in) from None
-        except PermissionError:
-            raise self.refuse(name, "permission denied (the file is not readable)", named_in) from None
-        except OSError as exc:  # ELOOP: the resolved path was swapped for a link since
-            raise self.refuse(name, f"cannot open it ({exc.strerror or type(exc).__name__})", named_in) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise self.refuse(name, f"is {describe_kind(st.st_mode)}, expected a regular file", named_in)
-            if limit is not None and st.st_size > limit:
-                raise self.refuse(name, f"{st.st_size} bytes, more than the {limit} such a file may hold",
-                                  named_in)
-            os.set_blocking(fd, True)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+            return open_checked(real, follow=False, limit=limit)  # a link swapped in since resolve: refused
+        except NotRegularFile as exc:
+            raise self.refuse(name, exc.reason, named_in) from None
 
     def check_file(self, name: str, limit: int | None = None, named_in: str | None = None) -> Path:
         """Check `name` as `open` does without reading it; its real path, for a library to open."""

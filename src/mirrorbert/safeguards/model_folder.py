@@ -12,15 +12,18 @@ naming the file, never a hang, a traceback from a parser, or a read of a file el
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import stat
+import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.confined import JSON_LIMIT, TEXT_LIMIT, ConfinedFolder, describe_kind
+from mirrorbert.safeguards.readback import json_depth_ok
 
 logger = logging.getLogger(__name__)
 
@@ -86,27 +89,42 @@ class ModelFolder:
         return self.json.get(name, default)
 
 
-def _check_safetensors(folder: ConfinedFolder, name: str) -> None:
-    import json
-    import struct
-
-    with os.fdopen(folder.open(name), "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        head = fh.read(8)
-        if len(head) < 8:
-            raise folder.refuse(name, "damaged (shorter than a safetensors header)")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(size - 8, SAFETENSORS_HEADER_LIMIT):
-            raise folder.refuse(name, "damaged (its safetensors header is longer than the file or 100 MB)")
-        raw = fh.read(n)
-    from mirrorbert.safeguards.readback import json_depth_ok
-
+def safetensors_table(fh: BinaryIO) -> tuple[dict[str, Any], int]:
+    """(the tensor table: name -> dtype, shape, offsets; the bytes the file must hold for it) of an open
+    safetensors file, read from its header only; a ValueError (or the parser's KeyError, TypeError, ...:
+    `SAFETENSORS_DAMAGE`) says what is wrong. A file shorter than its table needs is truncated."""
+    size = os.fstat(fh.fileno()).st_size
+    head = fh.read(8)
+    if len(head) < 8:
+        raise ValueError("shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", head)
+    if n > min(size - 8, SAFETENSORS_HEADER_LIMIT):
+        raise ValueError("header longer than the file or 100 MB")
+    raw = fh.read(n)
     if not json_depth_ok(raw):
-        raise folder.refuse(name, "damaged (its safetensors header nests too deep)")
-    try:
-        json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise folder.refuse(name, "damaged (not a valid safetensors header)") from None
+        raise ValueError("header nested too deep")
+    header = json.loads(raw.decode("utf-8"))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a table of tensors")
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
+    for v in tensors.values():
+        [int(d) for d in v["shape"]]
+    return tensors, 8 + n + end
+
+
+# What `safetensors_table` raises for a damaged header.
+SAFETENSORS_DAMAGE = (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError, RecursionError)
+
+
+def _check_safetensors(folder: ConfinedFolder, name: str) -> None:
+    """The header of a weight file parses (truncation is the preflight's to word, with the sizes)."""
+    with os.fdopen(folder.open(name), "rb") as fh:
+        try:
+            safetensors_table(fh)
+        except SAFETENSORS_DAMAGE as exc:
+            reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+            raise folder.refuse(name, f"damaged (not a valid safetensors file: {reason})") from None
 
 
 def _check_file(model: ModelFolder, rel: str) -> None:
@@ -240,4 +258,5 @@ def vet_if_local(name: Any, option: str = "--model", trust_remote_code: bool = F
     return vet_model_folder(name, option, trust_remote_code) if is_local_folder(name) else None
 
 
-__all__ = ["ModelFolder", "is_local_folder", "module_type_allowed", "vet_if_local", "vet_model_folder"]
+__all__ = ["SAFETENSORS_DAMAGE", "ModelFolder", "is_local_folder", "module_type_allowed", "safetensors_table", "vet_if_local",
+           "vet_model_folder"]

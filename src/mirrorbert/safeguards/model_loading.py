@@ -3,7 +3,7 @@
 A model folder (or hub repository) can ask transformers to import Python files it ships: `auto_map` in its
 `config.json` or `tokenizer_config.json` names classes in the folder's own `.py` files. transformers runs them
 when `trust_remote_code=True` and, when the argument is left out, *asks on standard input*, so `yes | mirrorbert
-...` used to run a stranger's code. Every load here:
+...` would run a stranger's code. Every load here:
 
 * passes `trust_remote_code` explicitly (False unless the user gave `--trust-remote-code` on the command line or
   `trust_remote_code=True` in Python), so transformers never prompts;
@@ -29,10 +29,6 @@ from typing import Any
 from mirrorbert.compat import from_pretrained_takes_weights_only
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.model_folder import TRUST_OPTION, summary as _summary
-
-TRUST_HELP = ("run Python code shipped with the model (an auto_map in its config.json or tokenizer_config.json); "
-              "only for a model whose author you trust. Without it such a model is refused; nothing is ever asked "
-              "on standard input")
 
 
 def check_trust_flag(value: Any, option: str = "trust_remote_code") -> bool:

@@ -1,6 +1,6 @@
 """Cheap checks of inputs before the expensive work: model folders, tokenizers, lengths, readable files.
 
-Why a module of its own: loading weights takes seconds to minutes and a wrong `--max-length` used to
+Why a module of its own: loading weights takes seconds to minutes and a wrong `--max-length` would
 crash mid-run, so every command reads the small files (config.json, tokenizer files, the safetensors
 header) first and refuses a bad input with one `UserError` line before any weights are loaded.
 Nothing here imports torch; transformers is imported only when a config or tokenizer is read.
@@ -8,11 +8,9 @@ Nothing here imports torch; transformers is imported only when a config or token
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -222,41 +220,21 @@ def read_safetensors_header(path: Path, option: str = "--model") -> dict[str, An
 
     Header-only integrity check: the data the header promises must be in the file (a truncated download or
     copy fails here, in milliseconds, instead of inside the loader)."""
+    from mirrorbert.safeguards.model_folder import SAFETENSORS_DAMAGE, safetensors_table
     from mirrorbert.safeguards.readback import open_regular
-
-    from mirrorbert.safeguards.readback import json_depth_ok
 
     try:
         with os.fdopen(open_regular(path, option), "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
-            head = fh.read(8)
-            if len(head) < 8:
-                raise ValueError("shorter than a safetensors header")
-            (n,) = struct.unpack("<Q", head)
-            if n > min(size - 8, 100 << 20):
-                raise ValueError("header longer than the file or 100 MB")
-            raw = fh.read(n)
-            if not json_depth_ok(raw):
-                raise ValueError("header nested too deep")
-            header = json.loads(raw.decode("utf-8"))
-        if not isinstance(header, dict):
-            raise ValueError("the header is not a table of tensors")
-        tensors = {k: v for k, v in header.items() if k != "__metadata__"}
-        end = max((int(v["data_offsets"][1]) for v in tensors.values()), default=0)
-        for v in tensors.values():
-            [int(d) for d in v["shape"]]
+            tensors, needed = safetensors_table(fh)
     except PermissionError:
         raise UserError(f"{option}: {path}: permission denied (the file is not readable)") from None
-    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError, RecursionError) as exc:
+    except SAFETENSORS_DAMAGE as exc:
         raise UserError(f"{option}: {path} is damaged (not a valid safetensors file: {first_line(exc)})") from None
-    if 8 + n + end > size:
-        raise UserError(f"{option}: {path} is truncated ({size} bytes, its header needs {8 + n + end}); "
+    if needed > size:
+        raise UserError(f"{option}: {path} is truncated ({size} bytes, its header needs {needed}); "
                         "copy or download it again")
     return tensors
-
-
-def check_safetensors(path: Path, option: str = "--model") -> None:
-    read_safetensors_header(path, option)
 
 
 # Bounds no real model comes near (the largest published encoders and LLMs stay well inside them): a config.json
@@ -391,7 +369,7 @@ def check_weight_files(folder: str | os.PathLike, option: str = "--model") -> No
     if not folder.is_dir():
         return
     for path in sorted(folder.glob("*.safetensors")):
-        check_safetensors(path, option)
+        read_safetensors_header(path, option)
     for path in sorted(folder.glob("*.bin")) + [folder / "config.json"]:
         if path.exists() and not os.access(path, os.R_OK):
             raise UserError(f"{option}: {path}: permission denied (the file is not readable)")
@@ -447,22 +425,28 @@ def load_tokenizer(name: str, option: str = "--model", trust_remote_code: bool =
         raise _load_failure(name, option, "tokenizer files", exc) from None
 
 
-def inspect_model(name: str, option: str = "--model", max_length: int | None = None,
-                  max_length_option: str = "--max-length", need_mask: bool = False,
-                  mask_option: str = "--mask-span", tokenizer_source: str | None = None,
+# The options `inspect_model` names: the model, and a tokenizer taken from elsewhere (pretrain-mlm's --tokenizer).
+MODEL_OPTION = "--model"
+TOKENIZER_OPTION = "--tokenizer"
+
+
+def inspect_model(name: str, max_length: int | None = None, max_length_option: str = "--max-length",
+                  need_mask: bool = False, mask_option: str = "--mask-span", tokenizer_source: str | None = None,
                   config_overrides: dict[str, Any] | None = None, warn_decoder: bool = True,
-                  trust_remote_code: bool = False, tokenizer_option: str | None = None) -> tuple[Any, Any]:
-    """(config, tokenizer) of a model folder or hub id, checked, without loading any weights.
+                  trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """(config, tokenizer) of a model folder or hub id (`--model`), checked, without loading any weights.
 
     Raises UserError for: a folder without config.json or tokenizer files, a config.json or tokenizer file
     that does not load (bad JSON, a wrong type), weights whose shapes disagree with config.json, damaged
     weight files, an empty tokenizer, `max_length` beyond the model's positions, no mask token where masking is asked.
-    Warns once for a decoder-only model.
+    `tokenizer_source`: the tokenizer's own folder or hub id (`--tokenizer`), where it is not the model's.
+    Warns for a decoder-only model unless `warn_decoder` is False.
     """
     from mirrorbert.safeguards.model_loading import check_pickle_weights, check_remote_code
 
+    option = MODEL_OPTION
+    tokenizer_option = TOKENIZER_OPTION if tokenizer_source is not None else MODEL_OPTION
     folder = Path(name)
-    tokenizer_option = tokenizer_option or option
     if folder.is_dir():
         if not (folder / "config.json").exists():
             raise UserError(f"{option} {name}: folder has no config.json (not a Hugging Face model folder)")
@@ -475,8 +459,7 @@ def inspect_model(name: str, option: str = "--model", max_length: int | None = N
         check_remote_code(tokenizer_source, trust_remote_code, tokenizer_option)
     check_model_reachable(name, trust_remote_code, option)
     config = load_config(name, option, config_overrides, trust_remote_code)
-    tokenizer = load_tokenizer(tokenizer_source or name, tokenizer_option if tokenizer_source else option,
-                               trust_remote_code)
+    tokenizer = load_tokenizer(tokenizer_source or name, tokenizer_option, trust_remote_code)
     check_config_sizes(folder, config, option)  # before anything is built from config.json
     if folder.is_dir():
         check_weights_match_config(folder, config, option)

@@ -1,9 +1,11 @@
 """Reading back files mirrorbert did not just write (index folders, caches, manifests): one place for the
 low-level rules every reader of such a file follows.
 
-* `open_regular`: a path must be a regular file, checked on the opened descriptor (opened non-blocking, so a
-  FIFO cannot stall the open; no race between a check and the open): a device such as /dev/zero, a FIFO or a
-  folder is one `UserError` naming it, never an endless read.
+* `open_checked`: a path must be a regular file, checked on the opened descriptor (opened non-blocking, so a
+  FIFO cannot stall the open; no race between a check and the open), of bounded size where asked; the one
+  open of such a file (`open_regular` words its refusal for a path the user named, `ConfinedFolder.open` for
+  a file of a folder, the write policy reads its markers through it): a device such as /dev/zero, a FIFO or
+  a folder is one `UserError` naming it, never an endless read.
 * `read_regular_bytes`: the bytes of such a file, its size bounded before anything is read.
 * `parse_json`: JSON of an untrusted file, its nesting bounded before `json` recurses into it (a file of
   100,000 opening brackets would otherwise end in a RecursionError traceback).
@@ -23,28 +25,65 @@ from mirrorbert.errors import UserError
 MAX_JSON_DEPTH = 64  # JSON nested deeper than this is refused before the parser recurses
 
 
-def open_regular(path: Path, what: str) -> int:
-    """A read-only descriptor of `path`, which must be a regular file: opened non-blocking (a FIFO cannot
-    stall the open) and checked with fstat on the descriptor itself (no race between a check and the open),
-    so a device (/dev/zero), a FIFO or a folder is one error naming it, never an endless read."""
+def describe_kind(mode: int) -> str:
+    """What a file mode is, in words, for a refusal ("a folder", "a FIFO", ...)."""
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    return "not a regular file"
+
+
+class NotRegularFile(Exception):
+    """Why a path did not open as a regular file, in words a refusal completes with the file's name."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def open_checked(path: str | os.PathLike, follow: bool = True, limit: int | None = None) -> int:
+    """A read-only descriptor of the regular file `path`, of at most `limit` bytes (None: any size), or
+    `NotRegularFile` saying why not. Opened non-blocking (a FIFO cannot stall the open) and checked with fstat
+    on the descriptor itself (no race between a check and the open); `follow=False`: a link at `path` is
+    refused, not followed. Every reader of a file mirrorbert did not just write opens it here."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, flags)
     except FileNotFoundError:
-        raise UserError(f"{what} {path}: no such file") from None
+        raise NotRegularFile("no such file") from None
     except IsADirectoryError:
-        raise UserError(f"{what} {path}: is a folder, expected a file") from None
+        raise NotRegularFile("is a folder, expected a file") from None
     except PermissionError:
-        raise UserError(f"{what} {path}: permission denied (the file is not readable)") from None
-    except OSError as exc:
-        raise UserError(f"{what} {path}: cannot open it ({exc.strerror or type(exc).__name__})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+        raise NotRegularFile("permission denied (the file is not readable)") from None
+    except OSError as exc:  # ELOOP: a link where none may be
+        raise NotRegularFile(f"cannot open it ({exc.strerror or type(exc).__name__})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"is {describe_kind(st.st_mode)}, expected a regular file")
+        if limit is not None and st.st_size > limit:
+            raise NotRegularFile(f"{st.st_size} bytes, more than the {limit} such a file may hold")
+        os.set_blocking(fd, True)
+    except BaseException:
         os.close(fd)
-        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
-            "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
-        raise UserError(f"{what} {path}: is {kind}, expected a regular file")
-    os.set_blocking(fd, True)
+        raise
     return fd
+
+
+def open_regular(path: Path, what: str) -> int:
+    """`open_checked` of a path the user named (`what`: its option), a refusal as one `UserError` line:
+    a device (/dev/zero), a FIFO or a folder is one error naming it, never an endless read."""
+    try:
+        return open_checked(path)
+    except NotRegularFile as exc:
+        raise UserError(f"{what} {path}: {exc.reason}") from None
 
 
 def open_text(path: Path, what: str, errors: str = "strict", newline: str | None = None):
@@ -91,21 +130,24 @@ def parse_json(raw: bytes, what: str, path: Path) -> Any:
         raise UserError(f"{what} {path}: damaged (not valid JSON: {reason})") from None
 
 
-def set_aside(root: Path, option: str = "--cache-dir") -> Path:
-    """Rename a damaged cache (or whatever sits at its name) out of the way, to `<name>.damaged-<time>`: a cache
-    read back as untrusted is never used when it fails a check, and never deleted either (it may be evidence)."""
+def set_aside(path: Path, option: str) -> Path:
+    """Rename a damaged cache or checkpoint (or whatever sits at its name) out of the way, to
+    `<name>.damaged-<time>`, and return the new path: what is read back and fails a check is never used again,
+    and never deleted either (it may be evidence). An OSError of the rename (another process set it aside
+    first) is the caller's."""
     import time
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
-        aside = root.with_name(f"{root.name}.damaged-{stamp}" + (f"-{n}" if n else ""))
+        aside = path.with_name(f"{path.name}.damaged-{stamp}" + (f"-{n}" if n else ""))
         if not os.path.lexists(aside):
-            os.rename(root, aside)
+            os.rename(path, aside)
             return aside
-    raise UserError(f"{option} {root.parent}: too many damaged caches set aside for {root.name}; remove them")
+    raise UserError(f"{option} {path.parent}: too many damaged copies set aside for {path.name}; remove them")
 
 
-__all__ = ["MAX_JSON_DEPTH", "json_depth_ok", "open_regular", "open_text", "parse_json", "read_regular_bytes", "set_aside"]
+__all__ = ["MAX_JSON_DEPTH", "NotRegularFile", "describe_kind", "json_depth_ok", "open_checked", "open_regular", "open_text",
+           "parse_json", "read_regular_bytes", "set_aside"]
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22, what: str = "--corpus") -> str:

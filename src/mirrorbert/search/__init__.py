@@ -1,14 +1,16 @@
-"""Nearest-neighbour search: exact chunked top-k and faiss (`exact`), a running exact top-k over a corpus
-encoded a chunk at a time (`streaming`), the approximate IVF index with exact
-rescoring (`approximate`), int8/binary vectors (`quantized`), the persistent index on disk (`index_store`) and
-the read-back of its numpy files, the vectors memory-mapped (`index_files`).
+"""Nearest-neighbour search over vectors of any encoder (an object with `encode`): exact chunked top-k,
+`SearchIndex`, `build_index` and `search` (`exact`, on the primitives of `ranking` and `faiss_backend`), a
+running exact top-k over a corpus encoded a chunk at a time (`streaming`), the approximate IVF index with exact
+rescoring (`approximate`), int8/binary vectors (`quantized`), and the index folder on disk: its writer and
+reader (`index_store`), its manifest and the checks of what it claims (`index_claims`, `fingerprints`), the
+read-back of its numpy files (`index_files`) and of its texts and ids (`index_texts`).
 """
 
 _EXACT = {"search", "SearchIndex", "Hit", "build_index", "cosine_topk", "chunked_topk", "l2_normalize"}
 
 
 def __getattr__(name):
-    # `from mirrorbert.search import search, SearchIndex` keeps working; numpy is imported only when used.
+    # `from mirrorbert.search import search, SearchIndex` works without importing numpy until it is used.
     if name in _EXACT:
         from mirrorbert.search import exact
 

@@ -42,11 +42,13 @@ CODES = "sq8"
 @dataclass
 class IVFParts:
     """What defines an IVF index besides the vectors: centroids [nlist, dim], the 8-bit quantiser's trained
-    ranges (float32, faiss's layout: per-dimension minima then ranges) and each row's list number."""
+    ranges (float32, faiss's layout: per-dimension minima then ranges) and each row's list number; `seed`
+    drew the k-means sample (recorded in an index folder's manifest)."""
     centroids: np.ndarray
     sq_trained: np.ndarray
     lists: np.ndarray
     nprobe: int
+    seed: int = 0
 
     @property
     def nlist(self) -> int:
@@ -114,7 +116,7 @@ def train_ivf(vectors: np.ndarray, nlist: int | None = None, nprobe: int | None 
     for r0 in range(0, rows, ADD_CHUNK):
         lists[r0:r0 + ADD_CHUNK] = index.quantizer.search(_chunk(vectors, r0), 1)[1][:, 0]
     return IVFParts(centroids, faiss.vector_to_array(index.sq.trained).astype(np.float32), lists,
-                    min(nlist, nprobe or default_nprobe(nlist)))
+                    min(nlist, nprobe or default_nprobe(nlist)), seed)
 
 
 def _chunk(vectors: np.ndarray, r0: int) -> np.ndarray:

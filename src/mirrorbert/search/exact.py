@@ -1,4 +1,6 @@
-"""Exact nearest-neighbour search: the one implementation behind `Encoder.search` and the evaluation's retrieval.
+"""Exact nearest-neighbour search: the one implementation behind `search`, `search --corpus` and the evaluation's
+retrieval; `SearchIndex`, a corpus encoded once; `build_index` and `search`, which take any encoder (an object
+with `encode`, such as `mirrorbert.Encoder`).
 
 Entity-linking dictionaries and search corpora reach a million entries, so the query x key score matrix
 is never materialised: queries are processed in blocks and keys in chunks, keeping a running top-k per
@@ -10,52 +12,26 @@ neighbours and scores: both only propose candidates in float32; the final order 
 score per (query, key) pair, ties broken towards the smaller key id, so results do not depend on the
 chunk size, the batch of queries, the BLAS kernel or the CPU.
 
-This module sits at the encoder layer (numpy only; torch and faiss imported when used) so that encoder
-code never imports the evaluation package.
+numpy only at import; torch and faiss are imported when used.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.search.ranking import _pair_scores, _select_topk  # noqa: F401  (shared with approximate.py)
+from mirrorbert.search.faiss_backend import build_faiss_index, faiss_available, wants_faiss
+from mirrorbert.search.ranking import _pair_scores, _select_topk, l2_normalize
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 16384
 DEFAULT_QUERY_BLOCK = 1024
-INDEX_META = "index.json"
-
-
-def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """Rows scaled to unit length (zero rows stay zero) as float32."""
-    x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, eps)
-
-
-def faiss_available() -> bool:
-    try:
-        import faiss  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def wants_faiss(use_faiss: bool | None) -> bool:
-    """True: faiss (an error if missing); None: faiss when importable; False: never."""
-    if use_faiss and not faiss_available():
-        raise UserError("faiss was requested but is not installed: pip install \"mirrorbert[faiss]\"")
-    return bool(use_faiss) or (use_faiss is None and faiss_available())
 
 
 # ------------------------------------------------------------------------------------------ exact top-k
@@ -164,17 +140,6 @@ def _exact_ranking(queries: np.ndarray, keys: np.ndarray, cand_s: np.ndarray, ca
     return out_s, out_i
 
 
-def build_faiss_index(keys: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE):
-    """An exact inner-product faiss index over ``keys`` (added in chunks)."""
-    import faiss
-
-    keys = np.ascontiguousarray(keys, dtype=np.float32)
-    index = faiss.IndexFlatIP(keys.shape[1])
-    for k0 in range(0, keys.shape[0], chunk_size):
-        index.add(keys[k0 : k0 + chunk_size])
-    return index
-
-
 def cosine_topk(queries: np.ndarray, keys: np.ndarray, k: int, **options: Any) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` keys by cosine similarity (inputs need not be normalised); options as `chunked_topk`."""
     return chunked_topk(l2_normalize(queries), l2_normalize(keys), k, **options)
@@ -196,8 +161,8 @@ class Hit(NamedTuple):
 class SearchIndex:
     """L2-normalised corpus vectors with their texts (and a faiss index when faiss is used).
 
-    Corpus ids are row positions. ``save``/``load`` keep the vectors (.npy), the texts (JSON lines) and
-    which model encoded them, so a large corpus is encoded once. ``approximate``: an IVF index
+    Corpus ids are row positions. ``save``/``load`` keep it as an index folder (search/index_store.py: the
+    format `mirrorbert index` writes), so a large corpus is encoded once. ``approximate``: an IVF index
     (search/approximate.py) that proposes candidates instead of a scan, for corpora too large to scan; the
     vectors may then be memory-mapped (only the candidates' rows are read).
     """
@@ -289,72 +254,44 @@ class SearchIndex:
         ]
 
     def save(self, folder: str | Path, overwrite: bool = False) -> Path:
-        """Write vectors.npy, texts.jsonl and index.json into the new folder ``folder``, atomically, through the
-        write policy (safeguards/writes.py): an existing folder (other than an empty one) is replaced only with
-        ``overwrite`` and only when mirrorbert wrote all of it; a file there, or a failed write, is a
-        UserError naming ``folder`` and leaves what was there as it was."""
-        from mirrorbert.safeguards.writes import atomic_output_dir
+        """Write the index into the new folder ``folder`` in the index folder format (vectors.npy, texts.jsonl,
+        ids.npy, the faiss index or the IVF parts, manifest.json with each file's SHA-256), atomically through
+        the write policy (safeguards/writes): an existing folder (other than an empty one) is replaced only
+        with ``overwrite`` and only when mirrorbert wrote all of it; a file there, or a failed write, is a
+        UserError naming ``folder`` and leaves what was there as it was. ``meta``'s model, pooling and
+        max_length are recorded as the manifest's; other entries must be flat (strings, numbers, bools)."""
+        from mirrorbert.search.index_store import save_search_index
 
-        with atomic_output_dir(folder, overwrite=overwrite, kind="index", option="folder") as tmp:
-            np.save(tmp / "vectors.npy", self.vectors)
-            if self.texts is not None:
-                with open(tmp / "texts.jsonl", "w", encoding="utf-8") as fh:
-                    for text in self.texts:
-                        fh.write(jsonio.dumps(text, ensure_ascii=False) + "\n")
-            meta = {**self.meta, "format_version": 1, "size": len(self), "dim": self.dim, "normalized": True}
-            (tmp / INDEX_META).write_text(jsonio.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        return Path(folder)
+        return save_search_index(self, folder, overwrite)
 
     @classmethod
     def load(cls, folder: str | Path, use_faiss: bool | None = None) -> "SearchIndex":
-        """A folder `save` wrote, read as untrusted through `safeguards.confined.ConfinedFolder`: every file
-        inside the folder and regular (a link leading out or a FIFO is refused), index.json bounded, shallow
-        JSON, texts.jsonl one JSON string a line, vectors.npy without pickles."""
-        from mirrorbert.safeguards.confined import ConfinedFolder
+        """An index folder (`save`, `mirrorbert index`), read as untrusted with every check `search --index`
+        makes of its files (search/index_store.py); the vectors memory-mapped, the texts read when a hit needs
+        one. ``use_faiss``: as `search_vectors` (None: the stored faiss or IVF index when faiss is installed)."""
+        from mirrorbert.search.index_store import read_saved_index
 
-        confined = ConfinedFolder(folder, "folder", "saved search index")
-        if not confined.exists(INDEX_META) or not confined.exists("vectors.npy"):
-            raise UserError(f"{folder}: not a saved search index (no {INDEX_META} / vectors.npy)")
-        meta = confined.read_json(INDEX_META, expect=dict, limit=1 << 20)
-        texts = _saved_texts(confined) if confined.exists("texts.jsonl") else None
-        where = Path(folder) / "vectors.npy"
-        fd = confined.open("vectors.npy")  # refused in its own words (a UserError is a ValueError too)
-        try:
-            with os.fdopen(fd, "rb") as fh:  # the .npy reader alone: no pickle, no .npz
-                vectors = np.lib.format.read_array(fh, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as exc:
-            raise UserError(f"{where}: damaged ({str(exc).splitlines()[0][:120]})") from None
-        vectors = as_vectors(vectors, str(where))
-        if texts is not None and len(texts) != len(vectors):
-            raise UserError(f"{Path(folder) / 'texts.jsonl'}: {len(texts)} texts for {len(vectors)} vectors")
-        return cls.from_vectors(vectors, texts, use_faiss=use_faiss, meta=meta, normalize=False)
+        return cls.from_stored(read_saved_index(folder, use_faiss))
 
-
-def _saved_texts(confined) -> list[str]:
-    """texts.jsonl of a saved index: one JSON string a line."""
-    texts = []
-    lines = confined.read_bytes("texts.jsonl", 1 << 34).split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    for lineno, line in enumerate(lines, 1):
-        try:
-            text = json.loads(line.decode("utf-8")) if line.startswith(b'"') else None
-        except ValueError:  # UnicodeDecodeError and JSONDecodeError
-            text = None
-        if not isinstance(text, str):
-            raise UserError(f"{confined.given / 'texts.jsonl'}:{lineno}: damaged (expected a JSON string)")
-        texts.append(text)
-    return texts
+    @classmethod
+    def from_stored(cls, stored) -> "SearchIndex":
+        """A SearchIndex over the parts `index_store.read_index` read from a folder."""
+        return cls(stored.vectors, stored.texts, faiss_index=stored.faiss_index, meta=dict(stored.meta),
+                   approximate=stored.approximate)
 
 
 def build_index(encoder, corpus: Sequence[str], *, batch_size: int = 64, use_faiss: bool | None = None,
                 show_progress: bool = False) -> SearchIndex:
-    """Encode and L2-normalise ``corpus`` with ``encoder`` (anything with ``encode``) into a SearchIndex."""
+    """Encode and L2-normalise ``corpus`` with ``encoder`` (anything with ``encode``, such as
+    `mirrorbert.Encoder`) into a SearchIndex; its meta records the encoder's source, pooling and max_length
+    where it has them (what `SearchIndex.save` writes into the manifest)."""
     corpus = check_texts(corpus, "corpus")
     if not corpus:
         raise UserError("the search corpus is empty")
     vectors = encoder.encode(corpus, batch_size=batch_size, normalize=True, show_progress=show_progress)
-    meta = {"model": getattr(encoder, "source", None), "pooling": getattr(encoder, "pooling", None)}
+    meta = {name: getattr(encoder, attribute) for name, attribute in
+            (("model", "source"), ("pooling", "pooling"), ("max_length", "max_length"))
+            if getattr(encoder, attribute, None) is not None}
     return SearchIndex.from_vectors(vectors, corpus, use_faiss=use_faiss, meta=meta)
 
 
@@ -406,8 +343,11 @@ def search(encoder, queries: str | Sequence[str], corpus_or_index: SearchIndex |
            batch_size: int = 64, use_faiss: bool | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
            show_progress: bool = False, quantize: str = "float32",
            nprobe: int | None = None) -> list[Hit] | list[list[Hit]]:
-    """The ``top_k`` corpus entries nearest (cosine) to each query; one list of hits for a single string.
-    ``nprobe``: an approximate index's lists scanned per query (`SearchIndex.search_vectors`)."""
+    """The ``top_k`` corpus entries nearest (cosine) to each query, encoded with ``encoder`` (anything with
+    ``encode``, such as `mirrorbert.Encoder`): per query a list of Hit(corpus_id, text, score), best first
+    (ties: smaller id); one list of hits for a single string. ``corpus_or_index``: a SearchIndex, or strings
+    (encoded here, as `build_index` does). ``nprobe``: an approximate index's lists scanned per query
+    (`SearchIndex.search_vectors`)."""
     check_top_k(top_k)
     if quantize != "float32":
         from mirrorbert.search.quantized import SEARCH_QUANTIZATIONS, check_quantization

@@ -91,14 +91,20 @@ def open_vectors(folder: ConfinedFolder, rows: int, dim: int, expected_sha256: s
     return vectors
 
 
+def read_checked(folder: ConfinedFolder, name: str, expected_sha256: str | None, limit: int) -> bytes:
+    """A file of the index, whole: its size bounded, its SHA-256 (when recorded) matched before it is parsed."""
+    raw = folder.read_bytes(name, limit)
+    if expected_sha256 is not None and hashlib.sha256(raw).hexdigest() != expected_sha256:
+        raise damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
+    return raw
+
+
 def read_small_npy(folder: ConfinedFolder, name: str, expected_sha256: str | None, dtype: str, shape: tuple,
                    noun: str) -> np.ndarray:
     """A small array file of the index, whole: size bounded by its shape, SHA-256 matched (when recorded)
     before parsing, header and length checked."""
     itemsize = np.dtype(dtype).itemsize
-    raw = folder.read_bytes(name, 4096 + int(np.prod(shape)) * itemsize)
-    if expected_sha256 is not None and hashlib.sha256(raw).hexdigest() != expected_sha256:
-        raise damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
+    raw = read_checked(folder, name, expected_sha256, 4096 + int(np.prod(shape)) * itemsize)
     buffer = io.BytesIO(raw)
     _check_layout(folder, name, npy_header(buffer, folder, name), dtype, shape, noun)
     need = int(np.prod(shape)) * itemsize
@@ -143,8 +149,8 @@ def read_ivf_parts(folder: ConfinedFolder, rows: int, dim: int, ivf: dict, files
     if bad.size:
         raise damaged(folder, IVF_FILES[2], f"entry {bad[0]} is {lists[bad[0]]}, not a list number "
                                             f"(0 to {nlist - 1}, manifest.json's nlist)")
-    return IVFParts(centroids, sq, lists, ivf["nprobe"])
+    return IVFParts(centroids, sq, lists, ivf["nprobe"], ivf["seed"])
 
 
-__all__ = ["IVF_FILES", "damaged", "npy_header", "open_member", "open_vectors", "read_ids_npy", "read_ivf_parts",
-           "read_small_npy"]
+__all__ = ["IVF_FILES", "damaged", "npy_header", "open_member", "open_vectors", "read_checked", "read_ids_npy",
+           "read_ivf_parts", "read_small_npy"]

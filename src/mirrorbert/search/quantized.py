@@ -110,10 +110,4 @@ def hits_as_arrays(results: list[list[dict]], n_queries: int, k: int) -> tuple[n
     return scores, ids
 
 
-def recall_at_k(reference_ids: np.ndarray, ids: np.ndarray) -> float:
-    """Mean share of the reference top-k found in the approximate top-k (order ignored)."""
-    shares = [len(set(r.tolist()) & set(a.tolist())) / max(1, len(r)) for r, a in zip(reference_ids, ids)]
-    return float(np.mean(shares)) if shares else 0.0
-
-
-__all__ = ["hits_as_arrays", "quantize", "quantized_topk", "recall_at_k", "st_quantization"]
+__all__ = ["hits_as_arrays", "quantize", "quantized_topk", "st_quantization"]

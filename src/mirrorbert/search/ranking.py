@@ -1,10 +1,17 @@
-"""The ranking primitives exact and approximate search share: float64 scores per (query, key) pair and the
-top-k by score then smaller id. A module of their own so that `exact` (which builds approximate indexes for
-`SearchIndex`) and `approximate` (which rescores with them) do not import each other."""
+"""The ranking primitives every search path shares: unit-length rows, float64 scores per (query, key) pair and
+the top-k by score then smaller id. A module of their own so that `exact` (which builds approximate indexes for
+`SearchIndex`), `approximate` (which rescores with them) and the index folder's reader do not import each other."""
 
 from __future__ import annotations
 
 import numpy as np
+
+
+def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero) as float32."""
+    x = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, eps)
 
 
 def _select_topk(scores: np.ndarray, index: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,8 +10,6 @@ rows' vectors (1,000 queries x 10 x 768: 31 MB) plus one chunk's vectors.
 
 from __future__ import annotations
 
-from typing import Iterable
-
 import numpy as np
 
 from mirrorbert.search.exact import Hit, chunked_topk, l2_normalize
@@ -56,12 +54,4 @@ class RunningTopK:
                 for row_s, row_i in zip(scores, self.ids)]
 
 
-def stream_topk(queries: np.ndarray, chunks: Iterable[tuple[np.ndarray, list[str] | None]], k: int) -> list[list[Hit]]:
-    """`RunningTopK` over (vectors, texts) chunks: the hits of an exact search over their concatenation."""
-    running = RunningTopK(queries, k)
-    for vectors, texts in chunks:
-        running.add(vectors, texts)
-    return running.hits()
-
-
-__all__ = ["RunningTopK", "stream_topk"]
+__all__ = ["RunningTopK"]

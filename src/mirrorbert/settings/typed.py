@@ -13,6 +13,7 @@ import typing
 from typing import Any
 
 from mirrorbert.errors import UserError
+from mirrorbert.settings.fields import flag_of
 
 _NONE = type(None)
 
@@ -117,16 +118,15 @@ def check_types(instance, where: str | None = None) -> None:
             setattr(instance, key, checked)
 
 
-def check_finite_numbers(instance, options: dict[str, str] | None = None) -> None:
+def check_finite_numbers(instance) -> None:
     """Every number of a config finite: `--lr nan` parses as a float and would train to NaN without a word.
-    `options` maps a field to its option where the two are spelt differently (`lam` -> `--lambda`)."""
+    The message names the option as typed (a field's `flag`, such as `--lambda` for `lam`)."""
     import math
 
-    for key in field_types(type(instance)):
-        value = getattr(instance, key)
+    for f in dataclasses.fields(instance):
+        value = getattr(instance, f.name)
         if isinstance(value, float) and not math.isfinite(value):
-            option = (options or {}).get(key, "--" + key.replace("_", "-"))
-            raise UserError(f"{option}: must be a finite number, not {value}")
+            raise UserError(f"{flag_of(f)}: must be a finite number, not {value}")
 
 
 __all__ = ["check_finite_numbers", "check_types", "coerce_mapping", "coerce_value"]

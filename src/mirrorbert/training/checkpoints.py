@@ -12,7 +12,6 @@ import hashlib
 import logging
 import os
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -22,9 +21,9 @@ import torch
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.confined import ConfinedFolder
-from mirrorbert.safeguards.readback import stream_sha256
-from mirrorbert.safeguards.writes import (MARKER, checkpoint_stray, fix_folder_mode, guard_run, make_temporary,
-                                          mark_folder, remove_tree, write_errors, write_json_atomic)
+from mirrorbert.safeguards.readback import set_aside, stream_sha256
+from mirrorbert.safeguards.writes import (MARKER, RunPaths, checkpoint_stray, fix_folder_mode, guard_run,
+                                          make_temporary, mark_folder, remove_tree, write_errors, write_json_atomic)
 from mirrorbert.runtime.randomness import rng_state, set_rng_state
 from mirrorbert.training.state_format import load_legacy_pt, load_state, save_state
 
@@ -192,12 +191,10 @@ def newest_intact(root: str | os.PathLike, set_aside: bool = False) -> tuple[Pat
 
 def set_aside_damaged(folder: Path) -> Path | None:
     """Rename a damaged checkpoint out of the `step-N` namespace (kept for inspection); None if it is gone."""
-    aside = folder.with_name(f"{folder.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     try:
-        os.replace(folder, aside)
+        return set_aside(folder, "--checkpoint-dir")
     except OSError:  # another process of the job set it aside first, or the folder is read-only
         return None
-    return aside
 
 
 def is_named_checkpoint(path: Path) -> bool:
@@ -243,9 +240,10 @@ def check_checkpoint_root(root: str | os.PathLike, resuming: bool, overwrite: bo
 
 def guard_training_run(stack, *, checkpoint_dir: str | os.PathLike | None = None, resuming: bool = False,
                        overwrite: bool, checkpoint_option: str = "--checkpoint-dir", **kwargs) -> None:
-    """`safety.guard_run` (path rules, writability, locks) plus the checkpoint folder's run rule, before any work."""
-    guard_run(stack, checkpoint_dir=checkpoint_dir, resuming=resuming, overwrite=overwrite,
-              checkpoint_option=checkpoint_option, **kwargs)
+    """`safeguards.writes.guard_run` (path rules, writability, locks) plus the checkpoint folder's run rule, before
+    any work."""
+    guard_run(stack, RunPaths(checkpoint_dir=checkpoint_dir, checkpoint_option=checkpoint_option, **kwargs),
+              overwrite=overwrite, resuming=resuming)
     if checkpoint_dir is not None and int(os.environ.get("RANK", "0") or 0) == 0:  # rank 0 holds the lock
         check_checkpoint_root(checkpoint_dir, resuming=resuming, overwrite=overwrite, option=checkpoint_option)
 
@@ -286,9 +284,11 @@ class CheckpointManager:
     """Writes `root/step-N/{model/, training_state.{safetensors,json}, checkpoint.json}` atomically and keeps the
     newest few."""
 
-    def __init__(self, root: str | Path, keep: int = 2):
+    def __init__(self, root: str | Path, keep: int = 2, every: int = 0, at_end: bool = False):
         self.root = Path(root)
         self.keep = keep
+        self.every = every  # a checkpoint every N steps (0: none on a schedule)
+        self.at_end = at_end  # one at the end of the run and whenever the method says one is due (epoch ends)
 
     def save(
         self,

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 class Method(Protocol):
     """What a training method gives the engine (duck-typed; the three trainers each define one)."""
 
+    total_steps: int
     optimizer: torch.optim.Optimizer
     scheduler: Any
     scaler: Any
@@ -115,31 +116,32 @@ class _NoTimer:
 
 
 class Engine:
-    def __init__(self, method: Method, *, total_steps: int, checkpoints: CheckpointManager, save_every: int,
-                 checkpointing: bool, step: int = 0, last_checkpoint: Path | None = None,
-                 stop_at: int | None = None, dist=None, desc: str = "train", show_progress: bool = True,
-                 timer=None):
+    """The loop over one `Method`; `checkpoints` says where, how often (`every`) and whether at the end."""
+
+    def __init__(self, method: Method, *, total_steps: int, checkpoints: CheckpointManager, stop_at: int | None = None,
+                 dist=None, desc: str = "train", show_progress: bool = True, timer=None):
         self.method, self.total_steps, self.checkpoints = method, total_steps, checkpoints
-        # wall time per phase (steps, checkpoint, save), nested phases counted once (phases.PhaseTimer)
-        self.timer = timer or _NoTimer()
-        self.save_every, self.checkpointing = save_every, checkpointing
-        self.step, self.last_checkpoint = step, last_checkpoint
+        self.timer = timer or _NoTimer()  # wall time per phase (steps, checkpoint, save): reporting/timing.py
+        self.save_every, self.checkpointing = checkpoints.every, checkpoints.at_end
+        self.step, self.last_checkpoint = 0, None
         self.stop_at = total_steps if stop_at is None else min(total_steps, stop_at)
         self.dist = dist or _SingleProcess()
         self.desc, self.show_progress = desc, show_progress
         self.resumed_from: Path | None = None
 
+    def resume_at(self, step: int, checkpoint: Path) -> None:
+        """Continue from `checkpoint`, written after `step` steps (its training state restored by the caller)."""
+        self.step, self.last_checkpoint, self.resumed_from = step, checkpoint, checkpoint
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> Outcome:
         from mirrorbert.reporting.progress import progress_bar
 
-        # a run that starts past step 0 from a checkpoint resumes it (the methods set both before running)
-        self.resumed_from = self.last_checkpoint if self.step and self.last_checkpoint is not None else None
         progress = progress_bar(total=self.total_steps, initial=self.step, show=self.show_progress and self.dist.is_main,
                                 desc=self.desc, unit="step")
         agreed = NO_SIGNAL
         # The flag is outermost: inside it a SIGTERM only sets the flag, also while the checkpoint of an
-        # interrupted run is written (a second SIGTERM there once killed rank 0 mid-write). The guard
+        # interrupted run is written (a second SIGTERM must not kill rank 0 mid-write). The guard
         # turns a failed collective into one line naming the last good checkpoint.
         with InterruptFlag() as interrupt, self.dist.failure_guard(lambda: self.last_checkpoint, interrupt):
             try:

@@ -1,7 +1,7 @@
 """Training state without pickle: tensors in safetensors, everything else in JSON.
 
-A checkpoint's optimiser moments, scheduler, grad-scaler and RNG state used to be one `torch.save` pickle, and
-reading a pickle runs whatever code it names. Now `save_state` writes two files: `NAME.safetensors` (every
+Reading a pickle runs whatever code it names, so a checkpoint's optimiser moments, scheduler, grad-scaler and
+RNG state are never one: `save_state` writes two files: `NAME.safetensors` (every
 tensor and numpy array) and `NAME.json` (the structure: dicts, lists, tuples, numbers, text, and a reference
 `{"__tensor__": key}` where a tensor was). Neither format can carry code. `load_state` rebuilds the exact
 object (int dict keys, tuples, non-finite floats and dtypes included), so a resumed run is bit-exact.

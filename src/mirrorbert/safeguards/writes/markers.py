@@ -1,0 +1,251 @@
+"""Markers: how mirrorbert proves it wrote every file of a folder before it replaces or removes it.
+
+A folder's marker (`MARKER`, JSON) lists the files mirrorbert wrote there with their size and SHA-256; a
+`step-N` checkpoint (or `best-model`) proves its files the same way through its manifest. A folder holding
+any other file, a listed file whose content no longer matches, or one listed without a digest, is not
+provably mirrorbert's; a folder without a marker never is (what a file says about itself is not proof).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any, Iterable
+
+import mirrorbert.jsonio as jsonio
+from mirrorbert.safeguards.readback import NotRegularFile, json_depth_ok, open_checked
+from mirrorbert.safeguards.writes.paths import OWN_TEMPORARY, PathLike, locate
+from mirrorbert.safeguards.writes.removal import remove_tree
+from mirrorbert.safeguards.writes.temporaries import remove_stale_temporaries, replace_file, set_aside_name
+
+# Written into every folder this tool creates (trained models, MLM/GR outputs, plot folders, reproduce outputs).
+MARKER = ".mirrorbert-output"
+MARKER_FORMAT = 1
+# The marker's kind of a `reproduce` output: such a folder is continued (it is a cache) without --overwrite.
+REPRODUCE_KIND = "reproduce"
+# Where a resumable kind of output keeps its cache (see `foreign_file`).
+RESUMABLE_CACHE: dict[str, str] = {REPRODUCE_KIND: "cells/"}
+# Checkpoint folders inside an output (gloss-pretrain's `best-model` too): their manifests prove their files.
+STEP_DIR = re.compile(r"^step-\d+$")
+BEST_MODEL = "best-model"
+# A marker or checkpoint manifest larger than this is not one of ours (it is read whole to check it).
+RECORD_LIMIT = 64 << 20
+
+
+def _read_record(path: Path) -> Any:
+    """The JSON of a marker or manifest at `path`: a regular file (not a link, FIFO or device, checked on
+    the open descriptor) of at most RECORD_LIMIT bytes; None when there is none or it is anything else."""
+    try:
+        fd = open_checked(path, follow=False, limit=RECORD_LIMIT)
+    except NotRegularFile:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(RECORD_LIMIT + 1)
+    if not json_depth_ok(raw):
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def read_marker(folder: PathLike) -> dict[str, Any] | None:
+    """The folder's marker as a dict; None without one (a link or special file there is none). An older
+    plain-text marker, or one that cannot be read, lists no files."""
+    path = Path(folder) / MARKER
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+    except OSError:
+        return None
+    data = _read_record(path)
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list) \
+            or not all(isinstance(name, str) for name in data["files"]):
+        return {"kind": "output", "files": None}
+    return data
+
+
+def files_below(folder: Path) -> list[str]:
+    """Relative paths of every non-folder entry below `folder` (links are not followed), sorted."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        base = Path(root)
+        for name in files + [d for d in dirs if (base / d).is_symlink()]:
+            rel = (base / name).relative_to(folder).as_posix()
+            if rel != MARKER:
+                found.append(rel)
+    return sorted(found)
+
+
+def _digest(path: Path) -> list | None:
+    """[size, sha256] of a regular file, ["symlink", target] of a link (never followed), None if absent or
+    anything else (a FIFO planted there is never read: it would wait forever)."""
+    try:
+        if os.path.islink(path):
+            return ["symlink", os.readlink(path)]
+        fd = open_checked(path, follow=False)
+    except (OSError, NotRegularFile):
+        return None
+    st = os.fstat(fd)
+    with os.fdopen(fd, "rb") as fh:
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if key not in _DIGESTS:  # a check and the rename after it each ask: large files are read once
+            digest = hashlib.sha256()
+            try:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    digest.update(block)
+            except OSError:
+                return None
+            _DIGESTS[key] = digest.hexdigest()
+    return [st.st_size, _DIGESTS[key]]
+
+
+# (device, inode, size, mtime, ctime) -> SHA-256 of a file this process read: any change to the file
+# changes its ctime, which no caller can set back.
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _is_digest(value: Any) -> bool:
+    """A recorded [size, sha256] (or ["symlink", target] of a link mirrorbert made): what proves a listed
+    file is the one mirrorbert wrote."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2 or not isinstance(value[1], str):
+        return False
+    if value[0] == "symlink":
+        return bool(value[1])
+    return (isinstance(value[0], int) and not isinstance(value[0], bool) and value[0] >= 0
+            and re.fullmatch(r"[0-9a-f]{64}", value[1]) is not None)
+
+
+def proven(path: Path, recorded: Any) -> bool:
+    """`path` is a regular file whose size and SHA-256 are the `recorded` ones, or a link to the recorded
+    target (a real record: a missing, null or malformed one proves nothing)."""
+    if not _is_digest(recorded):
+        return False
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if recorded[0] == "symlink":
+        return stat.S_ISLNK(st.st_mode) and _digest(path) == ["symlink", recorded[1]]
+    if not stat.S_ISREG(st.st_mode) or st.st_size != recorded[0]:
+        return False
+    return _digest(path) == [recorded[0], recorded[1]]
+
+
+def mark_folder(folder: PathLike, kind: str = "output", files: Iterable[str] = (),
+                being_written: Iterable[str] = ()) -> None:
+    """Claim a folder as ours, listing the files mirrorbert wrote there with their size and SHA-256 (a
+    checkpoint root lists none: its `step-N` checkpoints carry manifests). A later `--overwrite` replaces
+    the folder only while it holds nothing but these files, unchanged. `being_written`: listed without a
+    digest (a run about to write them may be killed halfway); such a file proves nothing until recorded.
+    """
+    folder = Path(folder)
+    pending = set(being_written)
+    listed = sorted(set(files) | pending)
+    digests = {name: None if name in pending else _digest(folder / name) for name in listed}
+    text = jsonio.dumps({"written_by": "mirrorbert", "format": MARKER_FORMAT, "kind": kind, "files": listed,
+                       "digests": digests}, indent=1) + "\n"
+    replace_file(folder / MARKER, text)
+
+
+def checkpoint_stray(folder: Path) -> Path | None:
+    """The first file below a `step-N` checkpoint (or `best-model`) that its manifest does not prove: not
+    listed, or not of the listed size and SHA-256. Without a readable manifest nothing is proven (the
+    first file is returned); a checkpoint with its own marker is judged by that marker instead."""
+    if os.path.lexists(folder / MARKER):
+        return foreign_file(folder)
+    manifest = _read_record(folder / "manifest.json")
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    below = files_below(folder)
+    for rel in below:
+        if rel == "manifest.json" and isinstance(files, dict):
+            continue
+        record = files.get(rel) if isinstance(files, dict) else None
+        expected = [record.get("size"), record.get("sha256")] if isinstance(record, dict) else None
+        if not proven(folder / rel, expected):
+            return folder / rel
+    return None
+
+
+def foreign_file(folder: PathLike, cache_prefix: str | None = None) -> Path | None:
+    """The first file below `folder` that mirrorbert cannot prove it wrote, or None when all are ours.
+
+    Ours: a file the folder's marker lists with the size and SHA-256 it still has; anything in a subfolder
+    (at any depth) with its own marker that proves it; in a marked folder, a `step-N` checkpoint or
+    gloss-pretrain's `best-model` whose manifest proves its files; mirrorbert's own locks and temporaries.
+    A folder without a marker, or whose marker lists nothing (older mirrorbert), holds only foreign files.
+    Files under `cache_prefix` count by being listed, not by content: a continued run sets a damaged cache
+    file aside itself (renamed, never deleted).
+    """
+    folder = Path(folder)
+    marker = read_marker(folder)
+    listed = set(marker["files"]) if marker and marker.get("files") is not None else set()
+    digests = marker.get("digests") if marker and isinstance(marker.get("digests"), dict) else {}
+    trusted = {rel for rel in listed if cache_prefix and rel.startswith(cache_prefix)}
+    return _foreign_below(folder, folder, listed, marker is not None, digests, trusted)
+
+
+def _foreign_below(root: Path, current: Path, listed: set[str], marked: bool, digests: dict,
+                   trusted: set[str]) -> Path | None:
+    for entry in sorted(current.iterdir()):
+        name = entry.name
+        if name == MARKER or OWN_TEMPORARY.match(name):
+            continue
+        if not entry.is_dir() or entry.is_symlink():
+            rel = entry.relative_to(root).as_posix()
+            if rel in trusted and not entry.is_symlink():
+                continue  # a continued run's cache file: listed is enough (it is set aside, never deleted)
+            if rel not in listed or not proven(entry, digests.get(rel)):
+                return entry  # not listed, listed without a digest, or changed since: not provably ours
+            continue
+        if (entry / MARKER).is_file() and not (entry / MARKER).is_symlink():
+            stray = foreign_file(entry)
+        elif marked and (STEP_DIR.match(name) or name == BEST_MODEL):  # a checkpoint: its manifest proves it
+            stray = checkpoint_stray(entry)
+        else:
+            stray = _foreign_below(root, entry, listed, marked, digests, trusted)
+        if stray is not None:
+            return stray
+    return None
+
+
+def claim_files(folder: PathLike, rel_paths: Iterable[str], kind: str) -> None:
+    """Add files to the folder's marker *before* writing them, so an interrupted run's files stay ours
+    (listed without a digest until `record_files` runs)."""
+    marker = read_marker(folder) or {}
+    old = marker.get("digests") if isinstance(marker.get("digests"), dict) else {}
+    pending = {name for name, digest in old.items() if digest is None} | set(rel_paths)
+    mark_folder(folder, kind, marker.get("files") or [], being_written=pending)
+
+
+def record_files(folder: PathLike, kind: str) -> None:
+    """List everything below `folder` in its marker (files under a subfolder with its own marker excepted).
+
+    Only for a folder this run holds the lock on and found holding nothing but mirrorbert's files:
+    whatever is below it now was written by this run or an earlier one.
+    """
+    folder = Path(folder)
+    marker = read_marker(folder) or {}
+    owned = set()
+    for root, dirs, files in os.walk(folder):
+        base = Path(root)
+        dirs[:] = [d for d in dirs if not (base / d / MARKER).is_file() and not OWN_TEMPORARY.match(d)]
+        owned.update((base / f).relative_to(folder).as_posix() for f in files if not OWN_TEMPORARY.match(f))
+        owned.update((base / d).relative_to(folder).as_posix() for d in dirs if (base / d).is_symlink())  # links
+    owned.discard(MARKER)
+    kept = {f for f in marker.get("files") or [] if (folder / f).exists()}
+    mark_folder(folder, kind, owned | kept)
+
+
+def discard_folder(folder: PathLike) -> None:
+    """Remove a folder mirrorbert wrote (the caller checked `foreign_file`; a link there loses only the link):
+    renamed aside, then deleted."""
+    folder = locate(folder)
+    remove_stale_temporaries(folder)
+    aside = set_aside_name(folder)
+    os.replace(folder, aside)
+    remove_tree(aside)

@@ -1,0 +1,58 @@
+"""How a run's examples are cut into batches: one rule for Mirror-BERT's strings, GR-BERT's triplets and
+MLM's packed sequences, so the three budgets (steps per epoch, total steps) cannot drift apart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from mirrorbert.runtime.randomness import derived_generator
+
+
+@dataclass
+class BatchPlan:
+    """Batches of `batch_size` from `n` examples in a seeded order per epoch; a pure function of its fields.
+
+    A contrastive batch of one example has no negatives, so contrastive methods drop a trailing single
+    example; MLM keeps every short last batch (`keep_short_last`). `stream` names the order's random stream
+    (runtime/randomness.py), so the order is independent of every other draw of the run.
+    """
+
+    n: int
+    batch_size: int
+    seed: int
+    stream: int = 0
+    total_steps: int = 0
+    keep_short_last: bool = False
+
+    @property
+    def batches_per_epoch(self) -> int:
+        full, rest = divmod(self.n, self.batch_size)
+        return full + (1 if rest >= (1 if self.keep_short_last else 2) else 0)
+
+    def budget(self, steps: int | None, epochs: int) -> int:
+        """The optimiser steps of a run: `steps` when given, else whole epochs of batches."""
+        return steps or epochs * self.batches_per_epoch
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """The epoch's permutation (an int64 tensor: 8 bytes an example, no Python list of them)."""
+        return torch.randperm(self.n, generator=derived_generator(self.seed, self.stream, epoch))
+
+    def iter_batches(self, epoch: int, first: int = 0) -> Iterator[list[int]]:
+        """The epoch's batches from batch `first` on, each a list of example indices, made one at a time."""
+        order = self.epoch_order(epoch)
+        for b in range(first, self.batches_per_epoch):
+            yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        return list(self.iter_batches(epoch))
+
+
+def contrastive_plan(n: int, batch_size: int, seed: int, stream: int) -> BatchPlan:
+    """The plan of a contrastive method: the batch shrunk to the data when the data are fewer."""
+    return BatchPlan(n, min(batch_size, n), seed, stream)
+
+
+__all__ = ["BatchPlan", "contrastive_plan"]
