@@ -151,7 +151,10 @@ def _run(recipe: Recipe, dist: DistContext):
 def _checked_resume(recipe: Recipe, run_ctx: RunContext) -> Checkpoint:
     cfg = recipe.cfg
     resume = load_checkpoint(cfg.resume)
-    check_resume_config(resume.path, recipe.saved_config(resume), cfg.to_dict(), resume_safe_names(type(cfg)))
+    saved, current = recipe.saved_config(resume), cfg.to_dict()
+    if saved and saved.get("precision") == run_ctx.precision:  # a checkpoint that recorded the resolved precision
+        current["precision"] = run_ctx.precision
+    check_resume_config(resume.path, saved, current, resume_safe_names(type(cfg)))
     recipe.check_resume(resume, run_ctx)
     return resume
 
