@@ -9,8 +9,13 @@ from transformers import AutoConfig, AutoTokenizer
 from mirrorbert.errors import UserError
 from mirrorbert.runtime.randomness import derived_generator
 from mirrorbert.encoder.dropout import DropHead, dropout_overrides
-from mirrorbert.mirror.views import mask_span, masked_views, special_token_ids, tokenize_once, valid_span_starts
+from mirrorbert.mirror.views import mask_span, special_token_ids, tokenize_once, valid_span_starts
 from mirrorbert.encoder.batching import pad_batch
+
+
+def masked_views(token_ids, k, mask_id, special, generator):
+    """Token-unit second views of a batch, one `mask_span` draw per string from `generator`, in order."""
+    return [mask_span(ids, k, mask_id, special, generator) for ids in token_ids]
 
 
 @pytest.mark.parametrize("which", ["tiny_bert", "tiny_roberta"])
