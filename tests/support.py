@@ -123,3 +123,50 @@ def run_cli(capsys, argv):
 def cli_hits(out: str):
     """The hit lists of `mirrorbert search`'s JSON lines."""
     return [json.loads(line)["hits"] for line in out.splitlines()]
+
+
+class LinearMethod:
+    """The smallest training method for the engine and the run lifecycle: one linear layer fitted to a fixed
+    target; its steps are counted, `on_save` runs when its weights are written (a signal mid-save, say)."""
+
+    def __init__(self, total_steps: int = 10, on_save=None):
+        torch.manual_seed(0)
+        self.total_steps, self.on_save, self.config = total_steps, on_save, {}
+        self.layer = torch.nn.Linear(3, 1)
+        self.optimizer = torch.optim.SGD(self.layer.parameters(), lr=0.1)
+        self.scheduler = self.scaler = None
+        self.steps_run = 0
+
+    def batches(self):
+        while True:
+            yield torch.ones(4, 3)
+
+    def train_step(self, batch, engine):
+        loss = (self.layer(batch) - 1).pow(2).mean()
+        engine.check_finite(loss)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        self.steps_run += 1
+        return {}
+
+    def after_step(self, step):
+        return False
+
+    def finish(self):
+        pass
+
+    def save_model(self, folder: Path):
+        from safetensors.torch import save_file
+
+        if self.on_save is not None:
+            self.on_save()
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.layer.state_dict().items()}, str(folder / "weights.safetensors"))
+
+    def checkpoint_state(self):
+        return {"steps_run": self.steps_run}
+
+    def checkpoint_meta(self):
+        return {"config": self.config}
+

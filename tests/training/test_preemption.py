@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from mirrorbert.runtime.distributed import DistContext
 from mirrorbert.errors import UserError
 from mirrorbert.training.checkpoints import CheckpointManager, verify_checkpoint
 from mirrorbert.training.engine import Engine, stop_message
+from support import LinearMethod
 from mirrorbert.training.signals import (NO_SIGNAL, SIGINT_SEEN, SIGTERM_SEEN, InterruptFlag, SignalStop,
                                          stop_on_signal)
 
@@ -96,49 +96,6 @@ class _TwoRanks(DistContext):
         return work()
 
 
-class _Linear:
-    """The smallest training method: one linear layer fitted to a fixed target."""
-
-    def __init__(self, on_save=None):
-        torch.manual_seed(0)
-        self.layer = torch.nn.Linear(3, 1)
-        self.optimizer = torch.optim.SGD(self.layer.parameters(), lr=0.1)
-        self.scheduler = self.scaler = None
-        self.on_save = on_save
-        self.steps_run = 0
-
-    def batches(self):
-        while True:
-            yield torch.ones(4, 3)
-
-    def train_step(self, batch, engine):
-        loss = (self.layer(batch) - 1).pow(2).mean()
-        engine.check_finite(loss)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        self.steps_run += 1
-        return {}
-
-    def after_step(self, step):
-        return False
-
-    def finish(self):
-        pass
-
-    def save_model(self, folder: Path):
-        if self.on_save is not None:
-            self.on_save()
-        folder.mkdir()
-        torch.save(self.layer.state_dict(), folder / "weights.pt")
-
-    def checkpoint_state(self):
-        return {}
-
-    def checkpoint_meta(self):
-        return {}
-
-
 def _engine(tmp_path, method, dist=None, save_every=0, total=10):
     return Engine(method, total_steps=total, dist=dist, show_progress=False,
                   checkpoints=CheckpointManager(tmp_path / "ckpt", every=save_every, at_end=bool(save_every)))
@@ -148,7 +105,7 @@ def test_a_sigterm_seen_by_the_other_rank_stops_this_one_at_the_same_step_with_o
     # steps 1-2: nobody signalled; after step 3 the other rank reports SIGTERM (this one saw nothing)
     monkeypatch.setattr("mirrorbert.runtime.distributed.dist.all_reduce",
                         _fake_all_reduce([NO_SIGNAL, NO_SIGNAL, SIGTERM_SEEN] + [NO_SIGNAL] * 10))
-    method = _Linear()
+    method = LinearMethod()
     outcome = _engine(tmp_path, method, dist=_TwoRanks(rank=0, world_size=2)).run()
     assert (outcome.steps, outcome.interrupted, outcome.signal, outcome.preempted) == (3, True, "SIGTERM", True)
     assert method.steps_run == 3
@@ -163,7 +120,7 @@ def test_a_sigterm_seen_by_the_other_rank_stops_this_one_at_the_same_step_with_o
 
 def test_a_failed_agreement_after_sigterm_is_a_failure_naming_the_last_good_checkpoint(tmp_path, monkeypatch):
     """A peer crashed and torchrun SIGTERMs this survivor: the flag is set, but the all-reduce fails."""
-    method = _Linear()
+    method = LinearMethod()
 
     def step_then_signal(batch, engine, real=method.train_step):
         out = real(batch, engine)
@@ -188,7 +145,7 @@ def test_a_failed_collective_without_a_signal_is_a_failure_too(tmp_path, monkeyp
     monkeypatch.setattr("mirrorbert.runtime.distributed.dist.all_reduce", _fake_all_reduce([NO_SIGNAL] * 10, fail_at=2))
     with pytest.raises(UserError, match=r"^rank 0: another process of the job failed or timed out \(.*Connection "
                                         r"closed by peer.*\); no checkpoint was written \(use --save-every N\)$"):
-        _engine(tmp_path, _Linear(), dist=_TwoRanks(rank=0, world_size=2)).run()
+        _engine(tmp_path, LinearMethod(), dist=_TwoRanks(rank=0, world_size=2)).run()
 
 
 def test_a_second_sigterm_during_the_checkpoint_write_does_not_abort_it(tmp_path):
@@ -201,7 +158,7 @@ def test_a_second_sigterm_during_the_checkpoint_write_does_not_abort_it(tmp_path
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)
 
-    method = _Linear(on_save=signal_while_saving)
+    method = LinearMethod(on_save=signal_while_saving)
     real = method.train_step
 
     def step(batch, engine):

@@ -4,7 +4,6 @@ resume rules it applies for every method."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,54 +13,12 @@ from mirrorbert.settings.fields import option
 from mirrorbert.settings.run_options import RunOptions
 from mirrorbert.training import run as lifecycle
 from mirrorbert.training.run import GuardedPaths, Recipe
+from support import LinearMethod
 
 
 @dataclass(kw_only=True)
 class _Options(RunOptions):
     lr: float = option(0.1, help="learning rate")
-
-
-class _Linear:
-    """The smallest method: one linear layer fitted to a fixed target; its steps are counted."""
-
-    def __init__(self, total_steps: int):
-        torch.manual_seed(0)
-        self.total_steps = total_steps
-        self.layer = torch.nn.Linear(3, 1)
-        self.optimizer = torch.optim.SGD(self.layer.parameters(), lr=0.1)
-        self.scheduler = self.scaler = None
-        self.steps_run = 0
-
-    def batches(self):
-        while True:
-            yield torch.ones(4, 3)
-
-    def train_step(self, batch, engine):
-        loss = (self.layer(batch) - 1).pow(2).mean()
-        engine.check_finite(loss)
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        self.steps_run += 1
-        return {}
-
-    def after_step(self, step):
-        return False
-
-    def finish(self):
-        pass
-
-    def save_model(self, folder: Path):
-        folder.mkdir(parents=True, exist_ok=True)
-        from safetensors.torch import save_file
-
-        save_file({k: v.contiguous() for k, v in self.layer.state_dict().items()}, str(folder / "weights.safetensors"))
-
-    def checkpoint_state(self):
-        return {"steps_run": self.steps_run}
-
-    def checkpoint_meta(self):
-        return {"config": self.config}
 
 
 class _Recipe(Recipe):
@@ -83,7 +40,7 @@ class _Recipe(Recipe):
 
     def build(self, run_ctx):
         self.calls.append("build")
-        method = _Linear(self.total_steps)
+        method = LinearMethod(self.total_steps)
         method.config = self.cfg.to_dict()
         if run_ctx.resume is not None:  # the weights come from the checkpoint, as every recipe's do
             from safetensors.torch import load_file
