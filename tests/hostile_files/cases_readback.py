@@ -905,8 +905,8 @@ def _api_cases(env) -> list[FileCase]:
             lambda ctx: encoder(ctx).similarity(np.zeros((2, 7)), ["a"]), ("a:",))
     refused("similarity-nan-vectors", lambda ctx: encoder(ctx).similarity(["a"], np.full((1, 32), np.nan)), ("b:",))
     refused("similarity-dict", lambda ctx: encoder(ctx).similarity({"x": 1}, ["a"]), ("a:",))
-    refused("search-corpus-of-numbers", lambda ctx: _search(encoder(ctx), ["x"], [1, 2, 3]), ("corpus",))
-    refused("search-queries-of-bytes", lambda ctx: _search(encoder(ctx), [b"x"], ["a", "b"]), ("queries",))
+    refused("search-corpus-of-numbers", lambda ctx: _api_search(encoder(ctx), ["x"], [1, 2, 3]), ("corpus",))
+    refused("search-queries-of-bytes", lambda ctx: _api_search(encoder(ctx), [b"x"], ["a", "b"]), ("queries",))
     refused("encode-list-of-bytes", lambda ctx: encoder(ctx).encode([b"bytes"]), ("texts",))
 
     def similarity_works(ctx):
@@ -937,7 +937,7 @@ def cases(env) -> list[FileCase]:
             *_api_cases(env)]
 
 
-def _search(encoder, queries, corpus):
+def _api_search(encoder, queries, corpus):
     from mirrorbert.search.exact import search
 
     return search(encoder, queries, corpus)
