@@ -169,10 +169,10 @@ def test_truncated_weights_pretrain_mlm(capsys, truncated_bert, strings_file, tm
 
 
 def test_truncated_weights_gloss(truncated_bert):
-    from mirrorbert.gloss.pretrain import load_start_model
+    from mirrorbert.encoder.masked_lm import load_masked_lm  # the loader gloss-pretrain starts from
 
     with pytest.raises(UserError, match="model.safetensors"):
-        load_start_model(str(truncated_bert))
+        load_masked_lm(str(truncated_bert))
 
 
 def test_truncated_weights_lexsub(truncated_bert, shared_data):

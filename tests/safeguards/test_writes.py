@@ -309,7 +309,7 @@ def test_fresh_subfolders_of_cwd_and_home_are_fine(proj):
 def test_gloss_pretrain_output_is_the_model(proj, tiny_bert, capsys, monkeypatch):
     import mirrorbert.gloss.pretrain
 
-    monkeypatch.setattr(mirrorbert.gloss.pretrain, "load_start_model", lambda name: pytest.fail("model loaded"))
+    monkeypatch.setattr(mirrorbert.gloss.pretrain, "load_masked_lm", lambda *args: pytest.fail("model loaded"))
     model = proj / "m"
     shutil.copytree(tiny_bert, model)
     before = snapshot(model)

@@ -14,6 +14,7 @@ from mirrorbert.gloss.config import GlossPretrainConfig
 from mirrorbert.gloss.parts import cpu_state, save_parts
 from mirrorbert.training.loss_record import LossRecord
 from mirrorbert.training.plan import BatchPlan
+from mirrorbert.training.run import keeps_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class GlossMethod:
         self.scaler = make_grad_scaler(self.device, self.precision)
         # the best epoch's model is kept on disk too when the run keeps checkpoints, so a resumed run knows it
         self.ckpt_root = cfg.resolved_checkpoint_dir()
-        self.checkpointing = cfg.save_every > 0 or cfg.checkpoint_dir is not None or run_ctx.resume is not None
+        self.checkpointing = keeps_checkpoints(cfg, run_ctx.resume is not None)
         self.epoch, self.next_batch = 0, 0
         self.losses = LossRecord(self.per_epoch)  # the reported means (a window, the last epoch), through checkpoints
         self.history: list[dict[str, Any]] = []

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import mirrorbert.jsonio as jsonio
+from mirrorbert.encoder.masked_lm import load_masked_lm
 from mirrorbert.errors import UserError
 from mirrorbert.gloss.config import GlossPretrainConfig
 from mirrorbert.gloss.method import STREAM_ORDER, GlossData, GlossMethod
@@ -79,14 +80,6 @@ def prepare_triplets(cfg: GlossPretrainConfig):
     return train, heldout, inventory, stats
 
 
-# --------------------------------------------------------------------------- model I/O
-def load_start_model(name: str, trust_remote_code: bool = False):
-    """Tokenizer and masked LM to start from (encoder/masked_lm.py: checked before the weights load)."""
-    from mirrorbert.encoder.masked_lm import load_masked_lm
-
-    return load_masked_lm(name, trust_remote_code)
-
-
 # --------------------------------------------------------------------------- the run
 def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     """Run GR-BERT pre-training as configured and write the best model to ``cfg.output``."""
@@ -125,8 +118,7 @@ class GlossRecipe(Recipe):
             if part is not None:
                 prepare_model(part)
         run_ctx.precision = usable_precision(model.context, run_ctx.precision)
-        plan = contrastive_plan(len(data.train_enc), cfg.batch_size, cfg.seed, STREAM_ORDER)
-        plan.total_steps = plan.budget(cfg.steps, cfg.epochs)
+        plan = contrastive_plan(len(data.train_enc), cfg.batch_size, cfg.seed, STREAM_ORDER, cfg.steps, cfg.epochs)
         return GlossMethod(cfg, model, tokenizer, data, plan, run_ctx)
 
     def _model_and_data(self, run_ctx: RunContext):
@@ -138,7 +130,7 @@ class GlossRecipe(Recipe):
         if run_ctx.resume is not None:
             tokenizer, model = load_parts(run_ctx.resume.model_dir, cfg)
         else:
-            tokenizer, mlm = load_start_model(cfg.model, cfg.trust_remote_code)
+            tokenizer, mlm = load_masked_lm(cfg.model, cfg.trust_remote_code)
             model = GlossRegularizedMLM.from_mlm(mlm, arch=cfg.arch, lam=cfg.lam, tau=cfg.tau)
         model.to(run_ctx.device).train()
         positions = model_max_length(model.context, tokenizer)

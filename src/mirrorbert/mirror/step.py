@@ -43,9 +43,7 @@ def prefetch_depth(device: torch.device) -> int:
 
 def mirror_plan(cfg: TrainConfig, n_strings: int) -> BatchPlan:
     """The run's batches and its optimiser steps (--steps, or the epochs' batches): known before any model loads."""
-    plan = contrastive_plan(n_strings, cfg.batch_size, cfg.seed, STREAM_ORDER)
-    plan.total_steps = plan.budget(cfg.steps, cfg.epochs)
-    return plan
+    return contrastive_plan(n_strings, cfg.batch_size, cfg.seed, STREAM_ORDER, cfg.steps, cfg.epochs)
 
 
 def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]], controlled_dropout: bool,

@@ -122,7 +122,6 @@ class Engine:
                  dist=None, desc: str = "train", show_progress: bool = True, timer=None):
         self.method, self.total_steps, self.checkpoints = method, total_steps, checkpoints
         self.timer = timer or _NoTimer()  # wall time per phase (steps, checkpoint, save): reporting/timing.py
-        self.save_every, self.checkpointing = checkpoints.every, checkpoints.at_end
         self.step, self.last_checkpoint = 0, None
         self.stop_at = total_steps if stop_at is None else min(total_steps, stop_at)
         self.dist = dist or _SingleProcess()
@@ -156,7 +155,8 @@ class Engine:
                         progress.update(1)
                         progress.set_postfix(postfix, refresh=False)  # shown by the next update, at its refresh rate
                         due = self.method.after_step(self.step)
-                        if (self.checkpointing and due) or (self.save_every and self.step % self.save_every == 0):
+                        every = self.checkpoints.every
+                        if (self.checkpoints.at_end and due) or (every and self.step % every == 0):
                             self.save_checkpoint()
                         agreed = self.dist.agree(interrupt.code)  # every process stops at the same step
                         if agreed != NO_SIGNAL:
@@ -175,7 +175,7 @@ class Engine:
                                                                                         late):
             if not stopped:
                 self.method.finish()
-            if stopped or self.checkpointing:
+            if stopped or self.checkpoints.at_end:
                 self._save_final_checkpoint()
         name = signal_name(agreed)
         if interrupted:
@@ -236,7 +236,7 @@ class Engine:
     def _say_what_is_left(self) -> None:
         """After the model is written: the checkpoints this run leaves, and (after a resume) the folder it
         resumed from, which a finished run neither needs nor removes."""
-        if not self.checkpointing and self.resumed_from is None:
+        if not self.checkpoints.at_end and self.resumed_from is None:
             return
         root = self.checkpoints.root
         steps = sorted(self.checkpoints.all_steps()) if root.is_dir() else []

@@ -32,10 +32,6 @@ class BatchPlan:
         full, rest = divmod(self.n, self.batch_size)
         return full + (1 if rest >= (1 if self.keep_short_last else 2) else 0)
 
-    def budget(self, steps: int | None, epochs: int) -> int:
-        """The optimiser steps of a run: `steps` when given, else whole epochs of batches."""
-        return steps or epochs * self.batches_per_epoch
-
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """The epoch's permutation (an int64 tensor: 8 bytes an example, no Python list of them)."""
         return torch.randperm(self.n, generator=derived_generator(self.seed, self.stream, epoch))
@@ -50,9 +46,12 @@ class BatchPlan:
         return list(self.iter_batches(epoch))
 
 
-def contrastive_plan(n: int, batch_size: int, seed: int, stream: int) -> BatchPlan:
-    """The plan of a contrastive method: the batch shrunk to the data when the data are fewer."""
-    return BatchPlan(n, min(batch_size, n), seed, stream)
+def contrastive_plan(n: int, batch_size: int, seed: int, stream: int, steps: int | None, epochs: int) -> BatchPlan:
+    """The plan of a contrastive method: the batch shrunk to the data when the data are fewer; its budget is
+    `steps` when given, else whole epochs of batches."""
+    plan = BatchPlan(n, min(batch_size, n), seed, stream)
+    plan.total_steps = steps or epochs * plan.batches_per_epoch
+    return plan
 
 
 __all__ = ["BatchPlan", "contrastive_plan"]

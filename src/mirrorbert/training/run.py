@@ -159,11 +159,17 @@ def _checked_resume(recipe: Recipe, run_ctx: RunContext) -> Checkpoint:
     return resume
 
 
+def keeps_checkpoints(cfg, resuming: bool) -> bool:
+    """Whether a run writes a checkpoint at its end and whenever its method says one is due (epoch ends): asked
+    for (--save-every, --checkpoint-dir) or continuing a run that had them."""
+    return cfg.save_every > 0 or cfg.checkpoint_dir is not None or resuming
+
+
 def _engine(recipe: Recipe, method: Method, run_ctx: RunContext) -> Engine:
     """The engine over `method`, at the checkpoint's position when resuming."""
     cfg, resume = recipe.cfg, run_ctx.resume
     checkpoints = CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints, every=cfg.save_every,
-                                    at_end=cfg.save_every > 0 or cfg.checkpoint_dir is not None or resume is not None)
+                                    at_end=keeps_checkpoints(cfg, resume is not None))
     engine = Engine(method, total_steps=method.total_steps, checkpoints=checkpoints, dist=run_ctx.dist,
                     desc=recipe.label, show_progress=cfg.show_progress, timer=run_ctx.timer)
     if resume is not None:
@@ -177,4 +183,4 @@ def _engine(recipe: Recipe, method: Method, run_ctx: RunContext) -> Engine:
     return engine
 
 
-__all__ = ["GuardedPaths", "Recipe", "RunContext", "run"]
+__all__ = ["GuardedPaths", "Recipe", "RunContext", "keeps_checkpoints", "run"]
