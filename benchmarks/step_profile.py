@@ -123,11 +123,10 @@ def profile_train(model: Path, strings: list[str], args, peak: float) -> dict:
         derived_generator(42, STREAM_MASK, 0))
     batches = BatchPlan(len(strings), args.batch_size, 42, STREAM_ORDER).epoch_batches(0)[: args.steps + 1]
     optimizer = build_optimizer(encoder, 2e-5, 0.01)
-    device = torch.device("cpu")
 
     def step(index: list[int]) -> None:
         first, views = [token_ids[i] for i in index], [second[i] for i in index]
-        loss = mirror_step_loss(encoder, first, views, build_loss("infonce", 0.04), device, "fp32")
+        loss = mirror_step_loss(encoder, first, views, build_loss("infonce", 0.04), precision="fp32")
         backward_and_step(loss, optimizer)
         loss.item()
 

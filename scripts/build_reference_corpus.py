@@ -34,6 +34,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from mirrorbert.safeguards.readback import open_regular, open_text  # regular files, never a FIFO
+
 DEFAULT_GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
 GCIDE_INSTALL_HINT = (
     "install it with `sudo apt-get install dict-gcide` (Debian/Ubuntu; it provides "
@@ -66,7 +68,7 @@ def _need(path: Path, what: str) -> Path:
 
 def read_wiki(data_dir: Path) -> Iterator[str]:
     path = _need(data_dir / "corpora" / "en_wiki_20k_sents.txt", "English Wikipedia sentences")
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with open_text(path, "--data-dir", errors="replace") as fh:
         for line in fh:
             line = clean_space(line)
             if line:
@@ -98,7 +100,7 @@ def read_wordnet(data_dir: Path) -> Iterator[str]:
     folder = _need(data_dir / "wordnet", "WordNet folder")
     for name in WORDNET_FILES:
         path = _need(folder / name, "WordNet data file")
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open_text(path, "--data-dir", errors="replace") as fh:
             for line in fh:
                 if line.startswith("  ") or " | " not in line:  # licence header lines start with two spaces
                     continue
@@ -106,7 +108,7 @@ def read_wordnet(data_dir: Path) -> Iterator[str]:
 
 
 def _stsb_rows(path: Path) -> Iterator[tuple[str, str]]:
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    with open_text(path, "--data-dir", errors="replace") as fh:
         for line in fh:
             parts = line.rstrip("\n").split("\t")
             if len(parts) >= 7:
@@ -204,7 +206,7 @@ def clean_gcide_block(block: str, headword: bool) -> list[str]:
 def _gcide_entries(raw: bytes, index: Path | None) -> Iterator[str]:
     if index is not None and index.exists():
         spans = set()
-        with open(index, encoding="utf-8", errors="replace") as fh:
+        with open_text(index, "--data-dir", errors="replace") as fh:
             for line in fh:
                 parts = line.rstrip("\n").split("\t")
                 if len(parts) < 3 or parts[0].startswith("00-"):
@@ -219,9 +221,10 @@ def _gcide_entries(raw: bytes, index: Path | None) -> Iterator[str]:
 def read_gcide(path: Path) -> Iterator[str]:
     if not path.exists():
         raise CorpusError(f"GCIDE dictionary not found at {path}: {GCIDE_INSTALL_HINT}")
-    opener = gzip.open if path.suffix in (".dz", ".gz") else open
-    with opener(path, "rb") as fh:
+    with os.fdopen(open_regular(path, "--gcide"), "rb") as fh:
         raw = fh.read()
+    if path.suffix in (".dz", ".gz"):
+        raw = gzip.decompress(raw)
     index = path.with_name(path.name.split(".")[0] + ".index")
     seen_headword = False
     for entry in _gcide_entries(raw, index if index.exists() else None):
@@ -238,7 +241,7 @@ def read_gcide(path: Path) -> Iterator[str]:
 
 # ---- evaluation sets that must never enter the corpus
 def _tsv_columns(path: Path, columns: tuple[int, ...], header: bool) -> Iterator[str]:
-    with open(path, encoding="utf-8", errors="replace", newline="") as fh:
+    with open_text(path, "--data-dir", errors="replace", newline="") as fh:
         reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
         for i, row in enumerate(reader):
             if header and i == 0:

@@ -9,6 +9,7 @@
 # prints the path of its infinity_emb last. scripts/test.sh points the test at it when it is complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/heartbeat.sh  # a line on stderr at least every 30 s while pip installs quietly
 PYTHON="${PYTHON:-python3}"
 VENV="${INFINITY_VENV:-.venv-infinity}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
@@ -27,7 +28,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)  # its output to stderr: stdout is the path
-  "${pip[@]}" "torch==$TORCH_VERSION" >&2
+  heartbeat_run "installing torch $TORCH_VERSION into $VENV" "${pip[@]}" "torch==$TORCH_VERSION" >&2
   no_cuda
   torch_got="$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("torch"))')"
   # the versions this recipe was tested with; Infinity's own ranges leave the rest free to drift
@@ -47,7 +48,8 @@ scikit-learn==1.9.1
 safetensors==0.8.0
 uvicorn==0.32.1
 EOF
-  "${pip[@]}" -c "$VENV/constraints.txt" "infinity-emb[server,torch]==$INFINITY_VERSION" >&2
+  heartbeat_run "installing Infinity $INFINITY_VERSION into $VENV" \
+    "${pip[@]}" -c "$VENV/constraints.txt" "infinity-emb[server,torch]==$INFINITY_VERSION" >&2
   no_cuda
   "$VENV/bin/infinity_emb" v2 --help >/dev/null  # imports the server's whole stack (or fails here)
   echo "infinity: installed in $((SECONDS - start)) s (torch $torch_got)" >&2

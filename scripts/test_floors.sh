@@ -6,6 +6,7 @@
 # latest-versions run (scripts/test.sh). Rebuilds only when pyproject.toml or this script changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/heartbeat.sh  # a line at least every 30 s while uv and pip install quietly
 PYTHON="${PYTHON:-python3}"
 VENV="${FLOORS_VENV:-.venv-floors}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
@@ -17,18 +18,19 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
   # uv reads no pip configuration: hand it pip's find-links (where a local torch wheel lies) explicitly.
-  "$VENV/bin/python" -m pip install -q "uv>=0.5" 2>/dev/null
+  heartbeat_run "installing uv into $VENV" sh -c '"$1" -m pip install -q "uv>=0.5" 2>/dev/null' sh "$VENV/bin/python"
   uv=("$VENV/bin/uv" pip install -q --python "$VENV/bin/python")
   links="${PIP_FIND_LINKS:-} $("$VENV/bin/python" -m pip config get global.find-links 2>/dev/null || true)"
   for link in $links; do
     uv+=(--find-links "$link")
   done
   # torch first, at its highest build of TORCH_VERSION (a +cpu local wheel sorts above the plain one) ...
-  "${uv[@]}" "torch==$TORCH_VERSION"
+  heartbeat_run "installing torch $TORCH_VERSION into $VENV" "${uv[@]}" "torch==$TORCH_VERSION"
   torch_got="$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("torch"))')"
   # ... then held there exactly while everything else goes to its floor.
   echo "torch==$torch_got" > "$VENV/torch-constraint.txt"
-  "${uv[@]}" --resolution lowest-direct -c "$VENV/torch-constraint.txt" -e ".[test]"
+  heartbeat_run "installing the floors into $VENV" \
+    "${uv[@]}" --resolution lowest-direct -c "$VENV/torch-constraint.txt" -e ".[test]"
   echo "floors: installed in $((SECONDS - start)) s"
   echo "$want" > "$stamp"
 fi

@@ -40,6 +40,107 @@ def one_torch_thread():
     yield
 
 
+# The package's say-it-once memos (module, attribute): put back after each test, so a warning one test
+# triggered is still said in the next. A new module-level memo belongs here.
+MEMOS = [("mirrorbert.encoder.architectures", "_told"), ("mirrorbert.runtime.device", "_warned_slow"),
+         ("mirrorbert.runtime.device", "_warned_slow_bf16")]
+
+
+def _copy_memo(value):
+    if isinstance(value, (set, list)):
+        return type(value)(value)
+    if hasattr(value, "items"):  # a dict or a WeakKeyDictionary, its values copied too (sets filled in place)
+        return {key: _copy_memo(item) for key, item in value.items()}
+    return value
+
+
+def _put_memo_back(module, name, saved) -> None:
+    current = getattr(module, name)
+    if isinstance(current, list):
+        current[:] = saved
+    elif isinstance(current, set) or hasattr(current, "items"):  # emptied and refilled: others hold it
+        current.clear()
+        current.update(saved)
+    else:
+        setattr(module, name, saved)
+
+
+@pytest.fixture(autouse=True)
+def no_state_left_behind():
+    """Each test starts from the same process state, whatever ran before it (the suite runs in a random order):
+    the loggers' levels, handlers and switches (a library's logger made during the test stays as the library set
+    it up), the root logger's handlers (pytest's own capture handlers are pytest's business), and the package's
+    say-it-once memos (`MEMOS`) are put back as they were before the test."""
+    import importlib
+    import logging
+
+    root, manager = logging.getLogger(), logging.Logger.manager
+    loggers = {name: lg for name, lg in manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    saved = {name: (lg.level, lg.propagate, lg.disabled, list(lg.handlers)) for name, lg in loggers.items()}
+    root_level, root_handlers, disable = root.level, list(root.handlers), manager.disable
+    memos = []
+    for module_name, name in MEMOS:
+        module = importlib.import_module(module_name)
+        if hasattr(module, name):
+            memos.append((module, name, _copy_memo(getattr(module, name))))
+    yield
+    for module, name, value in memos:
+        _put_memo_back(module, name, value)
+    if manager.disable != disable:
+        logging.disable(disable)
+    if root.level != root_level:
+        root.setLevel(root_level)
+    ours = [h for h in root_handlers if type(h).__module__ != "_pytest.logging"]
+    for handler in [h for h in root.handlers if h not in ours and type(h).__module__ != "_pytest.logging"]:
+        root.removeHandler(handler)
+    for handler in [h for h in ours if h not in root.handlers]:
+        root.addHandler(handler)
+    for name, lg in list(manager.loggerDict.items()):
+        if not isinstance(lg, logging.Logger) or (name not in saved and not name.startswith("mirrorbert")):
+            continue  # a library's logger made during the test is the library's set-up, kept as it made it
+        level, propagate, disabled, handlers = saved.get(name, (logging.NOTSET, True, False, []))
+        if lg.level != level:
+            lg.setLevel(level)
+        lg.propagate, lg.disabled = propagate, disabled
+        lg.handlers[:] = [h for h in lg.handlers if h in handlers] + [h for h in handlers if h not in lg.handlers]
+
+
+def pytest_collection_finish(session):
+    """The order's seed, on the first line (also under -q): a failure that depends on the order reruns with it."""
+    seed = getattr(session.config.option, "randomly_seed", None)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if seed is not None and reporter is not None:
+        reporter.write_line(f"tests in a random order: --randomly-seed={seed} reruns this order, -p no:randomly "
+                            "runs them in file order")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed is not None and exitstatus not in (0, 5):
+        terminalreporter.write_line(f"this order: --randomly-seed={seed}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def audit_hook(tmp_path_factory):
+    """The run-time guard of the trust boundary over every test (tests/audit_opens.py)."""
+    import audit_opens
+
+    audit_opens.install([tmp_path_factory.getbasetemp(), SHARED_DATA])
+    return audit_opens.Audit
+
+
+@pytest.fixture(autouse=True)
+def no_open_around_the_reader(audit_hook):
+    """A test fails when mirrorbert read a file of an untrusted folder other than through the reader."""
+    audit_hook.seen = []
+    audit_hook.active = True
+    yield
+    audit_hook.active = False
+    if audit_hook.seen:
+        pytest.fail("opened around the confined reader:\n" + "\n".join(sorted(set(audit_hook.seen))[:10]),
+                    pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
     return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))

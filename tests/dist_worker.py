@@ -34,7 +34,6 @@ ENCODE_TEXTS = CORPUS + ["x", "a much longer sentence about the cat and the dog 
 
 def main(model: str, outdir: str) -> int:
     ctx = init_from_env("cpu")
-    cpu = torch.device("cpu")
     no_dropout = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
     encoder = Encoder.load(model, pooling="mean", device="cpu", config_overrides=no_dropout)
     encoder.train()
@@ -50,9 +49,11 @@ def main(model: str, outdir: str) -> int:
     for controlled in (False, True):
         reference.zero_grad()
         encoder.zero_grad()
-        expected = MirrorInfoNCE(0.05)(embed_views(reference, first, second, controlled, cpu, "fp32"))
+        expected = MirrorInfoNCE(0.05)(embed_views(reference, first, second, precision="fp32",
+                                                   controlled_dropout=controlled))
         expected.backward()
-        local = embed_views(encoder, ctx.shard(first), ctx.shard(second), controlled, cpu, "fp32")
+        local = embed_views(encoder, ctx.shard(first), ctx.shard(second), precision="fp32",
+                            controlled_dropout=controlled)
         loss = MirrorInfoNCE(0.05)(ctx.gather_views(local, len(first)))
         loss.backward()
         grads = dict(reference.model.named_parameters())
@@ -65,8 +66,8 @@ def main(model: str, outdir: str) -> int:
     reference.zero_grad()
     encoder.zero_grad()
     lone = [first[0]], [second[0]]
-    (embed_views(reference, *lone, False, cpu, "fp32") ** 2).sum().backward()
-    local = embed_views(encoder, ctx.shard(lone[0]), ctx.shard(lone[1]), False, cpu, "fp32")
+    (embed_views(reference, *lone, precision="fp32") ** 2).sum().backward()
+    local = embed_views(encoder, ctx.shard(lone[0]), ctx.shard(lone[1]), precision="fp32")
     gathered = ctx.gather_views(local, 1)
     (gathered ** 2).sum().backward()
     grads = dict(reference.model.named_parameters())
@@ -91,7 +92,7 @@ def main(model: str, outdir: str) -> int:
         sys.exit(3)
     try:
         with ctx.failure_guard(lambda: "ckpt/step-2"):
-            ctx.gather_views(embed_views(encoder, ctx.shard(first), ctx.shard(second), False, cpu, "fp32"), 5)
+            ctx.gather_views(embed_views(encoder, ctx.shard(first), ctx.shard(second), precision="fp32"), 5)
     except UserError as exc:
         print(f"STOPPED {exc}", flush=True)
         return 2

@@ -316,7 +316,7 @@ def build_cases(env: dict[str, Path]) -> list[Case]:
                 values += BAD_INT
             elif action.type is float:
                 values += BAD_FLOAT
-            elif action.choices:
+            elif action.choices or (action.metavar or "").startswith("{"):  # choices checked by the options
                 values.append("bogus-choice")
             for value in dict.fromkeys(values + EXTRA_BAD.get(command, {}).get(option, [])):  # each once
                 if (command, option, value) in NOT_MISTAKES:

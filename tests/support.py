@@ -89,28 +89,6 @@ def heavy_modules_after(code: str) -> list[str]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def index_as_format_1(folder: Path) -> Path:
-    """Turn an exact index folder of format /2 into the /1 layout (ids.json instead of ids.npy) with its
-    checksums, as `mirrorbert index` wrote it before /2: the /1 reader is still checked."""
-    import hashlib
-
-    import numpy as np
-
-    folder = Path(folder)
-    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    assert manifest["index_type"] == "exact", "only an exact index has a /1 form"
-    ids = np.load(folder / "ids.npy", allow_pickle=False).tolist()
-    (folder / "ids.npy").unlink()
-    (folder / "ids.json").write_text(json.dumps(ids) + "\n", encoding="utf-8")
-    manifest["format"] = "mirrorbert-index/1"
-    for key in ("index_type", "ivf"):
-        manifest.pop(key, None)
-    manifest["files"].pop("ids.npy")
-    manifest["files"]["ids.json"] = hashlib.sha256((folder / "ids.json").read_bytes()).hexdigest()
-    (folder / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
-    return folder
-
-
 def run_cli(capsys, argv):
     """`mirrorbert ARGV` in this process: (exit code, stdout, stderr)."""
     from mirrorbert.cli.app import main
@@ -131,7 +109,7 @@ class LinearMethod:
 
     def __init__(self, total_steps: int = 10, on_save=None):
         torch.manual_seed(0)
-        self.total_steps, self.on_save, self.config = total_steps, on_save, {}
+        self.total_steps, self.on_save, self.config, self.precision = total_steps, on_save, {}, "fp32"
         self.layer = torch.nn.Linear(3, 1)
         self.optimizer = torch.optim.SGD(self.layer.parameters(), lr=0.1)
         self.scheduler = self.scaler = None

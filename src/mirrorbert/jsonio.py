@@ -3,13 +3,15 @@
 Python's `json` writes `NaN`/`Infinity` by default, which is not JSON: jq, JavaScript and most strict
 readers reject the whole file. Here a non-finite number becomes `null`, and inside a mapping a sibling
 key `<name>_note` says why (`"not finite: nan"`), so a reader sees both that the value is missing and
-the reason. numpy scalars and arrays, paths and tuples become their plain JSON forms.
+the reason. numpy scalars and arrays, paths and tuples become their plain JSON forms; a path that is not
+UTF-8 is kept exactly (`dumps`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import PurePath
 from typing import Any
 
@@ -54,10 +56,19 @@ def _is_number(value: Any) -> bool:
 
 
 def dumps(obj: Any, **kwargs: Any) -> str:
-    """`json.dumps` of `strict(obj)`; refuses (ValueError) anything that would still not be strict JSON."""
+    """`json.dumps` of `strict(obj)`; refuses (ValueError) anything that would still not be strict JSON.
+
+    A lone surrogate (how Python holds a file name that is not UTF-8: `os.fsdecode(b"x\\xff")` is "x\\udcff")
+    is written as its escape, `\\udcff`: the text stays UTF-8, and `json.loads` gives the same string back,
+    whose `os.fsencode` is the original bytes."""
     kwargs.setdefault("ensure_ascii", False)
     default = kwargs.pop("default", str)
-    return json.dumps(strict(obj), allow_nan=False, default=default, **kwargs)
+    text = json.dumps(strict(obj), allow_nan=False, default=default, **kwargs)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+# Outside strings JSON holds no such character, so each one met is inside a string, where its escape means it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def loads_strict(text: str) -> Any:

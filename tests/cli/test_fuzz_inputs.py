@@ -67,12 +67,12 @@ def written(content: bytes, suffix: str):
 @given(content=FILE_CONTENT, suffix=SUFFIXES, column=NAMES, field=NAMES, skip=st.booleans(),
        limit=st.one_of(st.none(), st.integers(1, 20)))
 def test_training_data_readers(content, suffix, column, field, skip, limit):
-    from mirrorbert.data.strings import TrainingStrings, load_training_strings, read_file
+    from mirrorbert.data.strings import TrainingStrings, load_training_strings, read_rows
 
     with written(content, suffix) as path:
         try:
-            strings, bad = read_file(path, column=column, field=field, skip_bad_lines=skip)
-            assert all(isinstance(s, str) for s in strings) and bad >= 0
+            rows = read_rows(path, column=column, field=field, skip_bad_lines=skip)
+            assert all(isinstance(s, str) for s in rows.texts) and len(rows.texts) == len(rows.ids)
         except UserError:
             pass
         try:
@@ -176,7 +176,7 @@ def test_triplet_reader(content):
 @FUZZ
 @given(content=FILE_CONTENT)
 def test_mlm_corpus_reader(content):
-    from mirrorbert.mlm.corpus_lines import check_corpus_files, iter_sentences
+    from mirrorbert.data.token_stream import check_corpus_files, iter_sentences
 
     with written(content, ".txt") as path:
         try:
@@ -244,7 +244,7 @@ def test_train_command_line_up_to_the_model(argv, fuzz_cwd):
     previous = os.getcwd()
     os.chdir(fuzz_cwd)
     try:
-        with mock.patch("mirrorbert.mirror.train.inspect_model", reached), \
+        with mock.patch("mirrorbert.mirror.train.open_start_model", reached), \
                 contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             try:
                 code = main(argv)

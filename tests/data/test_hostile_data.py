@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from mirrorbert.cli.app import main
 from mirrorbert.data import hf_datasets
-from mirrorbert.data.readers import MAX_LINE_BYTES, json_safe_line, shown, text_rows
+from mirrorbert.data.readers import MAX_LINE_BYTES, TextRows, json_safe_line, shown
 from mirrorbert.data.strings import check_utf8_file, read_rows, read_text_lines
 from mirrorbert.errors import UserError
 
@@ -93,7 +93,7 @@ def test_an_endless_line_is_refused_after_a_bounded_read(tmp_path, name, options
         fh.truncate(len(header) + (2 << 30))
     started = time.monotonic()
     with pytest.raises(UserError, match=rf"{name}:\d+: a line longer than {MAX_LINE_BYTES >> 20} MiB"):
-        text_rows(path, option="--input", **options)
+        TextRows(path, option="--input", **options)
     with pytest.raises(UserError, match="a line longer than"):
         read_text_lines(path)
     assert time.monotonic() - started < 20

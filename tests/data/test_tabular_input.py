@@ -44,7 +44,7 @@ def test_each_form_reads_the_column_as_a_text_file_would(tables, name):
 @pytest.mark.parametrize("argv, fragment", [
     (["--column", "nope"], "--column 'nope' not in the data (columns: text, n)"),
     (["--column", "n"], "row 0: column 'n' holds int, not text"),
-    (["--column", "text", "--field", "text"], "--column is for CSV/TSV/Parquet/Arrow, --field for JSONL"),
+    (["--column", "text", "--field", "text"], "--column and --field: give one of them, not both"),
 ])
 def test_bad_columns_are_one_line(tables, capsys, argv, fragment):
     assert main(["encode", "--model", "unused", "--input", str(tables / "c.parquet"), "--output",

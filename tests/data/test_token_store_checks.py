@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from mirrorbert.data import token_checks
+from mirrorbert.data import token_cache, token_store
 from mirrorbert.data.readers import chunked
 from mirrorbert.data.strings import fingerprint
-from mirrorbert.data.token_files import ALL_FILES, StoreDamaged
-from mirrorbert.data.token_store import check_store, open_token_store, store_key
+from mirrorbert.data.token_cache import CacheDamaged, check_entry
+from mirrorbert.data.token_store import StringsLayout, open_token_store, store_key
 from mirrorbert.errors import UserError
 from mirrorbert.mirror.views import tokenize_once
 
@@ -30,6 +30,10 @@ def tok(tiny_bert):
 
 def _open(strings, tok, cache, max_length=16):
     return open_token_store(chunked(strings, 5), fingerprint(strings), tok, max_length, cache)
+
+
+def check_store(root, data_sha256, tok, max_length):
+    return check_entry(StringsLayout(None, data_sha256, tok, max_length), root)
 
 
 def _manifest(root):
@@ -62,38 +66,23 @@ def _forge_text(root, tok):
 
 
 def _forge_dropped(root, tok):
-    """The last string moved to the dropped strings, every count and checksum made consistent: the data's hash
+    """The last string listed among those left out, every count and checksum made consistent: the data's hash
     still holds (the strings are all there), but a string with tokens would leave the run."""
     m = _manifest(root)
-    ids_off = np.fromfile(root / "ids_offsets.bin", dtype=np.int64)
-    text_off = np.fromfile(root / "text_offsets.bin", dtype=np.int64)
-    text = (root / "text.bin").read_bytes()
-    last = text[text_off[-2]:]
-    (root / "ids.bin").write_bytes((root / "ids.bin").read_bytes()[: 4 * ids_off[-2]])
-    ids_off[:-1].tofile(root / "ids_offsets.bin")
-    (root / "text.bin").write_bytes(text[: text_off[-2]])
-    text_off[:-1].tofile(root / "text_offsets.bin")
-    dropped_off = np.fromfile(root / "dropped_offsets.bin", dtype=np.int64)
-    (root / "dropped.bin").write_bytes((root / "dropped.bin").read_bytes() + last)
-    np.append(dropped_off, dropped_off[-1] + len(last)).astype(np.int64).tofile(root / "dropped_offsets.bin")
     at = np.fromfile(root / "dropped_at.bin", dtype=np.int64)
     np.append(at, m["read"] - 1).astype(np.int64).tofile(root / "dropped_at.bin")
-    m.update(strings=m["strings"] - 1, tokens=int(ids_off[-2]), text_bytes=int(text_off[-2]), dropped=m["dropped"] + 1,
-             dropped_bytes=m["dropped_bytes"] + len(last))
-    store = _rebuilt_counts(root, m, tok)
-    m.update(store)
-    _save(root, m, *(f"{stem}.bin" for stem in ALL_FILES))
+    m["counts"]["dropped_at.bin"] += 1
+    m.update(strings=m["strings"] - 1, dropped=m["dropped"] + 1)
+    _save(root, m, "dropped_at.bin")
 
 
-def _rebuilt_counts(root, m, tok):
-    ids_off = np.fromfile(root / "ids_offsets.bin", dtype=np.int64)
-    ids = np.fromfile(root / "ids.bin", dtype=np.int32)
-    special = set(tok.all_special_ids)
-    text_off = np.fromfile(root / "text_offsets.bin", dtype=np.int64)
-    text = (root / "text.bin").read_bytes()
-    strings = [text[a:b].decode() for a, b in zip(text_off[:-1], text_off[1:])]
-    real = [sum(int(t) not in special for t in ids[a:b]) for a, b in zip(ids_off[:-1], ids_off[1:])]
-    return {"max_chars": max(map(len, strings)), "max_real_tokens": max(real)}
+def _forge_kept(root, tok):
+    """A string without tokens no longer listed among those left out: the run would train on it."""
+    m = _manifest(root)
+    np.fromfile(root / "dropped_at.bin", dtype=np.int64)[1:].tofile(root / "dropped_at.bin")
+    m["counts"]["dropped_at.bin"] -= 1
+    m.update(strings=m["strings"] + 1, dropped=m["dropped"] - 1)
+    _save(root, m, "dropped_at.bin")
 
 
 def _forge_counts(root, tok):
@@ -103,8 +92,9 @@ def _forge_counts(root, tok):
 
 
 FORGED = {"ids": (_forge_ids, "not the tokenizer's ids"), "text": (_forge_text, "not the data's"),
-          "a string moved to the dropped ones": (_forge_dropped, "dropped.bin holds a string with tokens"),
-          "max_real_tokens": (_forge_counts, "max_real_tokens are not those")}
+          "a string with tokens left out": (_forge_dropped, "dropped_at.bin is not what the data"),
+          "a string without tokens kept": (_forge_kept, "dropped_at.bin is not what the data"),
+          "max_real_tokens": (_forge_counts, "max_real_tokens not the data's")}
 
 
 @pytest.mark.parametrize("forge", sorted(FORGED))
@@ -138,23 +128,23 @@ def test_a_big_store_is_checked_on_a_fresh_sample(tok, corpus, tmp_path, monkeyp
     good = _open(strings, tok, tmp_path)
     root = good.root
     good.close()
-    monkeypatch.setattr(token_checks, "FULL_CHECK", 10)
-    monkeypatch.setattr(token_checks, "SAMPLE", 4)
+    monkeypatch.setattr(token_cache, "FULL_CHECK", 10)
+    monkeypatch.setattr(token_cache, "SAMPLE", 4)
     drawn = []
-    encode = token_checks.encode_chunk
+    encode = token_store.encode_chunk
 
     def recorded(t, texts, n):
         drawn.append(tuple(texts))
         return encode(t, texts, n)
 
-    monkeypatch.setattr(token_checks, "encode_chunk", recorded)
+    monkeypatch.setattr(token_store, "encode_chunk", recorded)
     for _ in range(2):
-        check_store(root, root.name, fingerprint(strings), tok, 16).close()
+        check_store(root, fingerprint(strings), tok, 16).close()
     assert len(drawn) == 2 and all(len(d) == 4 for d in drawn)
     samples = set()
     for _ in range(20):
         drawn.clear()
-        check_store(root, root.name, fingerprint(strings), tok, 16).close()
+        check_store(root, fingerprint(strings), tok, 16).close()
         samples.add(drawn[0])
     assert len(samples) > 1  # not a fixed set of rows a forger could leave alone
     ids = np.fromfile(root / "ids.bin", dtype=np.int32)
@@ -163,8 +153,8 @@ def test_a_big_store_is_checked_on_a_fresh_sample(tok, corpus, tmp_path, monkeyp
     ids.tofile(root / "ids.bin")
     m = _manifest(root)
     _save(root, m, "ids.bin")
-    with pytest.raises(StoreDamaged, match="not the tokenizer's ids"):
-        check_store(root, root.name, fingerprint(strings), tok, 16)
+    with pytest.raises(CacheDamaged, match="not the tokenizer's ids"):
+        check_store(root, fingerprint(strings), tok, 16)
 
 
 def test_a_store_of_other_strings_is_never_used_even_under_the_right_key(tok, corpus, tmp_path):
@@ -179,8 +169,8 @@ def test_a_store_of_other_strings_is_never_used_even_under_the_right_key(tok, co
     m = _manifest(target)
     m.update(key=key, data_sha256=fingerprint(corpus))
     _save(target, m)
-    with pytest.raises(StoreDamaged, match="data's strings"):
-        check_store(target, key, fingerprint(corpus), tok, 16)
+    with pytest.raises(CacheDamaged, match="data's strings"):
+        check_store(target, fingerprint(corpus), tok, 16)
     store = _open(corpus, tok, tmp_path / "cache")
     assert list(store.strings) == list(corpus)
 
@@ -219,8 +209,8 @@ def test_a_manifest_naming_other_files_is_refused(tok, corpus, tmp_path):
     m = _manifest(root)
     m["files"]["../../etc/passwd"] = "0" * 64
     _save(root, m)
-    with pytest.raises(StoreDamaged, match="names other files"):
-        check_store(root, root.name, fingerprint(corpus), tok, 16)
+    with pytest.raises(CacheDamaged, match="names other files"):
+        check_store(root, fingerprint(corpus), tok, 16)
 
 
 def test_strings_that_change_while_tokenised_leave_nothing_in_the_cache(tok, corpus, tmp_path):

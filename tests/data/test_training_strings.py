@@ -18,8 +18,7 @@ WORDS = st.sampled_from(["cat", " cat", "cat  ", "dog", "a dog", "", "   ", "fox
 
 def _same(path, limit=None, seed=7, **options):
     whole = load_training_strings(data=str(path), limit=limit, seed=seed, **options)
-    streamed = stream_training_strings(path, options.get("column"), options.get("field"),
-                                       options.get("skip_bad_lines", False), limit, seed)
+    streamed = stream_training_strings(path, limit=limit, seed=seed, **options)
     assert isinstance(streamed.strings, FileStrings)
     assert list(streamed.strings) == list(whole.strings) and len(streamed.strings) == len(whole.strings)
     assert streamed.summary() == whole.summary()
@@ -35,7 +34,7 @@ def test_text_files_stream_to_what_a_whole_read_gives(tmp_path_factory, lines, l
         load_training_strings(data=str(path), limit=limit, seed=7)
     except UserError as whole_error:  # fewer than 2 distinct strings: the same refusal
         with pytest.raises(UserError, match="needs at least 2 distinct"):
-            stream_training_strings(path, None, None, False, limit, 7)
+            stream_training_strings(path, limit=limit, seed=7)
         assert "needs at least 2 distinct" in str(whole_error)
         return
     _same(path, limit=limit)
@@ -54,7 +53,7 @@ def test_csv_jsonl_and_skipped_lines(tmp_path):
 def test_random_access_reads_up_to_the_string(tmp_path):
     path = tmp_path / "data.txt"
     path.write_text("a\nb\n\na\nc\nd\n", encoding="utf-8")
-    strings = stream_training_strings(path, None, None, False, None, 0).strings
+    strings = stream_training_strings(path, seed=0).strings
     assert (strings[0], strings[2], strings[-1], strings[1:3]) == ("a", "c", "d", ["b", "c"])
     with pytest.raises(IndexError):
         strings[4]
@@ -84,4 +83,4 @@ def test_tables_stream_to_what_a_whole_read_gives(tmp_path, kind):
     assert list(_same(path, column="text", limit=3, seed=1).strings) == list(
         load_training_strings(data=str(path), column="text", limit=3, seed=1).strings)
     with pytest.raises(UserError, match="--column 'nope' not in the data"):
-        stream_training_strings(path, "nope", None, False, None, 0)
+        stream_training_strings(path, column="nope", seed=0)

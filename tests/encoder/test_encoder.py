@@ -214,14 +214,10 @@ def test_similarity_and_search_inputs_are_checked_by_name(tiny_bert):
         search(enc, [b"x"], ["a", "b"])
 
 
-def test_search_and_upload_are_functions_that_take_the_encoder(tiny_bert):
-    """Searching and uploading live in search/ and publish/; the old method names say what to call."""
+def test_search_is_a_function_that_takes_the_encoder(tiny_bert):
+    """Searching lives in search/, uploading in publish/: functions that take the encoder."""
     from mirrorbert.search import search
 
     encoder = Encoder.load(tiny_bert, pooling="cls")
-    for name, call in (("search", "mirrorbert.search.search"), ("build_index", "mirrorbert.search.build_index"),
-                       ("push_to_hub", "mirrorbert.publish.hub.push_encoder")):
-        with pytest.raises(AttributeError, match=call.replace(".", r"\.")):
-            getattr(encoder, name)
     hits = search(encoder, "a dog", ["a dog", "stock markets fell"], top_k=1)
     assert [h.corpus_id for h in hits] == [0]

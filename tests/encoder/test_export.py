@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from mirrorbert.cli.app import main
 from mirrorbert.settings.choices import EXPORT_MIN_COSINE
+from tiny_models import CORPUS
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -134,6 +137,69 @@ def test_exported_encoder_normalises_and_keeps_input_order(exported):
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-6)
 
 
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "export.md"
+
+
+def guide_recipe(marker: str) -> str:
+    """The export guide's Python block that contains `marker`, as the page shows it."""
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(encoding="utf-8"), flags=re.S)
+    found = [block for block in blocks if marker in block]
+    assert len(found) == 1, f"{GUIDE.name}: {len(found)} Python blocks contain {marker!r}"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def normalising_export(tiny_bert, tmp_path_factory):
+    """A normalising model (a Normalize module, as all-MiniLM-L6-v2) with a max length below its tokenizer's,
+    exported to both formats through the command line: (the folder's parent, the folder)."""
+    from mirrorbert.encoder.model import Encoder
+
+    root = tmp_path_factory.mktemp("normalising")
+    encoder = Encoder.load(tiny_bert, device="cpu")
+    encoder.normalize_default = True
+    encoder.save(root / "model")
+    assert main(["export", "--model", str(root / "model"), "--output", str(root / "served"), "--max-length", "16",
+                 "--format", "onnx,openvino"]) == 0
+    return root, root / "served"
+
+
+def test_the_guides_recipes_give_encode_vectors_on_short_and_long_texts(normalising_export, monkeypatch):
+    """The raw onnxruntime recipe (AutoTokenizer + onnxruntime) and the ExportedEncoder one, run as the guide
+    shows them, give `Encoder.encode`'s vectors: the saved tokenizer truncates at the model's 16 tokens (its
+    own limit is 64), and `sentence_embedding` is the normalised vector the model returns."""
+    from transformers import AutoTokenizer
+
+    from mirrorbert.encoder.model import Encoder
+
+    root, served = normalising_export
+    long_text = " ".join(CORPUS)  # far over 16 tokens
+    texts = ["a dog", CORPUS[0], long_text, long_text[: len(long_text) // 2]]
+    assert len(AutoTokenizer.from_pretrained(str(served))(long_text)["input_ids"]) > 16
+    assert AutoTokenizer.from_pretrained(str(served)).model_max_length == 16
+    reference = Encoder.load(served, device="cpu").encode(texts)
+    monkeypatch.chdir(root)  # the recipes name "served/"
+    raw: dict = {}
+    exec(compile(guide_recipe("onnxruntime.InferenceSession"), str(GUIDE), "exec"), raw)
+    vectors = raw["embed"](texts)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)  # the graph normalises
+    assert cosines(vectors, reference).min() >= EXPORT_MIN_COSINE
+    for backend in ("onnx", "openvino"):
+        code = guide_recipe("ExportedEncoder.load").replace('backend="onnx"', f'backend="{backend}"')
+        served_ns: dict = {}
+        exec(compile(code, str(GUIDE), "exec"), served_ns)
+        assert cosines(served_ns["served"].encode(texts), reference).min() >= EXPORT_MIN_COSINE, backend
+
+
+def test_no_install_line_of_the_docs_brings_optimum_next_to_mirrorbert():
+    """`sentence-transformers[onnx]`/`[openvino]` and optimum pin transformers < 5: installed next to mirrorbert
+    they downgrade sentence-transformers, transformers and huggingface_hub, so no page tells a user to."""
+    pages = [GUIDE.parents[2] / "README.md", *sorted((GUIDE.parents[1]).rglob("*.md"))]
+    bad = re.compile(r"^\s*(\$ )?pip install\b.*(sentence-transformers\[(onnx|openvino)|optimum)", re.M)
+    offending = [f"{page.name}: {m.group(0).strip()}" for page in pages
+                 for m in bad.finditer(page.read_text(encoding="utf-8"))]
+    assert not offending, offending
+
+
 def test_an_export_that_differs_from_pytorch_is_refused_and_nothing_written(tiny_bert, tmp_path, capsys, monkeypatch):
     import mirrorbert.encoder.export
 
@@ -147,9 +213,9 @@ def test_an_export_that_differs_from_pytorch_is_refused_and_nothing_written(tiny
 
 @pytest.mark.parametrize("argv, fragment", [
     (["--format", "tflite"], "--format: unknown format tflite"),
-    (["--format", ""], "--format: unknown format"),
+    (["--format", ""], "--format must not be empty"),
     (["--opset", "9"], "--opset 9: must be a whole number from 14 to 23"),
-    (["--pooling", "max"], "--pooling: unknown value 'max'"),
+    (["--pooling", "max"], "--pooling max: not one of cls, mean, first-last"),
     (["--max-length", "0"], "--max-length 0"),
 ])
 def test_bad_options_are_refused_in_one_line_before_loading(tiny_bert, tmp_path, capsys, monkeypatch, argv, fragment):

@@ -73,11 +73,11 @@ def test_fused_adamw_with_clipping_via_backward_and_step():
 
 
 def test_token_span_masking_per_batch_draws_what_mask_span_draws(tiny_bert, corpus):
-    """The batch path (`SecondViews.views_for`) against the one-string reference `mask_span` at the same draw."""
+    """The batch path (`SecondViews.views_for`) against a one-string reference at the same draw."""
     from transformers import AutoTokenizer
 
     from mirrorbert.mirror.views import (
-        STREAM_MASK, SecondViews, mask_span, special_token_ids, tokenize_once, valid_span_starts,
+        STREAM_MASK, SecondViews, special_token_ids, tokenize_once, valid_span_starts,
     )
     from mirrorbert.runtime.randomness import index_uniforms, uniform_choice
 
@@ -91,8 +91,10 @@ def test_token_span_masking_per_batch_draws_what_mask_span_draws(tiny_bert, corp
         drawn = views.views_for(range(len(ids)), 7, epoch)
         expected = []
         for i, u in enumerate(index_uniforms(7, (STREAM_MASK, epoch), range(len(ids)))):
-            starts = valid_span_starts(ids[i], 2, special)
-            chosen = [starts[uniform_choice(float(u), len(starts))]] if starts else []  # the string's own draw
-            expected.append(mask_span(ids[i], 2, tokenizer.mask_token_id, special, torch.Generator(), chosen))
+            starts, view = valid_span_starts(ids[i], 2, special), list(ids[i])
+            if starts:  # the string's own draw
+                start = starts[uniform_choice(float(u), len(starts))]
+                view[start:start + 2] = [tokenizer.mask_token_id] * 2
+            expected.append(view)
         assert drawn == expected
         assert drawn[-1] == ids[-1] and drawn != ids

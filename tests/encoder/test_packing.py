@@ -146,6 +146,25 @@ def test_packed_and_grouped_embeddings_equal_padded(arch, pooling, budget, monke
         assert len(length_groups([len(s) for s in ids])) > 2
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_packed_equals_padded_under_reduced_precision_autocast(arch, precision):
+    """The same layouts under the autocast a bf16/fp16 run uses: equal to padded execution within that
+    precision's rounding (every row's cosine to the padded one at least 0.999)."""
+    from mirrorbert.runtime.device import autocast
+
+    name, folder = arch
+    enc = load(folder, "mean")
+    enc.eval()
+    ids = enc.tokenize(TEXTS)
+    with torch.no_grad(), autocast(torch.device("cpu"), precision):
+        padded = enc.embed(ids, packing=False).float()
+        packed = enc.embed(ids, packing=True).float()
+        grouped = enc.embed(ids, packing="grouped").float()
+    for layout, vectors in (("packed", packed), ("grouped", grouped)):
+        cosine = torch.nn.functional.cosine_similarity(vectors, padded)
+        assert cosine.min() >= 0.999, f"{name} {precision} {layout}: cosine {cosine.min():.5f}"
+
+
 def test_auto_layout_per_batch(tiny_bert_folder):
     enc = load(tiny_bert_folder)
     mixed = [[5] * 40] + [[5] * 5] * 30  # padding would waste most of this batch
@@ -172,7 +191,7 @@ def test_length_groups_sort_and_bound_the_padded_size():
 def _step(enc, first, second, packing_on):
     enc.zero_grad()
     enc.packing = packing_on
-    embeddings = embed_views(enc, first, second, False, torch.device("cpu"), "fp32")
+    embeddings = embed_views(enc, first, second, precision="fp32")
     loss = MirrorInfoNCE(0.05)(embeddings)
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in enc.named_parameters() if p.grad is not None}
@@ -267,8 +286,8 @@ def test_controlled_dropout_gives_identical_views_when_packed(tiny_bert_folder, 
     ids = enc.tokenize(TEXTS)
     try:
         with torch.no_grad():
-            free = embed_views(enc, ids, ids, False, torch.device("cpu"), "fp32")
-            controlled = embed_views(enc, ids, ids, True, torch.device("cpu"), "fp32")
+            free = embed_views(enc, ids, ids, precision="fp32")
+            controlled = embed_views(enc, ids, ids, precision="fp32", controlled_dropout=True)
     finally:
         drophead.remove()
     n = len(ids)

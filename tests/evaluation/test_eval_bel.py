@@ -12,7 +12,7 @@ import pytest
 
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import bel
-from mirrorbert.evaluation.retrieval import chunked_topk, cosine_topk
+from mirrorbert.search.exact import chunked_topk, cosine_topk
 
 
 # ----------------------------------------------------------------------------------- fake encoders
@@ -184,7 +184,7 @@ def test_link_toy_dictionary(tmp_path):
         bel.make_query("breast ovarian", "C2+C3"),
     ]
     enc = BagOfWordsEncoder(VOCAB)
-    res = bel.link(enc, d, queries, ks=(1, 5), chunk_size=3)
+    res = bel.link(enc, d, queries, bel.BelSettings(ks=(1, 5), chunk_size=3))
     # By hand: 'breast ovarian' = (b + o)/sqrt2; cos with 'breast cancer' = cos with 'ovarian cancer'
     # = cos with 'breast carcinoma' = 1/2; ties break to the lower dictionary index, so top-1 is
     # 'breast cancer' (C2): C3 missing at k=1, present at k=5.
@@ -334,7 +334,7 @@ def test_evaluate_bel_end_to_end(tmp_path):
     vocab = VOCAB + ["heparin", "induced", "thrombocytopenia", "thrombopenia", "hyper", "or", "hypotension"]
     enc = BagOfWordsEncoder(vocab)
     preds = tmp_path / "out" / "preds.jsonl"
-    m = bel.evaluate_bel(enc, tmp_path, predictions_path=preds, chunk_size=2)
+    m = bel.evaluate_bel(enc, tmp_path, settings=bel.BelSettings(predictions_path=preds, chunk_size=2))
     # ncbi: heart attack -> C1 (right), cancer -> C4|C5 (right), flu -> C7 (wrong)
     assert m["ncbi_acc@1"] == pytest.approx(2 / 3) and m["ncbi_acc@5"] == pytest.approx(2 / 3)
     assert set(m) == {"ncbi_acc@1", "ncbi_acc@5", "bc5cdr_acc@1", "bc5cdr_acc@5", "primary"}
@@ -354,13 +354,14 @@ def test_evaluate_bel_missing_sets(tmp_path, caplog):
     assert "bc5cdr" in caplog.text and "CDR_TestSet.PubTator.txt" in caplog.text
     assert list(m.skipped) == ["bc5cdr"] and "medic_06Jul2012.txt" in m.skipped["bc5cdr"]
     with pytest.raises(DatasetMissing, match=r"bc5cdr.*CDR_TestSet\.PubTator\.txt.*BioCreative"):
-        bel.evaluate_bel(enc, tmp_path, datasets=("ncbi", "bc5cdr"))  # named sets are required
+        # named sets are required
+        bel.evaluate_bel(enc, tmp_path, settings=bel.BelSettings(datasets=("ncbi", "bc5cdr")))
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(DatasetMissing, match=r"ncbi.*test_dictionary\.txt.*BioSyn"):
         bel.evaluate_bel(enc, empty)
     with pytest.raises(UserError, match="unknown BEL"):
-        bel.evaluate_bel(enc, tmp_path, datasets=("medmentions",))
+        bel.evaluate_bel(enc, tmp_path, settings=bel.BelSettings(datasets=("medmentions",)))
 
 
 # ------------------------------------------------------------------------------------ real data
@@ -375,5 +376,6 @@ def test_real_files_parse(shared_data):
 @pytest.mark.slow
 def test_real_ncbi_char_ngram_smoke(shared_data):
     """A lexical char-3-gram encoder links a good share of NCBI mentions (pipeline sanity check)."""
-    m = bel.evaluate_bel(CharNgramEncoder(), shared_data, datasets=("ncbi",), use_faiss=False)
+    settings = bel.BelSettings(datasets=("ncbi",), use_faiss=False)
+    m = bel.evaluate_bel(CharNgramEncoder(), shared_data, settings=settings)
     assert 0.7 < m["ncbi_acc@1"] <= m["ncbi_acc@5"] < 1.0

@@ -134,7 +134,7 @@ def test_evaluate_bli_exact_rotation(tmp_path, monkeypatch):
     write_pair(tmp_path, "en", "fr")
     write_pair(tmp_path, "it", "fr", wrong=4)  # 4 of 20 golds point at another word
     enc = TableEncoder()
-    m = bli.evaluate_bli(enc, tmp_path, pairs=["en-fr", "it-fr"], extra_vocab=100)
+    m = bli.evaluate_bli(enc, tmp_path, settings=bli.BliSettings(pairs=["en-fr", "it-fr"], extra_vocab=100))
     assert m["en-fr_acc@1"] == 1.0
     assert m["it-fr_acc@1"] == pytest.approx(16 / 20)
     assert m["primary"] == pytest.approx((1.0 + 0.8) / 2)
@@ -149,7 +149,7 @@ def test_evaluate_bli_several_gold_targets(tmp_path, monkeypatch):
     test = tmp_path / "bli" / "en-fr" / "yacle.test.freq.2k.en-fr.tsv"
     # give the two wrongly-aligned sources their right translation as a second gold
     test.write_text(test.read_text() + "en_40\tfr_40\nen_41\tfr_41\n")
-    m = bli.evaluate_bli(TableEncoder(), tmp_path, pairs=["en-fr"], extra_vocab=0)
+    m = bli.evaluate_bli(TableEncoder(), tmp_path, settings=bli.BliSettings(pairs=["en-fr"], extra_vocab=0))
     assert m["en-fr_acc@1"] == 1.0
 
 
@@ -157,20 +157,21 @@ def test_evaluate_bli_missing_pairs(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(bli, "frequent_words", lambda lang, n: [])
     write_pair(tmp_path, "en", "it")
     with caplog.at_level(logging.WARNING):
-        m = bli.evaluate_bli(TableEncoder(), tmp_path, extra_vocab=0)  # default: present pairs only
+        # default: present pairs only
+        m = bli.evaluate_bli(TableEncoder(), tmp_path, settings=bli.BliSettings(extra_vocab=0))
     assert set(m) == {"en-it_acc@1", "primary"}
     assert "yacle.train.freq.5k.en-fr.tsv" in caplog.text
     assert set(m.skipped) == {"en-fr", "en-ru", "en-tr", "it-fr", "ru-fr"}
     with pytest.raises(DatasetMissing, match=r"bli-en-fr.*yacle\.train\.freq\.5k\.en-fr\.tsv.*xling-eval"):
-        bli.evaluate_bli(TableEncoder(), tmp_path, pairs=["en-it", "en-fr"])
+        bli.evaluate_bli(TableEncoder(), tmp_path, settings=bli.BliSettings(pairs=["en-it", "en-fr"]))
     with pytest.raises(DatasetMissing, match=r"bli-de-fi.*xling-eval"):  # pair outside the registry
-        bli.evaluate_bli(TableEncoder(), tmp_path, pairs=["de-fi"])
+        bli.evaluate_bli(TableEncoder(), tmp_path, settings=bli.BliSettings(pairs=["de-fi"]))
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(DatasetMissing, match=r"no BLI pair found.*en-fr, en-it, en-ru, en-tr, it-fr, ru-fr.*xling-eval"):
         bli.evaluate_bli(TableEncoder(), empty)
     with pytest.raises(UserError, match="en-fr"):
-        bli.evaluate_bli(TableEncoder(), tmp_path, pairs=["enfr"])
+        bli.evaluate_bli(TableEncoder(), tmp_path, settings=bli.BliSettings(pairs=["enfr"]))
 
 
 # ------------------------------------------------------------------------------------ real data

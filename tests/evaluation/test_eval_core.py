@@ -22,6 +22,7 @@ from mirrorbert.evaluation.qnli import evaluate_qnli, load_qnli, roc_auc, roc_cu
 from mirrorbert.evaluation.runner import format_value
 from mirrorbert.evaluation.sts import encode_unique, evaluate_sts, load_pair_score, load_sick, load_stsb
 from mirrorbert.evaluation.wordsim import (
+    WordsimSettings,
     clean_word,
     cross_lingual_pairs,
     evaluate_wordsim,
@@ -152,7 +153,6 @@ def test_registry_require_reports_missing_files_and_source(tmp_path):
     assert "dev.tsv" in msg and "gluebenchmark" in msg and "\n" not in msg
     write_qnli(tmp_path, [("q?", "s.", "entailment")])
     assert datasets.require(tmp_path, "qnli") == tmp_path / "qnli"
-    assert datasets.is_available(tmp_path, "qnli") and not datasets.is_available(tmp_path, "stsb")
     with pytest.raises(UserError, match="unknown evaluation set"):
         datasets.require(tmp_path, "nope")
 
@@ -298,9 +298,9 @@ def test_other_language_sts_uses_pair_score_layout(tmp_path):
 def test_simlex_loader_and_wordsim_against_scipy_with_coverage(tmp_path):
     gold = write_wordsim(tmp_path)
     pairs = load_simlex(tmp_path / "wordsim/SimLex-999.txt")
-    assert pairs.w1[1] == "smart" and pairs.scores[1] == 9.2
+    assert pairs.s1[1] == "smart" and pairs.scores[1] == 9.2
     enc = FakeEncoder(seed=7, zero={"keyboard"})  # an out-of-vocabulary word for a static encoder
-    out = evaluate_wordsim(enc, tmp_path, sets=["simlex999", "ws353", "men"])
+    out = evaluate_wordsim(enc, tmp_path, settings=WordsimSettings(sets=["simlex999", "ws353", "men"]))
     ref = spearmanr([cos(enc.vector(a), enc.vector(b)) for a, b, _ in gold["simlex999"]],
                     [s for *_, s in gold["simlex999"]]).correlation
     assert out["simlex999"] == pytest.approx(ref, abs=1e-9) and out["simlex999_coverage"] == 1.0
@@ -319,21 +319,22 @@ def test_multisimlex_loader_monolingual_and_cross_lingual_by_hand(tmp_path):
     assert set(table) == {"en", "fr"} and table["fr"][4] is None and table["en"][2] == ("cat", "dog", 1.2)
     x = cross_lingual_pairs(table, "en", "fr")
     # ID 1: (arm, muscle[fr]) and (bras, muscle[en]), gold (0.69 + 2.6) / 2; ID 5 has no French entry
-    assert list(zip(x.w1[:2], x.w2[:2])) == [("arm", "muscle"), ("bras", "muscle")]
+    assert list(zip(x.s1[:2], x.s2[:2])) == [("arm", "muscle"), ("bras", "muscle")]
     assert x.scores[0] == x.scores[1] == pytest.approx((0.69 + 2.6) / 2)
-    assert len(x) == 10 and x.w2[4] == "chien" and x.w1[5] == "chat"
+    assert len(x) == 10 and x.s2[4] == "chien" and x.s1[5] == "chat"
     assert len(cross_lingual_pairs(table, "en", "fr", max_score_diff=0.5)) == 6  # IDs 2, 3 and 4 only
 
     enc = FakeEncoder(seed=11)
-    out = evaluate_wordsim(enc, tmp_path, sets=["multisimlex"], languages=["en", "FRENCH"], cross_lingual="en-fr")
+    settings = WordsimSettings(sets=["multisimlex"], languages=["en", "FRENCH"], cross_lingual="en-fr")
+    out = evaluate_wordsim(enc, tmp_path, settings=settings)
     en = [(r[1].split(" (")[0], r[2], float(r[3])) for r in MSL_ROWS]
     ref_en = spearmanr([cos(enc.vector(a), enc.vector(b)) for a, b, _ in en], [s for *_, s in en]).correlation
     assert out["msimlex_en"] == pytest.approx(ref_en, abs=1e-9) and out["primary"] == out["msimlex_en"]
-    ref_x = spearmanr([cos(enc.vector(a), enc.vector(b)) for a, b in zip(x.w1, x.w2)], x.scores).correlation
+    ref_x = spearmanr([cos(enc.vector(a), enc.vector(b)) for a, b in zip(x.s1, x.s2)], x.scores).correlation
     assert out["xmsimlex_en-fr"] == pytest.approx(ref_x, abs=1e-9)
     assert "msimlex_fr" in out
     with pytest.raises(UserError, match="L1-L2"):
-        evaluate_wordsim(enc, tmp_path, cross_lingual="en")
+        evaluate_wordsim(enc, tmp_path, settings=WordsimSettings(cross_lingual="en"))
 
 
 # ---------------------------------------------------------------------------------------------- QNLI

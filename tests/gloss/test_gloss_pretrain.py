@@ -95,7 +95,7 @@ def test_resume_reproduces_uninterrupted_run(tiny_bert, tsv, tmp_path):
 
 
 def test_user_errors(tiny_bert, tsv, tmp_path):
-    with pytest.raises(UserError, match="--batch-size"):
+    with pytest.raises(UserError, match="^batch_size=1: must be an integer >= 2"):  # Python names the argument
         pretrain(_cfg(tiny_bert, tsv, tmp_path / "x", batch_size=1))
     (tmp_path / "exists").mkdir()
     with pytest.raises(UserError, match="already exists"):

@@ -4,12 +4,13 @@ Checkpoints (`ck-`): a `step-N` whose manifest names a path that leads out (`..`
 or whose manifest is nested too deep or too big, named directly (one refusal naming the manifest and the path) or
 found under a checkpoint root beside an intact older one (skipped with a warning, the older one resumed); its
 own files (checkpoint.json, the training state, the gloss encoder) as links out, FIFOs, too deep or too big, with
-the manifest rehashed to match or without a manifest (older mirrorbert).
+the manifest rehashed to match.
 
 Caches (`cc-`): the training token store (`$MIRRORBERT_CACHE/tokens/KEY/`) and the MLM token cache with a file
 that is a link out or a FIFO, a manifest too deep or too big or naming other files, the cache folder a link, and
-forged content (ids, strings, dropped strings, tokens, line ends, document starts) with the manifest rehashed: each
-is set aside with one warning and rebuilt right. Data edited while a run reads it: one error, nothing cached.
+forged content (ids, strings, the strings left out, tokens, line ends, document starts) with the manifest rehashed:
+each is set aside with one warning and rebuilt right; a link planted where the cache's own folder goes, a full
+disk, a short write, a file too large, too many open files. Data edited while a run reads it: one error, nothing cached.
 """
 
 from __future__ import annotations
@@ -174,42 +175,37 @@ def _checkpoint_manifest_cases() -> list[FileCase]:
 
 def _checkpoint_file_cases() -> list[FileCase]:
     """checkpoint.json and the training state x {link out, FIFO, too deep, too big} (the safetensors file:
-    link out and FIFO), each with the manifest rehashed to match and without a manifest (older mirrorbert)."""
+    link out and FIFO), each with the manifest rehashed to match."""
     cases = []
     files = {"checkpoint.json": ATTACKS, "training_state.json": ATTACKS,
              "training_state.safetensors": {k: ATTACKS[k] for k in ("link-out", "fifo")}}
     for name, attacks in files.items():
         for attack, craft in attacks.items():
-            for manifest in ("rehashed", "legacy"):
-                def setup(ctx, name=name, craft=craft, manifest=manifest):
-                    step = _step(ctx)
-                    craft(ctx, step / name)
-                    if manifest == "legacy":
-                        (step / "manifest.json").unlink()
-                    else:
-                        _rehash(step, name)
+            def setup(ctx, name=name, craft=craft):
+                step = _step(ctx)
+                craft(ctx, step / name)
+                _rehash(step, name)
 
-                cases.append(FileCase(f"ck-{name.replace('_', '-')}-{attack}-{manifest}", WHAT_CK, setup,
-                                      _resume_api, names=(name,), timeout=60))
+            cases.append(FileCase(f"ck-{name.replace('_', '-')}-{attack}-rehashed", WHAT_CK, setup,
+                                  _resume_api, names=(name,), timeout=60))
     return cases
 
 
 def _gloss_cases() -> list[FileCase]:
-    """The gloss encoder's weights of a gloss-pretrain checkpoint (older mirrorbert: no manifest) as a link out
-    or a FIFO."""
+    """The gloss encoder's weights of a gloss-pretrain checkpoint as a link out or a FIFO, read by the gloss
+    parts' own reader (its confinement alone, whatever the manifest says)."""
     cases = []
     for attack in ("link-out", "fifo"):
         def setup(ctx, attack=attack):
             step = _step(ctx, kind="gloss")
             ATTACKS[attack](ctx, step / "model" / "gloss_encoder.safetensors")
-            (step / "manifest.json").unlink()
 
         def read(ctx):
             from mirrorbert.gloss.parts import _gloss_encoder_state
 
             return _gloss_encoder_state(ctx.folder / "ck" / "step-2" / "model")
 
-        cases.append(FileCase(f"ck-gloss-encoder-{attack}-legacy", WHAT_CK, setup, read,
+        cases.append(FileCase(f"ck-gloss-encoder-{attack}", WHAT_CK, setup, read,
                               names=("gloss_encoder.safetensors",), timeout=60))
     return cases
 
@@ -301,16 +297,17 @@ def _store_rehash(root: Path, meta: dict | None = None, names: tuple[str, ...] =
 
 
 def _forge_store_ids(ctx, root):
-    """Every real id of the first string replaced by another real id of the vocabulary, rehashed."""
+    """Every real id of the first string with tokens (row 1; row 0 is the string left out) replaced by another
+    real id of the vocabulary, rehashed."""
     import numpy as np
 
     tok = _tokenizer(ctx.env)
     ids = np.fromfile(root / "ids.bin", dtype=np.int32)
     bounds = np.fromfile(root / "ids_offsets.bin", dtype=np.int64)
-    first = ids[bounds[0]:bounds[1]]
+    first = ids[bounds[1]:bounds[2]]
     real = ~np.isin(first, sorted(tok.all_special_ids))
     first[real] = next(t for t in range(len(tok) - 1, 0, -1) if t not in tok.all_special_ids)
-    ids[bounds[0]:bounds[1]] = first
+    ids[bounds[1]:bounds[2]] = first
     ids.tofile(root / "ids.bin")
     _store_rehash(root, names=("ids.bin",))
 
@@ -324,31 +321,30 @@ def _forge_store_text(ctx, root):
 
 
 def _forge_store_swap(ctx, root):
-    """Two strings swapped with their ids (every count and checksum consistent): the tokens are the tokenizer's,
-    of the wrong strings' places."""
+    """Two strings swapped with their ids (rows 1 and 2; every count and checksum consistent): the tokens are the
+    tokenizer's, of the wrong strings' places."""
     import numpy as np
 
     for stem in ("ids", "text"):
         dtype = np.int32 if stem == "ids" else np.uint8
         data = np.fromfile(root / f"{stem}.bin", dtype=dtype)
         off = np.fromfile(root / f"{stem}_offsets.bin", dtype=np.int64)
-        a, b = data[off[0]:off[1]], data[off[1]:off[2]]
-        data[off[0]:off[0] + len(b)], data[off[0] + len(b):off[2]] = b, a
-        off[1] = off[0] + len(b)
+        a, b = data[off[1]:off[2]].copy(), data[off[2]:off[3]].copy()
+        data[off[1]:off[1] + len(b)], data[off[1] + len(b):off[3]] = b, a
+        off[2] = off[1] + len(b)
         data.tofile(root / f"{stem}.bin")
         off.tofile(root / f"{stem}_offsets.bin")
     _store_rehash(root, names=("ids.bin", "ids_offsets.bin", "text.bin", "text_offsets.bin"))
 
 
 def _forge_store_dropped(ctx, root):
-    """The dropped string given back its place among the kept ones is not possible without tokens; instead the
-    dropped list emptied and the count lowered: the strings read no longer hash to the data's."""
+    """The list of strings left out emptied and the counts made to match: the string without tokens would be
+    trained on."""
     meta = _store_manifest(root)
-    for stem in ("dropped", "dropped_at"):
-        (root / f"{stem}.bin").write_bytes(b"")
-    (root / "dropped_offsets.bin").write_bytes(bytes(8))
-    meta.update(dropped=0, dropped_bytes=0, read=meta["strings"], dropped_example=None)
-    _store_rehash(root, meta, ("dropped.bin", "dropped_at.bin", "dropped_offsets.bin"))
+    (root / "dropped_at.bin").write_bytes(b"")
+    meta["counts"]["dropped_at.bin"] = 0
+    meta.update(dropped=0, strings=meta["read"], dropped_example=None)
+    _store_rehash(root, meta, ("dropped_at.bin",))
 
 
 def _store_folder_link(ctx, root):
@@ -367,7 +363,7 @@ def _store_manifest_names_out(ctx, root):
 
 def _token_store_cases() -> list[FileCase]:
     cases = []
-    for name in ("manifest.json", "ids.bin", "ids_offsets.bin", "text.bin", "text_offsets.bin", "dropped.bin"):
+    for name in ("manifest.json", "ids.bin", "ids_offsets.bin", "text.bin", "text_offsets.bin", "dropped_at.bin"):
         for attack in ("link-out", "fifo"):
             cases.append(FileCase(f"cc-tokens-{name.replace('_', '-')}-{attack}", WHAT_TOKENS,
                                   _primed_store(lambda ctx, root, name=name, attack=attack:
@@ -392,7 +388,7 @@ CORPUS = ("the cat sat on the mat\na dog ran in the park\n\nthe quick brown fox 
 
 
 def _prepare(ctx: Context):
-    from mirrorbert.mlm.corpus import prepare_corpus
+    from mirrorbert.data.token_stream import prepare_corpus
 
     return prepare_corpus(ctx.folder / "corpus.txt", _tokenizer(ctx.env), ctx.folder / "cache", eval_fraction=0.0,
                           show_progress=False)
@@ -431,10 +427,10 @@ def _primed_mlm(damage: Callable[[Context, Path], Any]):
 
 
 def _mlm_rehash(root: Path, *names: str) -> None:
-    meta = json.loads((root / "meta.json").read_text(encoding="utf-8"))
+    meta = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
     for name in names:
         meta["files"][name] = _sha(root / name)
-    (root / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    (root / "manifest.json").write_text(json.dumps(meta), encoding="utf-8")
 
 
 def _mlm_forge_tokens(ctx, root):
@@ -473,7 +469,7 @@ def _mlm_forge_docs(ctx, root):
 
 def _mlm_cases() -> list[FileCase]:
     cases = []
-    for name in ("meta.json", "train.tokens", "train.docs", "train.ends"):
+    for name in ("manifest.json", "train.tokens", "train.docs", "train.ends"):
         for attack in ("link-out", "fifo"):
             cases.append(FileCase(f"cc-mlm-{name.replace('.', '-')}-{attack}", WHAT_MLM,
                                   _primed_mlm(lambda ctx, root, name=name, attack=attack:
@@ -486,7 +482,8 @@ def _mlm_cases() -> list[FileCase]:
         shutil.rmtree(root)
         root.symlink_to(outside)
 
-    more = {"meta-huge": lambda ctx, root: _huge(ctx, root / "meta.json"), "cache-folder-a-link-out": folder_link,
+    more = {"manifest-huge": lambda ctx, root: _huge(ctx, root / "manifest.json"),
+            "cache-folder-a-link-out": folder_link,
             "forged-tokens-rehashed": _mlm_forge_tokens, "forged-sentences-swapped-rehashed":
                 _mlm_forge_sentences_swapped, "forged-document-starts-rehashed": _mlm_forge_docs}
     for id_, damage in more.items():
@@ -512,6 +509,19 @@ def _nothing_cached(cache: Path) -> None:
     assert not left, f"left in the cache: {left}"
 
 
+@contextlib.contextmanager
+def _cache_root(path: Path):
+    before = os.environ.get("MIRRORBERT_CACHE")
+    os.environ["MIRRORBERT_CACHE"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MIRRORBERT_CACHE", None)
+        else:
+            os.environ["MIRRORBERT_CACHE"] = before
+
+
 def _train_strings_edited(ctx: Context):
     """The real path of `train`: the strings streamed from the file (`FileStrings`), fingerprinted, then the
     file edited before they are tokenised into the store."""
@@ -519,51 +529,42 @@ def _train_strings_edited(ctx: Context):
     from mirrorbert.mirror.train import training_store
 
     data = ctx.write("strings.txt", "".join(f"a training string number {i}\n" for i in range(12)))
-    strings = stream_training_strings(data, None, None, False, None, 0)
+    strings = stream_training_strings(data, seed=0)
     data.write_text("".join(f"an edited string number {i}\n" for i in range(12)), encoding="utf-8")
-    cache = ctx.folder / "cache"
-    before = os.environ.get("MIRRORBERT_CACHE")
-    os.environ["MIRRORBERT_CACHE"] = str(cache)
     try:
-        return training_store(strings, _tokenizer(ctx.env), 16)
+        with _cache_root(ctx.folder / "cache"):
+            return training_store(strings, _tokenizer(ctx.env), 16)
     finally:
-        if before is None:
-            os.environ.pop("MIRRORBERT_CACHE", None)
-        else:
-            os.environ["MIRRORBERT_CACHE"] = before
-        _nothing_cached(cache / "tokens")
+        _nothing_cached(ctx.folder / "cache" / "tokens")
 
 
 def _corpus_edited_while_tokenised(ctx: Context):
-    from mirrorbert.mlm import corpus
+    from mirrorbert.data.token_stream import CorpusLayout
 
     path = ctx.write("corpus.txt", CORPUS)
-
-    def edited(tokenize):
-        def run(*args, **kwargs):
-            path.write_text(CORPUS.replace("cat", "dog"), encoding="utf-8")
-            return tokenize(*args, **kwargs)
-        return run
-
     try:
-        with _patched(corpus, "_tokenize_into", None) as original:
-            corpus._tokenize_into = edited(original)
+        with _patched(CorpusLayout, "write", None) as original:
+            def edited(*args, **kwargs):
+                path.write_text(CORPUS.replace("cat", "dog"), encoding="utf-8")
+                return original(*args, **kwargs)
+
+            CorpusLayout.write = edited
             return _prepare(ctx)
     finally:
         _nothing_cached(ctx.folder / "cache")
 
 
 def _corpus_edited_while_cache_checked(ctx: Context):
-    from mirrorbert.mlm import corpus_checks as corpus
+    from mirrorbert.data.token_stream import CorpusLayout
 
     path = ctx.folder / "corpus.txt"
     try:
-        with _patched(corpus, "_check_meta", None) as original:
+        with _patched(CorpusLayout, "replay", None) as original:
             def edited(*args, **kwargs):
                 path.write_text(CORPUS.replace("cat", "dog"), encoding="utf-8")
                 return original(*args, **kwargs)
 
-            corpus._check_meta = edited
+            CorpusLayout.replay = edited
             return _prepare(ctx)
     finally:
         assert not any(".damaged-" in p.name for p in (ctx.folder / "cache").iterdir()), \
@@ -581,6 +582,99 @@ def _edit_cases() -> list[FileCase]:
     ]
 
 
+# ----------------------------------------------------------------------------- where the cache cannot be written
+def _planted_link(folder_name: str):
+    """The cache's own folder (`tokens/`, `mlm-corpus/`) a link to somebody else's folder."""
+    def setup(ctx: Context) -> None:
+        (ctx.folder / "corpus.txt").write_text(CORPUS, encoding="utf-8")
+        ctx.victim(ctx.folder / "elsewhere" / "precious")
+        (ctx.folder / "cache-root").mkdir()
+        (ctx.folder / "cache-root" / folder_name).symlink_to(ctx.folder / "elsewhere")
+    return setup
+
+
+def _through_the_link(call):
+    def action(ctx: Context):
+        try:
+            with _cache_root(ctx.folder / "cache-root"):
+                return call(ctx)
+        finally:
+            left = sorted(p.name for p in (ctx.folder / "elsewhere").iterdir())
+            assert left == ["precious"], f"written through the link: {left}"
+    return action
+
+
+def _default_store(ctx: Context):
+    from mirrorbert.data.readers import chunked
+    from mirrorbert.data.strings import fingerprint
+    from mirrorbert.data.token_store import open_token_store
+
+    strings = _strings(ctx)
+    return open_token_store(chunked(strings, 7), fingerprint(strings), _tokenizer(ctx.env), 16)
+
+
+def _default_corpus(ctx: Context):
+    from mirrorbert.data.token_stream import prepare_corpus
+
+    return prepare_corpus(ctx.folder / "corpus.txt", _tokenizer(ctx.env), eval_fraction=0.0, show_progress=False)
+
+
+def _failing_disk(error: OSError, call):
+    """`call` with every write of the cache's files failing with `error` (a full disk, numpy's short write)."""
+    def action(ctx: Context):
+        from mirrorbert.data.token_cache import ArrayWriter
+
+        def fail(writer, fh, data):
+            raise error
+
+        (ctx.folder / "corpus.txt").write_text(CORPUS, encoding="utf-8")
+        with _patched(ArrayWriter, "write", fail):
+            return call(ctx)
+    return action
+
+
+def _too_many_open_files(ctx: Context):
+    """A valid store opened with no descriptor left (`ulimit -n`): an error, never damage."""
+    import resource
+
+    from mirrorbert.data.readers import chunked
+    from mirrorbert.data.strings import fingerprint
+    from mirrorbert.data.token_store import open_token_store
+
+    strings, tokenizer = _strings(ctx), _tokenizer(ctx.env)
+    args = (chunked(strings, 7), fingerprint(strings), tokenizer, 16, ctx.folder / "cache")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest = os.open(os.devnull, os.O_RDONLY)
+    os.close(lowest)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))  # the next open fails with EMFILE
+    try:
+        return open_token_store(*args)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert not any(".damaged-" in p.name for p in (ctx.folder / "cache").iterdir()), \
+            "a store that could not be opened was set aside as damaged"
+
+
+def _failure_cases() -> list[FileCase]:
+    import errno
+
+    what = "a cache that cannot be written or opened"
+    full, short = OSError(errno.ENOSPC, "No space left on device"), OSError("98852 requested and 51200 written")
+    return [
+        FileCase("cc-tokens-folder-a-planted-link", what, _planted_link("tokens"), _through_the_link(_default_store),
+                 names=("tokens",), timeout=60),
+        FileCase("cc-mlm-folder-a-planted-link", what, _planted_link("mlm-corpus"),
+                 _through_the_link(_default_corpus), names=("mlm-corpus",), timeout=60),
+        FileCase("cc-tokens-disk-full", what, None, _failing_disk(full, _open_store), names=("MIRRORBERT_CACHE",),
+                 timeout=60),
+        FileCase("cc-tokens-short-write", what, None, _failing_disk(short, _open_store),
+                 names=("MIRRORBERT_CACHE",), timeout=60),
+        FileCase("cc-mlm-disk-full", what, None, _failing_disk(full, _prepare), names=("--cache-dir",), timeout=60),
+        FileCase("cc-tokens-too-many-open-files", what, _primed_store(lambda ctx, root: None), _too_many_open_files,
+                 names=("Too many open files",), timeout=60),
+    ]
+
+
 def cases(env) -> list[FileCase]:
     return [*_checkpoint_manifest_cases(), *_checkpoint_file_cases(), *_gloss_cases(), *_cli_resume_cases(env),
-            *_token_store_cases(), *_mlm_cases(), *_edit_cases()]
+            *_token_store_cases(), *_mlm_cases(), *_edit_cases(), *_failure_cases()]

@@ -1,15 +1,15 @@
 """Hostile files that try to run code (issue 26, "no code from files, ever"); ids start with `code:`.
 
 * crafted pickles (`__reduce__` payloads: exec, open, os.system, eval) in a checkpoint's `training_state.pt`
-  (manifest removed, as "older mirrorbert", or recomputed to match), in `gloss_encoder.pt`, and as a
-  pickle-only `pytorch_model.bin` for every command that loads a model and for `Encoder.load`;
+  or `gloss_encoder.pt` in place of the safetensors state (manifest removed, or recomputed to match: refused
+  as incomplete, never read), and as a pickle-only `pytorch_model.bin` for every command that loads a model
+  and for `Encoder.load`;
 * an `auto_map` in `config.json` / `tokenizer_config.json` naming the folder's own `.py` (which writes the
   canary when imported), with standard input answering "y" to transformers' prompt, for every command, for
   `Encoder.load` and `mirrorbert.train`; `trust_remote_code` from a config file; a `modules.json` naming a
   module type from outside sentence-transformers;
-* what must keep working: `--trust-remote-code` on a folder without `auto_map`, a clean `.pt` checkpoint of
-  older mirrorbert (it resumes), a planted `training_state.pt` beside the new state (never read), a pickle
-  folder pushed with `push --dry-run` (never loaded).
+* what must keep working: `--trust-remote-code` on a folder without `auto_map`, a planted `training_state.pt`
+  beside the safetensors state (never read), a pickle folder pushed with `push --dry-run` (never loaded).
 """
 
 from __future__ import annotations
@@ -265,16 +265,15 @@ def copy_checkpoint(ctx: Context, kind: str) -> Path:
     return dest
 
 
-def legacy_state(step: Path, payload: Any = None, manifest: str = "removed") -> None:
-    """Turn a checkpoint into one of older mirrorbert: training_state.pt (a pickle), optionally with a payload;
-    its manifest removed ("older mirrorbert") or recomputed to match the crafted files."""
+def pickled_state(step: Path, payload: Any, manifest: str = "removed") -> None:
+    """Put the checkpoint's training state in a pickle (training_state.pt) with a payload, in place of the
+    safetensors state; its manifest removed or recomputed to match the crafted files."""
     import torch
 
     from mirrorbert.training.checkpoints import MANIFEST, read_training_state, write_manifest
 
     state = read_training_state(step)
-    if payload is not None:
-        state["extra"]["note"] = payload
+    state["extra"]["note"] = payload
     torch.save(state, step / "training_state.pt")
     for name in ("training_state.safetensors", "training_state.json"):
         (step / name).unlink()
@@ -283,7 +282,7 @@ def legacy_state(step: Path, payload: Any = None, manifest: str = "removed") -> 
         write_manifest(step)
 
 
-def legacy_gloss_encoder(step: Path, payload: Any = None, manifest: str = "removed") -> None:
+def pickled_gloss_encoder(step: Path, payload: Any, manifest: str = "removed") -> None:
     import torch
     from safetensors.torch import load_file
 
@@ -291,8 +290,7 @@ def legacy_gloss_encoder(step: Path, payload: Any = None, manifest: str = "remov
 
     parts = step / "model"
     state: dict[str, Any] = dict(load_file(str(parts / "gloss_encoder.safetensors")))
-    if payload is not None:
-        state["payload"] = payload
+    state["payload"] = payload
     torch.save(state, parts / "gloss_encoder.pt")
     (parts / "gloss_encoder.safetensors").unlink()
     (step / MANIFEST).unlink()
@@ -338,25 +336,27 @@ def cases(env: dict[str, Path]) -> list[FileCase]:
     have_shared = "shared" in env
     usable = [c for c in MODEL_COMMANDS if have_shared or c not in NEEDS_SHARED]
 
-    # --- training state and gloss encoder: crafted pickles in checkpoints
+    # --- training state and gloss encoder: crafted pickles in checkpoints, refused as incomplete (the line
+    # names the missing manifest or safetensors file), never read
+    missing = {"removed": "manifest.json", "recomputed": "training_state.safetensors"}
     state_cases = [
         ("train", "exec", "removed"), ("train", "open", "recomputed"), ("mlm", "system", "removed"),
         ("mlm", "eval", "recomputed"), ("gloss", "exec", "removed"), ("gloss", "open", "recomputed"),
     ]
     for kind, payload, manifest in state_cases:
         def setup(ctx, kind=kind, payload=payload, manifest=manifest):
-            legacy_state(copy_checkpoint(ctx, kind), _payload(ctx, payload), manifest)
+            pickled_state(copy_checkpoint(ctx, kind), _payload(ctx, payload), manifest)
 
         found.append(FileCase(
             f"code:{kind}-resume-training-state-pt-{payload}-manifest-{manifest}", WHAT_PICKLE, setup,
             lambda ctx, kind=kind: resume_argv(ctx, kind, ctx.folder / "ck" / "step-1"),
-            names=("training_state.pt",), timeout=120))
+            names=(missing[manifest],), timeout=120))
 
     def setup_root(ctx):
-        legacy_state(copy_checkpoint(ctx, "train"), _payload(ctx, "eval"), "removed")
+        pickled_state(copy_checkpoint(ctx, "train"), _payload(ctx, "eval"), "removed")
 
     found.append(FileCase("code:train-resume-checkpoint-root-training-state-pt", WHAT_PICKLE, setup_root,
-                          lambda ctx: resume_argv(ctx, "train", ctx.folder / "ck"), names=("training_state.pt",),
+                          lambda ctx: resume_argv(ctx, "train", ctx.folder / "ck"), names=("no intact checkpoint",),
                           timeout=120))
 
     def api_resume(ctx):
@@ -368,22 +368,26 @@ def cases(env: dict[str, Path]) -> list[FileCase]:
             resume=str(ctx.folder / "ck" / "step-1")))
 
     found.append(FileCase("code:python-train-resume-training-state-pt", WHAT_PICKLE, setup_root, api_resume,
-                          names=("training_state.pt",), timeout=120))
+                          names=("manifest.json",), timeout=120))
 
+    missing_gloss = {"removed": "manifest.json", "recomputed": "gloss_encoder.safetensors"}
     for payload, manifest in (("system", "removed"), ("exec", "recomputed")):
         def setup_gloss(ctx, payload=payload, manifest=manifest):
-            legacy_gloss_encoder(copy_checkpoint(ctx, "gloss"), _payload(ctx, payload), manifest)
+            pickled_gloss_encoder(copy_checkpoint(ctx, "gloss"), _payload(ctx, payload), manifest)
 
         found.append(FileCase(f"code:gloss-resume-gloss-encoder-pt-{payload}-manifest-{manifest}", WHAT_PICKLE,
                               setup_gloss, lambda ctx: resume_argv(ctx, "gloss", ctx.folder / "ck" / "step-1"),
-                              names=("gloss_encoder.pt",), timeout=120))
+                              names=(missing_gloss[manifest],), timeout=120))
 
     # the checkpoint's model folder: a pickle-only model, or one asking for its own code
     def setup_ck_model_pickle(ctx):
+        from mirrorbert.training.checkpoints import write_manifest
+
         step = copy_checkpoint(ctx, "train")
         shutil.rmtree(step / "model")
         shutil.move(str(pickle_model(ctx, "open", name="crafted")), str(step / "model"))
         (step / "manifest.json").unlink()
+        write_manifest(step)
 
     found.append(FileCase("code:train-resume-checkpoint-model-pickle-bin", WHAT_PICKLE, setup_ck_model_pickle,
                           lambda ctx: resume_argv(ctx, "train", ctx.folder / "ck" / "step-1"),
@@ -409,14 +413,7 @@ def cases(env: dict[str, Path]) -> list[FileCase]:
     found.append(FileCase("code:pretrain-mlm-resume-checkpoint-model-auto-map", WHAT_REMOTE, setup_ck_model_remote,
                           resume_yes, names=("auto_map", "--trust-remote-code"), timeout=120))
 
-    # what must keep working: a clean checkpoint of older mirrorbert, a planted .pt beside the new state
-    for kind in ("train", "gloss"):
-        found.append(FileCase(
-            f"code:{kind}-resume-clean-legacy-training-state-pt", WHAT_PICKLE,
-            lambda ctx, kind=kind: legacy_state(copy_checkpoint(ctx, kind)),
-            lambda ctx, kind=kind: resume_argv(ctx, kind, ctx.folder / "ck" / "step-1"),
-            expect=WORKS, check=_resumed(kind), timeout=180))
-
+    # what must keep working: a planted .pt beside the safetensors state
     def setup_planted(ctx):
         import torch
 

@@ -5,8 +5,10 @@ Generated where the threat is a product: every file of an index folder x {a link
 same bytes (every checksum still matches), a FIFO, a link to /dev/zero, a folder}; every path a dataset folder
 names x {`..`, an absolute path, a link out, a FIFO, /dev/zero, a folder}; every data option x {a FIFO, a line
 with no end, a million-column header}; the manifest fields that change results x {edited}; `hf:` names that
-read as paths. Each ends in one clean refusal naming the file (or option), or in correct work whose output is
-checked (texts with terminal control characters come out escaped).
+read as paths. Issue 42's open cases: every claim of an index against what can check it (texts dropped or
+rewritten, ids past the corpus's end, a maximum length the vectors disprove), a corpus that cannot be read, a
+table's string that is not UTF-8. Each ends in one clean refusal naming the file (or option), or in correct work
+whose output is checked (texts with terminal control characters come out escaped).
 """
 
 from __future__ import annotations
@@ -439,5 +441,143 @@ def _hub_cases(env) -> list[FileCase]:
     return cases
 
 
+# ----------------------------------------------------------------------------- claims against what proves them
+def _claim_cases(env) -> list[FileCase]:
+    """Issue 42's open cases: each claim of an index checked against what can check it (the corpus's lines and
+    line count, the vectors' encoding settings), a corpus that cannot be read said so, a table's string that is
+    not UTF-8 named by its row."""
+    import numpy as np
+
+    W = "index folder leading out or lying"
+    cases: list[FileCase] = []
+
+    def refused(id_, setup, names, action=None):
+        cases.append(FileCase(f"ix-{id_}", W, setup, action or (lambda ctx: _search(ctx)), names=names))
+
+    def with_corpus(ctx):
+        return _search(ctx, "--corpus", ctx.env["data"])
+
+    def texts_dropped(**changes):
+        def setup(ctx):
+            folder = _index(ctx)
+            (folder / "texts.jsonl").unlink()
+            _write_manifest(folder, {**_manifest(folder), "texts": False, **changes})
+        return setup
+
+    T = ("'texts' false",)
+    refused("corpus-given-texts-dropped-from-the-manifest", texts_dropped(), T, action=with_corpus)
+    refused("index-manifest-max-length-3-texts-dropped", texts_dropped(max_length=3), T)
+    refused("index-manifest-pooling-cls-texts-dropped", texts_dropped(pooling="cls"), T)
+    refused("index-manifest-max-length-3", _edited(max_length=3), ("vectors.npy row", "max_length 3"))
+
+    def rewritten_in_place(ctx):
+        from mirrorbert.search.exact import SearchIndex
+
+        index = SearchIndex.load(ctx.folder / "index", use_faiss=False)
+        path = ctx.folder / "index" / "texts.jsonl"
+        first = path.read_bytes().index(b"\n")
+        with open(path, "r+b") as fh:  # the same file and length, another text: no checksum is read again
+            fh.write(b'"' + b"x" * (first - 2) + b'"')
+        return index.texts[0]
+
+    cases.append(FileCase("ix-api-index-texts-rewritten-in-place-after-the-check", W, _index, rewritten_in_place,
+                          names=("texts.jsonl:1",)))
+
+    def id_past_the_end(ctx):
+        folder = _index(ctx)
+        ids = np.load(folder / "ids.npy")
+        (folder / "ids.npy").write_bytes(_npy(np.concatenate([ids[:-1], [ids[-1] + 30]]).astype(np.int64)))
+        _rehash(folder, "ids.npy")
+        data = _manifest(folder)
+        _write_manifest(folder, {**data, "corpus_lines": data["corpus_lines"] + 40})
+
+    L = ("corpus_lines",)
+    refused("corpus-lines-inflated-id-past-the-corpus-end", id_past_the_end, L)
+    refused("corpus-given-lines-inflated-id-past-the-corpus-end", id_past_the_end, L, action=with_corpus)
+    cases.append(FileCase("ix-index-max-length-3-fixed-spot-rows-re-encoded", W, _fixed_spot_rows_forged,
+                          lambda ctx: _search(ctx, "--faiss", "no"), names=("vectors.npy row",), timeout=120))
+
+    R = ("/proc/self/mem: cannot be read",)
+    if os.path.exists("/proc/self/mem"):
+        refused("corpus-given-proc-self-mem", _index, R, action=lambda ctx: _search(ctx, "--corpus", "/proc/self/mem"))
+
+        def named_without_size(ctx):
+            folder = _index(ctx)
+            data = {**_manifest(folder), "corpus": "/proc/self/mem"}
+            del data["corpus_bytes"]
+            _write_manifest(folder, data)
+
+        refused("corpus-named-proc-self-mem-size-dropped", named_without_size, R)
+        refused("index-corpus-proc-self-mem", None, R, action=lambda ctx: [
+            "index", "--model", ctx.env["tiny"], "--corpus", "/proc/self/mem", "--output", ctx.folder / "idx", *QUIET])
+    return cases
+
+
+def _fixed_spot_rows_forged(ctx: Context) -> None:
+    """An index of 300 lines whose rows a fixed spot check would re-encode (the longest, some spread evenly) are
+    re-made with max_length 3, its manifest edited to 3 and rehashed."""
+    import numpy as np
+
+    from mirrorbert.encoder.model import Encoder
+
+    words = "the cat sat on a mat dog ran in park bank raised rates".split()
+    lines = [" ".join(words[(i + k) % len(words)] for k in range(2 + i % 9)) + f" {i}" for i in range(300)]
+    corpus = ctx.write("corpus.txt", "\n".join(lines) + "\n")
+    folder = ctx.folder / "index"
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert _captured(["index", "--model", ctx.env["tiny"], "--corpus", corpus, "--output", folder,
+                          *QUIET])["rc"] == 0
+    lengths = np.array([len(json.dumps(t)) + 1 for t in lines])
+    forged = sorted(set(np.argsort(-lengths, kind="stable")[:4].tolist())
+                    | set(np.linspace(0, len(lines) - 1, num=4).astype(int).tolist()))
+    vectors = np.load(folder / "vectors.npy")
+    vectors[forged] = Encoder.load(str(ctx.env["tiny"]), pooling="mean", max_length=3).encode(
+        [lines[r] for r in forged], normalize=True)
+    (folder / "vectors.npy").write_bytes(_npy(vectors.astype(np.float32)))
+    _rehash(folder, "vectors.npy")
+    (folder / "faiss.index").unlink(missing_ok=True)
+    data = _manifest(folder)
+    data["files"].pop("faiss.index", None)
+    _write_manifest(folder, {**data, "max_length": 3, "faiss": False})
+
+
+def _table_text_cases(env) -> list[FileCase]:
+    """A Parquet or Arrow string column holding bytes that are not UTF-8 (a lone surrogate's): one line naming the
+    file and the row, from every command that reads data."""
+    W = "crafted data file"
+    tiny = env["tiny"]
+
+    def make(kind):
+        def setup(ctx: Context):
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            column = pa.array([b"plain text", b"a lone \xed\xa0\x80 surrogate", b"after"], pa.binary()).view(pa.string())
+            table = pa.table({"text": column})
+            if kind == "parquet":
+                pq.write_table(table, ctx.folder / "data.parquet")
+            else:
+                with pa.ipc.new_stream(str(ctx.folder / "data.arrow"), table.schema) as writer:
+                    writer.write_table(table)
+        return setup
+
+    commands = {
+        "encode": lambda ctx, p: ["encode", "--input", p, "--output", ctx.folder / "v.npy"],
+        "train": lambda ctx, p: ["train", "--data", p, "--output", ctx.folder / "m", "--steps", "1"],
+        "search": lambda ctx, p: ["search", "--corpus", p, "--query", "q"],
+        "index": lambda ctx, p: ["index", "--corpus", p, "--output", ctx.folder / "idx"],
+    }
+    cases = []
+    for kind in ("parquet", "arrow"):
+        for name, command in commands.items():
+            def action(ctx, kind=kind, command=command):
+                return [*command(ctx, ctx.folder / f"data.{kind}"), "--model", tiny, "--column", "text", *QUIET]
+
+            cases.append(FileCase(f"ds-{kind}-lone-surrogate-{name}", W, make(kind), action,
+                                  names=(f"data.{kind}: row 1: column 'text' is not UTF-8",)))
+    return cases
+
+
 def cases(env) -> list[FileCase]:
-    return [*_index_cases(env), *_data_option_cases(env), *_dataset_folder_cases(env), *_hub_cases(env)]
+    return [*_index_cases(env), *_claim_cases(env), *_data_option_cases(env), *_dataset_folder_cases(env),
+            *_hub_cases(env), *_table_text_cases(env)]

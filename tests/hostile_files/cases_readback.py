@@ -1,6 +1,6 @@
 """Hostile files of issue 26, "what is read back is checked against its manifest" (ids `read:`).
 
-Tampered index folders (manifest, vectors.npy, ids.json, texts.jsonl, faiss.index, the corpus the manifest
+Tampered index folders (manifest, vectors.npy, ids.npy, texts.jsonl, faiss.index, the corpus the manifest
 names), MLM token caches that are damaged or stale, crafted CSV/TSV/JSONL/Parquet/Arrow inputs, evaluation
 gold files with NaN/infinite/out-of-range scores in a copy of the data-directory layout, configs with absurd
 sizes, 20-digit seeds, and Python calls with mismatched inputs. Each ends in one clean refusal naming the file
@@ -18,7 +18,6 @@ import shutil
 from pathlib import Path
 
 from hostile_files.harness import REFUSED, WORKS, Context, FileCase
-from support import index_as_format_1
 
 QUIET = ["--no-progress"]
 
@@ -66,11 +65,8 @@ def _write_manifest(folder: Path, data: dict) -> None:
 
 def _tamper(ctx: Context, name: str, content: bytes | str, rehash: bool = True, base=_base_index) -> Path:
     """Replace one index file; with `rehash` the manifest's checksum is updated too (a tamperer who knows the
-    format), so the structural checks are what must catch it. ids.json is a format /1 index's file: the
-    folder is turned into one first."""
+    format), so the structural checks are what must catch it."""
     folder = _index(ctx, base=base)
-    if name == "ids.json":
-        index_as_format_1(folder)
     path = folder / name
     path.write_bytes(content.encode("utf-8") if isinstance(content, str) else content)
     if rehash and "files" in _manifest(folder):
@@ -215,7 +211,7 @@ def _ivf_cases(env, refused) -> list[FileCase]:
     refused("manifest-ivf-extra-key", lambda ctx: _edit_manifest(
         ctx, base=_base_ivf_index, ivf={**meta(ctx), "file": "/etc/passwd"}), M)
     refused("manifest-ivf-missing", edit(ivf=None), M)
-    refused("manifest-ivf-on-format-1", edit(format="mirrorbert-index/1"), M)
+    refused("manifest-format-1", edit(format="mirrorbert-index/1"), M)
     refused("manifest-ivf-description-on-exact", lambda ctx: _edit_manifest(
         ctx, ivf={"nlist": 1, "nprobe": 1, "codes": "sq8", "metric": "inner_product", "seed": 0}), M)
 
@@ -258,34 +254,6 @@ def _index_cases(env) -> list[FileCase]:
 
     def rows() -> int:
         return int(_manifest(_base_index(env))["rows"])
-
-    ids = lambda ctx: np.load(_base_index(ctx.env) / "ids.npy").tolist()  # noqa: E731
-    refused("ids-path-strings", lambda ctx: _tamper(ctx, "ids.json", json.dumps(
-        ["../../etc/passwd"] * len(ids(ctx)))), ("ids.json",))
-    refused("ids-nested-lists", lambda ctx: _tamper(ctx, "ids.json", json.dumps([[i] for i in ids(ctx)])),
-            ("ids.json",))
-    refused("ids-objects", lambda ctx: _tamper(ctx, "ids.json", json.dumps([{"a": 1}] * len(ids(ctx)))),
-            ("ids.json",))
-    refused("ids-one-short", lambda ctx: _tamper(ctx, "ids.json", json.dumps(ids(ctx)[:-1])), ("ids.json",))
-    refused("ids-deep-nesting-100000", lambda ctx: _tamper(ctx, "ids.json", "[" * 100000 + "]" * 100000),
-            ("ids.json",))
-    refused("ids-deep-nesting-small-enough-to-read", lambda ctx: _tamper(ctx, "ids.json", "[" * 300 + "]" * 300),
-            ("ids.json",))
-    refused("ids-not-json", lambda ctx: _tamper(ctx, "ids.json", "this is not json\n"), ("ids.json",))
-    refused("ids-huge", lambda ctx: _tamper(ctx, "ids.json", " " * (8 << 20) + json.dumps(ids(ctx))),
-            ("ids.json",))
-    refused("ids-booleans", lambda ctx: _tamper(ctx, "ids.json", json.dumps([True] * len(ids(ctx)))),
-            ("ids.json",))
-    refused("ids-floats", lambda ctx: _tamper(ctx, "ids.json", json.dumps([i + 0.5 for i in ids(ctx)])),
-            ("ids.json",))
-    refused("ids-negative", lambda ctx: _tamper(ctx, "ids.json", json.dumps([-1 - i for i in ids(ctx)])),
-            ("ids.json",))
-    refused("ids-past-the-corpus", lambda ctx: _tamper(ctx, "ids.json", json.dumps([10**6 + i for i in ids(ctx)])),
-            ("ids.json",))
-    refused("ids-repeated", lambda ctx: _tamper(ctx, "ids.json", json.dumps([0] * len(ids(ctx)))), ("ids.json",))
-    refused("ids-object-not-list", lambda ctx: _tamper(ctx, "ids.json", json.dumps({"0": 0})), ("ids.json",))
-    refused("ids-edited-checksum-stale", lambda ctx: _tamper(ctx, "ids.json", json.dumps(ids(ctx)[::-1]),
-                                                               rehash=False), ("ids.json",))
 
     vec = lambda ctx: _vectors(ctx.env)  # noqa: E731
     refused("vectors-one-row-short", lambda ctx: _tamper(ctx, "vectors.npy", _npy(vec(ctx)[:-1])),
@@ -431,24 +399,12 @@ def _index_cases(env) -> list[FileCase]:
     cases.append(FileCase("read:index:corpus-gone-answers-from-stored-texts", W, corpus_gone,
                           lambda ctx: _search(ctx), expect=WORKS, check=_hits_ok))
 
-    def legacy(ctx):
-        _edit_manifest(ctx, files=_DROP, corpus_bytes=_DROP)
-
-    cases.append(FileCase("read:index:legacy-without-checksums-still-answers", W, legacy,
-                          lambda ctx: _search(ctx), expect=WORKS,
-                          check=lambda ctx, r: None if "checksums" in r.err else "no warning about checksums"))
-
-    def legacy_bad_ids(ctx):
-        folder = _tamper(ctx, "ids.json", json.dumps(["../../etc/passwd"]), rehash=False)
-        data = _manifest(folder)
-        data.pop("files", None)
-        _write_manifest(folder, data)
-
-    refused("legacy-without-checksums-bad-ids", legacy_bad_ids, ("ids.json",))
+    refused("manifest-without-checksums", lambda ctx: _edit_manifest(ctx, files=_DROP, corpus_bytes=_DROP),
+            ("manifest.json",))
     cases.extend(_ids_npy_cases(env, refused))
     cases.extend(_ivf_cases(env, refused))
 
-    # the Python API: SearchIndex.save/load folders (and folders of the first save format) and query vectors
+    # the Python API: SearchIndex.save/load folders (a folder without a manifest too) and query vectors
     def saved(ctx, vectors_bytes: bytes | None = None, texts: str | None = None):
         from mirrorbert.search.exact import SearchIndex
 
@@ -459,13 +415,12 @@ def _index_cases(env) -> list[FileCase]:
         if texts is not None:
             (folder / "texts.jsonl").write_text(texts)
 
-    def first_format(ctx, vectors_bytes: bytes | None = None, texts: str = '"a"\n"b"\n"c"\n"d"\n',
-                     meta: str = '{"format_version": 1}'):
+    def no_manifest(ctx):  # vectors, texts and an index.json, as a folder of a format never released
         folder = ctx.folder / "saved"
         folder.mkdir()
-        (folder / "vectors.npy").write_bytes(vectors_bytes or _npy(np.eye(4, 8, dtype=np.float32)))
-        (folder / "texts.jsonl").write_text(texts)
-        (folder / "index.json").write_text(meta)
+        (folder / "vectors.npy").write_bytes(_pickled_vectors(ctx))
+        (folder / "texts.jsonl").write_text('"a"\n"b"\n"c"\n"d"\n')
+        (folder / "index.json").write_text('{"format_version": 1}')
 
     def load_saved(ctx):
         from mirrorbert.search.exact import SearchIndex
@@ -482,16 +437,8 @@ def _index_cases(env) -> list[FileCase]:
     cases.append(FileCase("read:index:api-load-manifest-deeply-nested", "tampered saved search index",
                           lambda ctx: (saved(ctx), (ctx.folder / "saved" / "manifest.json").write_text(
                               "[" * 50000 + "]" * 50000)), load_saved, names=("manifest.json",)))
-    cases.append(FileCase("read:index:api-load-first-format-pickled-vectors", "tampered saved search index",
-                          lambda ctx: first_format(ctx, _pickled_vectors(ctx)), load_saved, names=("vectors.npy",)))
-    cases.append(FileCase("read:index:api-load-first-format-nan-vectors", "tampered saved search index",
-                          lambda ctx: first_format(ctx, _npy(np.full((4, 8), np.nan, np.float32))), load_saved,
-                          names=("vectors.npy",)))
-    cases.append(FileCase("read:index:api-load-first-format-texts-not-strings", "tampered saved search index",
-                          lambda ctx: first_format(ctx, texts="{}\n[]\n1\n2\n"), load_saved, names=("texts.jsonl",)))
-    cases.append(FileCase("read:index:api-load-first-format-index-json-deeply-nested", "tampered saved search index",
-                          lambda ctx: first_format(ctx, meta="[" * 50000 + "]" * 50000), load_saved,
-                          names=("index.json",)))
+    cases.append(FileCase("read:index:api-load-folder-without-manifest", "tampered saved search index",
+                          no_manifest, load_saved, names=("manifest.json",)))
 
     def nan_query(ctx):
         from mirrorbert.search.exact import SearchIndex
@@ -527,7 +474,7 @@ def _tokenizer(env):
 
 
 def _prepare(ctx: Context):
-    from mirrorbert.mlm.corpus import prepare_corpus
+    from mirrorbert.data.token_stream import prepare_corpus
 
     return prepare_corpus(ctx.folder / "corpus.txt", _tokenizer(ctx.env), ctx.folder / "cache", eval_fraction=0.0,
                           show_progress=False)
@@ -607,26 +554,26 @@ def _mlm_cases(env) -> list[FileCase]:
 
     def meta_edit(**changes):
         def damage(ctx, root):
-            meta = json.loads((root / "meta.json").read_text())
+            meta = json.loads((root / "manifest.json").read_text())
             meta.update(changes)
-            (root / "meta.json").write_text(json.dumps(meta))
+            (root / "manifest.json").write_text(json.dumps(meta))
         return damage
 
     works("meta-wrong-dtype", meta_edit(dtype="float64"))
     works("meta-token-count-a-string", meta_edit(splits={"train": {"tokens": "12"}, "eval": {}}))
-    works("meta-deeply-nested", lambda ctx, root: (root / "meta.json").write_text("[" * 100000 + "]" * 100000))
-    works("meta-not-json", lambda ctx, root: (root / "meta.json").write_bytes(b"\x00\xff not json"))
+    works("meta-deeply-nested", lambda ctx, root: (root / "manifest.json").write_text("[" * 100000 + "]" * 100000))
+    works("meta-not-json", lambda ctx, root: (root / "manifest.json").write_bytes(b"\x00\xff not json"))
 
     def ids_outside_vocab(ctx, root):
         import numpy as np
 
-        meta = json.loads((root / "meta.json").read_text())
+        meta = json.loads((root / "manifest.json").read_text())
         tokens = np.memmap(root / "train.tokens", dtype=meta["dtype"], mode="r+")
         tokens[0] = np.iinfo(tokens.dtype).max
         tokens.flush()
         del tokens
         meta.setdefault("files", {})["train.tokens"] = hashlib.sha256((root / "train.tokens").read_bytes()).hexdigest()
-        (root / "meta.json").write_text(json.dumps(meta))
+        (root / "manifest.json").write_text(json.dumps(meta))
 
     works("ids-outside-vocabulary-checksum-updated", ids_outside_vocab)
 

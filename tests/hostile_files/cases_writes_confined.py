@@ -219,7 +219,7 @@ def _checkpoint_root_cases() -> list[FileCase]:
 _LEAVE = """
 import os, signal, sys
 from pathlib import Path
-from mirrorbert.safeguards.writes import make_temporary, set_aside_name
+from mirrorbert.safeguards.writes.temporaries import make_temporary, set_aside_name
 target, kind = Path(sys.argv[1]), sys.argv[2]
 target.parent.mkdir(parents=True, exist_ok=True)
 if kind == "folder":
@@ -264,14 +264,14 @@ def _cleaned(name: str):
 
 
 def _owner(pid: int, start: int, boot: str | None = None) -> str:
-    from mirrorbert.safeguards.writes import boot_id
+    from mirrorbert.safeguards.writes.temporaries import boot_id
 
     return f"{pid}.{boot or boot_id()}.{start}"
 
 
 def _dead_owner() -> str:
     """pid 1 with another start time: a process of that number, but not the one that wrote."""
-    from mirrorbert.safeguards.writes import start_ticks
+    from mirrorbert.safeguards.writes.temporaries import start_ticks
 
     return _owner(1, (start_ticks(1) or 0) + 12345)
 
@@ -280,7 +280,7 @@ def _kept_cases() -> list[FileCase]:
     """Beside `encode --output x.npy`, what only looks like a killed run's temporary is never removed (each is
     a registered victim: the harness checks it stays as it was)."""
     def live_writer(ctx: Context) -> None:
-        from mirrorbert.safeguards.writes import start_ticks
+        from mirrorbert.safeguards.writes.temporaries import start_ticks
 
         sleeper = subprocess.Popen(["sleep", "300"])
         (ctx.folder / "sleeper.pid").write_text(str(sleeper.pid), encoding="utf-8")

@@ -106,7 +106,7 @@ def test_first_step_gradients_match_mirrorbert_train(tiny_no_dropout, tmp_path):
     encoder = Encoder.load(tiny_no_dropout, pooling="mean", device="cpu")
     encoder.train()
     ids = encoder.tokenize(strings)
-    mirror_step_loss(encoder, ids, ids, build_loss("infonce", 0.05), torch.device("cpu"), "fp32").backward()
+    mirror_step_loss(encoder, ids, ids, build_loss("infonce", 0.05), precision="fp32").backward()
     ours = {name: p.grad for name, p in encoder.model.named_parameters() if p.grad is not None}
     assert set(theirs) == set(ours) and len(ours) > 10
     for name, grad in ours.items():

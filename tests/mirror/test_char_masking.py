@@ -4,6 +4,7 @@ import json
 from collections import Counter
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from mirrorbert.mirror.config import TrainConfig, resolve_config
@@ -13,7 +14,7 @@ from mirrorbert.mirror.views import STREAM_MASK, STREAM_ORDER
 from mirrorbert.training.plan import BatchPlan
 from mirrorbert.mirror.train import train
 from mirrorbert.mirror.views import (
-    SecondViews, char_span_starts, char_starts_from_draws, mask_chars, special_token_ids, tokenize_once,
+    SecondViews, char_starts_from_draws, mask_chars, special_token_ids, tokenize_once,
 )
 
 LONG = [
@@ -50,14 +51,19 @@ def test_one_mask_token_of_the_models_own_tokenizer_at_the_drawn_span(request, w
             assert tok.decode(view, skip_special_tokens=False) == "<s>" + masked + "</s>"
 
 
+def generator_draws(n: int, seed: int) -> list[float]:
+    """Uniform draws of a seeded generator, as the sentence-transformers collator draws them."""
+    return torch.rand(n, generator=derived_generator(seed, STREAM_MASK, 0)).tolist()
+
+
 def test_never_masks_strings_up_to_the_minimum(corpus):
     strings = ["x" * 30, "y" * 31, "short", "z" * 12]
-    starts = char_span_starts(strings * 50, 5, 30, derived_generator(0, STREAM_MASK, 0))
+    starts = char_starts_from_draws(strings * 50, 5, 30, generator_draws(200, 0))
     assert all(s is None for i, s in enumerate(starts) if i % 4 != 1)
     assert all(s is not None and 0 <= s <= 26 for i, s in enumerate(starts) if i % 4 == 1)
     # with no minimum, a string must still be longer than the span
-    assert char_span_starts(["abcde", "abcdef"], 5, 0, derived_generator(0, STREAM_MASK, 0))[0] is None
-    assert char_span_starts(["abc"], 0, 0, derived_generator(0, STREAM_MASK, 0)) == [None]
+    assert char_starts_from_draws(["abcde", "abcdef"], 5, 0, generator_draws(2, 0))[0] is None
+    assert char_starts_from_draws(["abc"], 0, 0, generator_draws(1, 0)) == [None]
 
 
 def test_span_start_is_uniform_over_all_valid_starts():
@@ -67,7 +73,7 @@ def test_span_start_is_uniform_over_all_valid_starts():
     text, k, per_start = "0123456789" * 4, 5, 300
     n_starts = len(text) - k + 1
     n = n_starts * per_start
-    per_generator = char_span_starts([text] * n, k, 30, derived_generator(11, STREAM_MASK, 0))  # the ST collator's
+    per_generator = char_starts_from_draws([text] * n, k, 30, generator_draws(n, 11))  # the ST collator's
     per_index = char_starts_from_draws([text] * n, k, 30, index_uniforms(11, (STREAM_MASK, 0), range(n)))  # train's
     for draws in (per_generator, per_index):
         counts = Counter(draws)

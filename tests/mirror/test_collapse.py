@@ -37,23 +37,12 @@ def test_collapsed_space_warns_once_with_cause_and_fix(caplog):
     assert len(lines) == 1 and "collapsed" in lines[0] and "--lr" in lines[0]
 
 
-class SmallModelEncoder(ConstantEncoder):
-    """Collapsed, with an 11M-parameter model behind it (the size of the quickstart's reference MLM)."""
-
-    def __init__(self, spread: float, parameters: int = 11_000_000):
-        import torch
-
-        super().__init__(spread)
-        self.model = torch.nn.Module()
-        self.model.weight = torch.nn.Parameter(torch.empty(parameters, device="meta"))
-
-
 def test_collapse_advice_points_the_way_the_quickstart_fixed_it(caplog):
     """A small MLM at the paper's 2e-5 collapses and is fixed by a higher lr (the quickstart's 5e-4), not a lower."""
     strings = [f"string {i}" for i in range(10)]
     with caplog.at_level(logging.WARNING):
-        check_collapse(SmallModelEncoder(1e-3), strings, first_loss=5.0, last_loss=1.0, steps=50, lr=2e-5,
-                       pooling="mean")
+        check_collapse(ConstantEncoder(1e-3), strings, first_loss=5.0, last_loss=1.0, steps=50,
+                       advice=collapse_advice(2e-5, 11_000_000, "mean"))
     line = caplog.records[-1].getMessage()
     assert "a higher --lr" in line and "--lr 0.0005" in line and "11M parameters" in line and "lower" not in line
     assert "higher --lr" in collapse_advice(1e-4, 11_000_000)
@@ -62,6 +51,14 @@ def test_collapse_advice_points_the_way_the_quickstart_fixed_it(caplog):
     assert "higher" not in small_at_5e4 and "lower" not in small_at_5e4 and "longer pre-trained" in small_at_5e4
     assert "higher" not in collapse_advice(2e-5, 110_000_000) and "lower" not in collapse_advice(2e-5, 110_000_000)
     assert "--pooling mean" in collapse_advice(2e-5, 110_000_000, "cls")
+
+
+def test_an_already_tuned_small_encoder_is_not_told_to_raise_the_lr():
+    """MiniLM-size (22M parameters) and already a sentence encoder: a higher lr is the wrong advice there."""
+    for lr in (2e-5, 1e-4, None):
+        advice = collapse_advice(lr, 22_000_000, "mean", raw_mlm=False)
+        assert "a lower --lr" in advice and "higher --lr" not in advice and "5e-4" not in advice
+    assert "--lr 0.0005" in collapse_advice(2e-5, 22_000_000, "mean", raw_mlm=True)
 
 
 def test_healthy_space_is_quiet_and_a_stuck_loss_is_named(caplog):

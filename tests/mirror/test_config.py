@@ -6,7 +6,7 @@ import json
 import pytest
 
 from mirrorbert.mirror.config import PRESETS, TrainConfig, resolve_config, resolve_pooling
-from mirrorbert.data.strings import load_training_strings, random_strings
+from mirrorbert.data.strings import builtin_strings, load_training_strings, random_strings
 from mirrorbert.errors import UserError
 
 
@@ -65,10 +65,10 @@ def test_limit_is_seeded_and_keeps_order(tmp_path):
 
 
 def test_builtin_sources():
-    words = load_training_strings(words_top=50, lang="en").strings
+    words = builtin_strings(words_top=50, lang="en").strings
     assert len(words) == 50 and "the" in words
     with pytest.raises(UserError, match="--lang"):
-        load_training_strings(words_top=5, lang="xx-nope")
+        builtin_strings(words_top=5, lang="xx-nope")
     rand = random_strings(20, seed=3)
     assert rand == random_strings(20, seed=3) and all(s.isalnum() and s.islower() or s.isdigit() for s in rand)
 
@@ -129,20 +129,87 @@ def test_config_file_and_overrides_precedence(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"preset": "huge"}, "--preset: unknown preset"),
-    ({"pooling": "max"}, "--pooling: unknown pooling"),
-    ({"precision": "fp8"}, "--precision: unknown precision"),
-    ({"temperature": 0}, "--temperature"),
-    ({"dropout": 1.5}, "--dropout"),
-    ({"batch_size": 1}, "--batch-size"),
-    ({"data": "a.txt", "words_top": 3}, "only one of"),
-    ({"mask_unit": "word"}, "--mask-unit: unknown unit"),
-    ({"mask_min_chars": -1}, "--mask-min-chars"),
-    ({"loss": "triplet"}, "--loss: unknown loss"),
+    ({"preset": "huge"}, "preset='huge': not one of word, phrase, sentence"),
+    ({"pooling": "max"}, "pooling='max': not one of cls, mean, first-last"),
+    ({"precision": "fp8"}, "precision='fp8': not one of auto, fp32, bf16, fp16"),
+    ({"temperature": 0}, "temperature=0.0: must be > 0"),
+    ({"dropout": 1.5}, r"dropout=1.5: outside \[0, 1\)"),
+    ({"batch_size": 1}, r"batch_size=1: must be an integer >= 2 \(the loss needs in-batch negatives\)"),
+    ({"data": "a.txt", "words_top": 3}, "data= and words_top=: give one of them, not both"),
+    ({"mask_unit": "word"}, "mask_unit='word': not one of char, token"),
+    ({"mask_min_chars": -1}, "mask_min_chars=-1: must be an integer >= 0"),
+    ({"loss": "triplet"}, "loss='triplet': not one of infonce, ms"),
+    ({"lr": 2e5}, r"lr=200000.0: outside \(0, 1\]; did you mean 2e-05\?"),
+    ({"seed": 2**32}, "seed=4294967296: must be a whole number from 0 to 4294967295"),
+    ({"lr": float("nan")}, "lr=nan: must be a finite number"),
 ])
-def test_invalid_values_name_the_option(overrides, message):
-    with pytest.raises(UserError, match=message):
+def test_invalid_values_name_the_option_in_pythons_words(overrides, message):
+    with pytest.raises(UserError, match="^" + message):
         resolve_config(overrides)
+
+
+def test_invalid_values_name_the_flag_on_the_command_line():
+    from mirrorbert.settings.fields import flag_names
+
+    with flag_names():
+        with pytest.raises(UserError, match=r"^--lr 200000.0: outside \(0, 1\]; did you mean 2e-05\?$"):
+            resolve_config({"lr": 2e5})
+        with pytest.raises(UserError, match="^--pooling max: not one of cls, mean, first-last$"):
+            resolve_config({"pooling": "max"})
+        with pytest.raises(UserError, match="^--column and --field: give one of them, not both$"):
+            resolve_config({"column": "a", "field": "b"})
+        with pytest.raises(UserError, match=r"^--output is required \(the trained model's folder\)$"):
+            TrainConfig().validate()
+
+
+def test_required_output_is_asked_in_the_apis_words():
+    """`mirrorbert.train(TrainConfig(...))` without output: `output= is required`, before anything is read."""
+    import mirrorbert
+
+    with pytest.raises(UserError, match=r"^output= is required \(the trained model's folder\)$"):
+        mirrorbert.train(mirrorbert.TrainConfig(model="m", data="/nonexistent/strings.txt"))
+
+
+@pytest.mark.parametrize("name, text", [
+    ("run.yaml", "steps: 1\nlr: 1e-4\nsteps: 2\n"),
+    ("run.yaml", "{steps: 1, steps: 2}\n"),
+    ("run.json", '{"steps": 1, "lr": 1e-4, "steps": 2}'),
+])
+def test_a_config_file_naming_a_key_twice_is_refused(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError) as info:
+        resolve_config({}, config_file=path)
+    message = str(info.value)
+    assert message.startswith(f"--config {path}: key 'steps' appears twice") and "\n" not in message
+
+
+def test_a_config_file_naming_an_option_twice_in_two_spellings_is_refused(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("batch-size: 8\nbatch_size: 16\n", encoding="utf-8")
+    with pytest.raises(UserError, match="'batch_size' and 'batch_size' name the same option|name the same option"):
+        resolve_config({}, config_file=path)
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path):
+    from mirrorbert.mirror.config import load_config_file
+
+    path = tmp_path / "run.yaml"
+    path.write_text("steps: 3\n", encoding="utf-8")
+    assert load_config_file(path) == {"steps": 3}
+    import yaml
+
+    from mirrorbert.mirror.config import _yaml_loader
+
+    assert yaml.load("a: &x {steps: 1}\nb: {<<: *x, steps: 2}\n", Loader=_yaml_loader())["b"] == {"steps": 2}
+
+
+@pytest.mark.parametrize("name, text", [("run.json", '{"steps": 3, "lr": 1e-4}'), ("run.yaml", "steps: 3\nlr: 1e-4\n")])
+def test_a_config_file_with_a_byte_order_mark_is_read(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    cfg = resolve_config({}, config_file=path)
+    assert (cfg.steps, cfg.lr) == (3, 1e-4)
 
 
 def test_checkpoint_dir_defaults_beside_output():
@@ -154,36 +221,37 @@ def test_strings_that_give_no_tokens_are_skipped_with_a_count(tiny_bert, caplog)
 
     from mirrorbert.data.strings import training_strings
     from mirrorbert.errors import UserError
-    from mirrorbert.mirror.views import drop_tokenless, tokenize_once
+    from mirrorbert.mirror.train import training_store
+    from mirrorbert.mirror.views import tokenize_once
 
     tok = AutoTokenizer.from_pretrained(str(tiny_bert))
     strings = training_strings(["a real sentence", "\u200b\u200b", "\x01\x02", "another one"], "t.txt", 0, None, 0)
     assert len(strings.strings) == 4  # strip() keeps zero-width and control characters
-    ids = drop_tokenless(tok, strings, tokenize_once(tok, strings.strings, 16))
-    assert strings.strings == ["a real sentence", "another one"] and len(ids) == 2
-    assert ids == tokenize_once(tok, strings.strings, 16)
+    store = training_store(strings, tok, 16)
+    assert list(strings.strings) == ["a real sentence", "another one"] and len(store) == 2
+    assert store.token_ids([0, 1]) == tokenize_once(tok, list(strings.strings), 16)
     assert "2 string(s) give no tokens" in caplog.text
     lonely = training_strings(["one sentence", "\u200b"], "u.txt", 0, None, 0)
     with pytest.raises(UserError, match="u.txt: needs at least 2 distinct strings that give tokens"):
-        drop_tokenless(tok, lonely, tokenize_once(tok, lonely.strings, 16))
+        training_store(lonely, tok, 16)
 
 
 # ----------------------------------------------------------------------------- checked once, where it enters
-def _count_validations(monkeypatch) -> list[int]:
-    import mirrorbert.mirror.config as config_module
+def _count_checks(monkeypatch) -> list[int]:
+    import mirrorbert.settings.validation as validation
 
-    calls, real = [], config_module.validate
+    calls, real = [], validation.check
 
-    def counting(cfg):
+    def counting(instance):
         calls.append(1)
-        return real(cfg)
+        return real(instance)
 
-    monkeypatch.setattr(config_module, "validate", counting)
+    monkeypatch.setattr(validation, "check", counting)
     return calls
 
 
 def test_a_config_is_checked_once_when_made(monkeypatch, tmp_path):
-    calls = _count_validations(monkeypatch)
+    calls = _count_checks(monkeypatch)
     TrainConfig(model="m", preset="word")
     assert len(calls) == 1
     calls.clear()
@@ -193,26 +261,16 @@ def test_a_config_is_checked_once_when_made(monkeypatch, tmp_path):
     assert len(calls) == 1 and cfg.temperature == 0.1 and cfg.mask_span == 2 and cfg.lr == 1e-4
 
 
-def test_train_trusts_the_config_it_is_given(monkeypatch):
-    from mirrorbert.errors import UserError
-    from mirrorbert.mirror.train import train
-
-    cfg = TrainConfig(model="m")  # no output: train refuses before anything is read
-    calls = _count_validations(monkeypatch)
-    with pytest.raises(UserError, match="--output is required"):
-        train(cfg)
-    assert calls == []
-
-
 def test_setting_a_bad_value_is_refused_and_the_config_stays_valid():
-    from mirrorbert.errors import UserError
-
     cfg = TrainConfig(model="m", lr=1e-4)
-    with pytest.raises(UserError, match="--lr"):
+    with pytest.raises(UserError, match=r"^lr=-1.0: outside \(0, 1\]"):
         cfg.lr = -1.0
     assert cfg.lr == 1e-4
     cfg.lr = 3e-5
     assert cfg.lr == 3e-5
+    with pytest.raises(UserError, match="^data= and words_top=: give one of them, not both$"):
+        cfg.words_top, cfg.data = 5, "strings.txt"  # the second breaks a rule between options
+    assert (cfg.words_top, cfg.data) == (5, None)
 
 
 def test_the_init_is_the_dataclass_own_and_presets_fill_only_what_was_not_given():

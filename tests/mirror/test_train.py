@@ -57,8 +57,9 @@ def test_controlled_dropout_loss_equals_one_with_identical_inputs(tiny_bert, cor
     enc.train()
     ids = tokenize_once(enc.tokenizer, corpus[:4], 16)
     with torch.no_grad():
-        loss_ctrl = mirror_step_loss(enc, ids, ids, build_loss("infonce", 0.05), torch.device("cpu"), "fp32", controlled_dropout=True)
-        loss_free = mirror_step_loss(enc, ids, ids, build_loss("infonce", 0.05), torch.device("cpu"), "fp32")
+        loss_ctrl = mirror_step_loss(enc, ids, ids, build_loss("infonce", 0.05), precision="fp32",
+                                     controlled_dropout=True)
+        loss_free = mirror_step_loss(enc, ids, ids, build_loss("infonce", 0.05), precision="fp32")
     assert loss_ctrl < loss_free
 
 
@@ -112,6 +113,43 @@ def test_python_preset_is_what_trains_and_what_is_recorded(tiny_bert, data_file,
     train(TrainConfig(preset="sentence", output=str(tmp_path / "sent"), **common))
     with pytest.raises(AssertionError):
         assert_same_weights(tmp_path / "py", tmp_path / "sent")
+
+
+def test_a_sentence_transformers_start_keeps_its_pooling_unless_pooling_is_given(tiny_bert, data_file, tmp_path,
+                                                                                 monkeypatch, caplog):
+    """A sentence-transformers model (all-MiniLM-L6-v2 saves mean pooling) trains with its own pooling when none is
+    given, saying so; --pooling wins; a raw MLM keeps the default (cls). The collapse advice knows which is raw."""
+    import logging
+
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Pooling, Transformer
+
+    import mirrorbert.mirror.train as trainer
+    from mirrorbert.cli.app import main
+
+    body, st_folder = Transformer(str(tiny_bert)), tmp_path / "st-model"
+    SentenceTransformer(modules=[body, Pooling(body.get_word_embedding_dimension(), "mean")], device="cpu").save(
+        str(st_folder))
+    raw_mlm = []
+    monkeypatch.setattr(trainer, "collapse_advice", lambda *args, **kw: raw_mlm.append(kw["raw_mlm"]) or "")
+
+    def trained_pooling(model, out, *extra):
+        argv = ["train", "--model", str(model), "--data", str(data_file), "--batch-size", "4", "--steps", "2",
+                "--no-progress", "--output", str(tmp_path / out), *extra]
+        assert main(argv) == 0
+        return json.loads((tmp_path / out / "mirrorbert.json").read_text())["training"]["config"]["pooling"]
+
+    with caplog.at_level(logging.INFO, logger="mirrorbert.mirror.train"):
+        assert trained_pooling(st_folder, "kept") == "mean"
+    assert any("sentence-transformers model" in r.getMessage() and "--pooling" in r.getMessage()
+               for r in caplog.records)
+    assert trained_pooling(st_folder, "given", "--pooling", "cls") == "cls"
+    assert trained_pooling(tiny_bert, "raw") == "cls"
+    assert raw_mlm == [False, False, True]
+    given = TrainConfig(model=str(st_folder), output="o")
+    assert not given.pooling_given
+    given.pooling = "cls"  # set in Python after the config was made: given too
+    assert given.pooling_given and TrainConfig(model="m", pooling="cls", output="o").pooling_given
 
 
 @pytest.mark.parametrize("which,mask_unit", [("tiny_bert", "char"), ("tiny_roberta", "char"), ("tiny_bert", "token")])
@@ -210,9 +248,9 @@ def test_bf16_training_runs_on_cpu(tiny_bert, data_file, tmp_path):
     assert result.final_loss == result.final_loss  # finite, not NaN
 
 
-def test_fp16_on_cpu_is_refused(tiny_bert, data_file, tmp_path):
-    with pytest.raises(UserError, match="fp16 needs a CUDA GPU"):
-        train(cfg_for(tiny_bert, data_file, tmp_path / "fp16", steps=1, precision="fp16", device="cpu"))
+def test_fp16_training_runs_on_cpu_with_its_loss_scaler(tiny_bert, data_file, tmp_path):
+    result = train(cfg_for(tiny_bert, data_file, tmp_path / "fp16", steps=2, precision="fp16", device="cpu"))
+    assert result.final_loss == result.final_loss and result.info["precision"] == "fp16"
 
 
 def test_output_folder_is_protected(tiny_bert, data_file, tmp_path):
@@ -308,10 +346,7 @@ def test_loss_record_window_and_damaged_state():
     assert again.fields() == record.fields()
     record.finish()
     assert record.mean_last_epoch == sum(range(120)) / 120
-    old = LossRecord(3)  # a checkpoint of older mirrorbert: the last loss, the first, the last epoch's mean
-    old.restore({"loss": 0.5, "first_loss": 2.0, "mean_loss_last_epoch": 1.0}, "--resume ckpt")
-    assert (old.final, old.first, old.mean_last_epoch) == (0.5, 2.0, 1.0)
     for bad in ({"recent": "x", "epoch_steps": 0}, {"recent": [None], "epoch_steps": 0},
-                {"recent": [1.0], "epoch_steps": 1, "first": "nan"}, [1.0]):
+                {"recent": [1.0], "epoch_steps": 1, "first": "nan"}, [1.0], None):
         with pytest.raises(UserError, match=r"--resume ckpt: the training state is damaged"):
             LossRecord(3).restore({"losses": bad}, "--resume ckpt")

@@ -14,8 +14,9 @@ from mirrorbert.encoder.batching import pad_batch
 
 
 def masked_views(token_ids, k, mask_id, special, generator):
-    """Token-unit second views of a batch, one `mask_span` draw per string from `generator`, in order."""
-    return [mask_span(ids, k, mask_id, special, generator) for ids in token_ids]
+    """Token-unit second views of a batch, one uniform draw per string from `generator`, in order."""
+    draws = torch.rand(len(token_ids), generator=generator).tolist()
+    return [mask_span(ids, k, mask_id, special, u) for ids, u in zip(token_ids, draws)]
 
 
 @pytest.mark.parametrize("which", ["tiny_bert", "tiny_roberta"])
@@ -52,7 +53,7 @@ def test_span_start_is_uniform_over_valid_starts():
     ids = [0, 10, 11, 12, 13, 14, 15, 1]  # 6 real tokens, k=2 -> starts 1..5
     assert valid_span_starts(ids, 2, special) == [1, 2, 3, 4, 5]
     gen = torch.Generator().manual_seed(0)
-    counts = Counter(mask_span(ids, 2, 99, special, gen).index(99) for _ in range(5000))
+    counts = Counter(mask_span(ids, 2, 99, special, float(u)).index(99) for u in torch.rand(5000, generator=gen))
     assert set(counts) == {1, 2, 3, 4, 5}
     assert all(abs(c / 5000 - 0.2) < 0.03 for c in counts.values())
 

@@ -11,12 +11,10 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from mirrorbert.data import token_cache, token_stream
+from mirrorbert.data.token_cache import CacheDamaged, check_entry
+from mirrorbert.data.token_stream import CorpusLayout, prepare_corpus
 from mirrorbert.errors import UserError
-from mirrorbert.mlm import corpus as corpus_module
-from mirrorbert.mlm import corpus_checks
-from mirrorbert.mlm.corpus import prepare_corpus
-from mirrorbert.mlm.corpus_checks import CacheDamaged, check_cache
-from mirrorbert.mlm.corpus_lines import file_source
 
 TEXT = ("the cat sat on the mat\na dog ran in the park\n\nthe quick brown fox jumps over the lazy dog\n\u200b\n\n"
         "a man is playing a guitar\na woman is slicing an onion\n\nthe stock market fell sharply today\n")
@@ -39,13 +37,17 @@ def primed(tmp_path, tok):
     return path, first
 
 
+def check_cache(root, path, tok, eval_fraction):
+    return check_entry(CorpusLayout([path], tok, eval_fraction), root)
+
+
 def _rehash(root, *names, **changes):
-    meta = json.loads((root / "meta.json").read_text())
+    meta = json.loads((root / "manifest.json").read_text())
     for name in names:
         meta["files"][name] = hashlib.sha256((root / name).read_bytes()).hexdigest()
     for split, counts in changes.items():
         meta["splits"][split].update(counts)
-    (root / "meta.json").write_text(json.dumps(meta))
+    (root / "manifest.json").write_text(json.dumps(meta))
 
 
 def _forge_tokens(root, tok):
@@ -80,7 +82,7 @@ def _forge_docs(root, tok):
 
 
 def _forge_words(root, tok):
-    meta = json.loads((root / "meta.json").read_text())
+    meta = json.loads((root / "manifest.json").read_text())
     _rehash(root, train={"words": meta["splits"]["train"]["words"] + 1})
 
 
@@ -91,14 +93,17 @@ def _forge_swap_splits(root, tok):
         os.rename(root / f"train.{kind}", root / "swap")
         os.rename(root / f"eval.{kind}", root / f"train.{kind}")
         os.rename(root / "swap", root / f"eval.{kind}")
-    meta = json.loads((root / "meta.json").read_text())
+    meta = json.loads((root / "manifest.json").read_text())
     meta["splits"]["train"], meta["splits"]["eval"] = meta["splits"]["eval"], meta["splits"]["train"]
-    (root / "meta.json").write_text(json.dumps(meta))
+    for kind in ("tokens", "docs", "ends"):
+        meta["counts"][f"train.{kind}"], meta["counts"][f"eval.{kind}"] = (meta["counts"][f"eval.{kind}"],
+                                                                             meta["counts"][f"train.{kind}"])
+    (root / "manifest.json").write_text(json.dumps(meta))
     _rehash(root, *(f"{s}.{k}" for s in ("train", "eval") for k in ("tokens", "docs", "ends")))
 
 
 FORGED = {"tokens": (_forge_tokens, "not the tokenizer's tokens"), "line ends": (_forge_ends, "train.tokens"),
-          "document starts": (_forge_docs, "train.docs"), "word count": (_forge_words, "word count"),
+          "document starts": (_forge_docs, "train.docs"), "word count": (_forge_words, "splits not the data's"),
           "splits swapped": (_forge_swap_splits, "lines")}
 
 
@@ -129,19 +134,18 @@ def test_a_big_corpus_is_checked_on_a_fresh_sample(tmp_path, tok, monkeypatch):
     path = tmp_path / "c.txt"
     path.write_text("".join(f"sentence number {i} of the corpus\n" for i in range(40)), encoding="utf-8")
     first = _prepare(path, tok, tmp_path / "cache")
-    monkeypatch.setattr(corpus_checks, "FULL_CHECK_LINES", 10)
-    monkeypatch.setattr(corpus_checks, "SAMPLE_LINES", 3)
+    monkeypatch.setattr(token_cache, "FULL_CHECK", 10)
+    monkeypatch.setattr(token_cache, "SAMPLE", 3)
     seen = []
-    encode = corpus_checks.encode_lines
+    encode = token_stream.encode_chunk
 
-    def recorded(t, texts):
+    def recorded(t, texts, *args, **kwargs):
         seen.append(tuple(texts))
-        return encode(t, texts)
+        return encode(t, texts, *args, **kwargs)
 
-    monkeypatch.setattr(corpus_checks, "encode_lines", recorded)
-    sources = [file_source(path)]
+    monkeypatch.setattr(token_stream, "encode_chunk", recorded)
     for _ in range(20):
-        check_cache(first.root, first.meta["key"], [path], sources, tok, 0.0)
+        check_cache(first.root, path, tok, 0.0)
     assert all(len(s) == 3 for s in seen) and len(set(seen)) > 1  # three lines, not always the same three
     tokens = np.fromfile(first.root / "train.tokens", dtype=np.uint16)
     sep = tok.sep_token_id
@@ -149,10 +153,10 @@ def test_a_big_corpus_is_checked_on_a_fresh_sample(tmp_path, tok, monkeypatch):
     tokens.tofile(first.root / "train.tokens")
     _rehash(first.root, "train.tokens")
     with pytest.raises(CacheDamaged, match="not the tokenizer's tokens"):
-        check_cache(first.root, first.meta["key"], [path], sources, tok, 0.0)
+        check_cache(first.root, path, tok, 0.0)
 
 
-@pytest.mark.parametrize("name", ["meta.json", "train.tokens", "train.ends", "train.docs"])
+@pytest.mark.parametrize("name", ["manifest.json", "train.tokens", "train.ends", "train.docs"])
 @pytest.mark.parametrize("attack", ["link out", "fifo"])
 def test_cache_files_are_read_only_inside_the_cache(primed, tok, tmp_path, caplog, name, attack):
     path, first = primed
@@ -173,23 +177,23 @@ def test_cache_files_are_read_only_inside_the_cache(primed, tok, tmp_path, caplo
 
 def test_a_meta_naming_other_files_is_refused(primed, tok):
     path, first = primed
-    meta = json.loads((first.root / "meta.json").read_text())
+    meta = json.loads((first.root / "manifest.json").read_text())
     meta["files"]["../../../etc/passwd"] = "0" * 64
-    (first.root / "meta.json").write_text(json.dumps(meta))
+    (first.root / "manifest.json").write_text(json.dumps(meta))
     with pytest.raises(CacheDamaged, match="names other files"):
-        check_cache(first.root, first.meta["key"], [path], [file_source(path)], tok, 0.3)
+        check_cache(first.root, path, tok, 0.3)
 
 
 def test_a_corpus_edited_while_tokenised_leaves_nothing_cached(tmp_path, tok, monkeypatch):
     path = tmp_path / "c.txt"
     path.write_text(TEXT, encoding="utf-8")
-    tokenize = corpus_module._tokenize_into
+    tokenize = CorpusLayout.write
 
     def edited_first(*args, **kwargs):  # the file changes between its hash (the key) and its tokenisation
         path.write_text(TEXT.replace("cat", "dog"), encoding="utf-8")
         return tokenize(*args, **kwargs)
 
-    monkeypatch.setattr(corpus_module, "_tokenize_into", edited_first)
+    monkeypatch.setattr(CorpusLayout, "write", edited_first)
     with pytest.raises(UserError) as info:
         _prepare(path, tok, tmp_path / "cache")
     message = str(info.value)
@@ -199,13 +203,13 @@ def test_a_corpus_edited_while_tokenised_leaves_nothing_cached(tmp_path, tok, mo
 
 def test_a_corpus_edited_while_its_cache_is_checked_is_an_error_not_damage(primed, tok, tmp_path, monkeypatch):
     path, first = primed
-    check = corpus_checks._check_meta
+    check = CorpusLayout.replay
 
     def edited_meanwhile(*args, **kwargs):
         path.write_text(TEXT.replace("cat", "dog"), encoding="utf-8")
         return check(*args, **kwargs)
 
-    monkeypatch.setattr(corpus_checks, "_check_meta", edited_meanwhile)
+    monkeypatch.setattr(CorpusLayout, "replay", edited_meanwhile)
     with pytest.raises(UserError, match="changed while it was read"):
         _prepare(path, tok, tmp_path / "cache", eval_fraction=0.3)
     assert first.root.is_dir() and not [p for p in (tmp_path / "cache").iterdir() if ".damaged-" in p.name]

@@ -8,9 +8,8 @@ import torch
 from transformers import AutoTokenizer
 
 from mirrorbert.errors import UserError
-from mirrorbert.mlm.corpus import prepare_corpus
-from mirrorbert.mlm.corpus_lines import is_eval_document
-from mirrorbert.mlm.tokenized import PackedSequences, epoch_order, token_dtype
+from mirrorbert.data.token_stream import is_eval_document, prepare_corpus, token_dtype
+from mirrorbert.mlm.method import PackedSequences, windows
 
 DOCS = [
     ["the cat sat on the mat", "a dog ran in the park"],
@@ -67,7 +66,7 @@ def test_packing_loses_and_duplicates_nothing(tmp_path, tok, seq_length):
     corpus = _write_docs(tmp_path / "c.txt", DOCS * 3)
     prepared = prepare_corpus(corpus, tok, tmp_path / "cache", eval_fraction=0.0, show_progress=False)
     stream = np.asarray(prepared.stream("train"))
-    packed = prepared.packed("train", seq_length)
+    packed = windows(prepared, "train", seq_length)
     ids, att = packed.batch(np.arange(len(packed)))
     assert ids.shape == (len(packed), seq_length)
     start = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
@@ -85,7 +84,7 @@ def test_roberta_and_bert_special_tokens(tmp_path, tiny_bert, tiny_roberta):
     for path, start, sep in [(tiny_bert, "[CLS]", "[SEP]"), (tiny_roberta, "<s>", "</s>")]:
         t = AutoTokenizer.from_pretrained(path)
         prepared = prepare_corpus(corpus, t, tmp_path / "cache", eval_fraction=0.0, show_progress=False)
-        ids, _ = prepared.packed("train", 24).batch([0])
+        ids, _ = windows(prepared, "train", 24).batch([0])
         tokens = t.convert_ids_to_tokens(ids[0].tolist())
         assert tokens[0] == start
         assert sep in tokens[1:]
@@ -149,12 +148,16 @@ def test_missing_and_empty_corpus(tmp_path, tiny_bert):
 
 
 def test_token_dtype_and_epoch_order():
+    from mirrorbert.mlm.pretrain import PretrainConfig, _plan
+
     assert token_dtype(30522) == np.uint16 and token_dtype(65536) == np.uint16
     assert token_dtype(65537) == np.uint32 and token_dtype(250_002) == np.uint32
-    a = epoch_order(100, 1, 0)
-    assert sorted(a.tolist()) == list(range(100))
-    assert np.array_equal(a, epoch_order(100, 1, 0))
-    assert not np.array_equal(a, epoch_order(100, 1, 1))
+    plan = _plan(PretrainConfig(corpus=["c.txt"], model="m", batch_size=8, seed=1), 100)
+    first = [list(batch) for batch in plan.iter_batches(0)]
+    assert sorted(i for batch in first for i in batch) == list(range(100))  # every window once an epoch
+    assert first == [list(batch) for batch in plan.iter_batches(0)]  # a function of (seed, epoch) alone
+    assert first != [list(batch) for batch in plan.iter_batches(1)]
+    assert [len(batch) for batch in first] == [8] * 12 + [4]  # the short last batch is kept
 
 
 def test_packed_index_errors():
@@ -193,7 +196,7 @@ def test_a_damaged_cache_is_set_aside_and_rebuilt(tmp_path, tiny_bert, caplog, d
     path = _write_docs(tmp_path / "c.txt", DOCS[:3])
     first = prepare_corpus(path, tok, tmp_path / "cache", eval_fraction=0.0, show_progress=False)
     expected = np.asarray(first.stream("train")).copy()
-    tokens, meta = first.root / "train.tokens", first.root / "meta.json"
+    tokens, meta = first.root / "train.tokens", first.root / "manifest.json"
     if damage == "truncated":
         tokens.write_bytes(tokens.read_bytes()[:-4])
     elif damage == "edited":

@@ -9,13 +9,7 @@ import torch
 from transformers import AutoTokenizer
 
 from mirrorbert.errors import UserError
-from mirrorbert.mlm.masking import (
-    IGNORE_INDEX,
-    MaskingConfig,
-    MlmMasker,
-    canonical_word_ids,
-    continuation_table,
-)
+from mirrorbert.mlm.masking import IGNORE_INDEX, MlmMasker, continuation_table
 
 
 def word_ids_tensor(encodings_word_ids, length: int) -> torch.Tensor:
@@ -26,6 +20,20 @@ def word_ids_tensor(encodings_word_ids, length: int) -> torch.Tensor:
         values = [-1 if w is None else int(w) for w in list(ids)[:length]]
         out[row, : len(values)] = torch.tensor(values, dtype=torch.long)
     return out
+
+
+def canonical_word_ids(word_ids: torch.Tensor, selectable: torch.Tensor) -> torch.Tensor:
+    """The tokenizer's word ids renumbered 0, 1, 2... per row, a new word wherever the id changes or the previous
+    position is not selectable (so the two segments of a pair never merge): the masker's numbering."""
+    word_ids = word_ids.long()
+    valid = selectable & (word_ids >= 0)
+    prev = torch.full_like(word_ids, -1)
+    prev[:, 1:] = word_ids[:, :-1]
+    prev_valid = torch.zeros_like(valid)
+    prev_valid[:, 1:] = valid[:, :-1]
+    starts = valid & ((word_ids != prev) | ~prev_valid)
+    words = torch.cumsum(starts.long(), dim=1) - 1
+    return torch.where(valid, words, torch.full_like(words, -1))
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +90,7 @@ def test_selection_rate_and_80_10_10_split(bert_tok):
 
 def test_never_special_or_padding(bert_tok):
     ids, att, _ = _random_batch(bert_tok, seed=3)
-    masker = MlmMasker.from_tokenizer(bert_tok, MaskingConfig(mlm_probability=0.9))
+    masker = MlmMasker.from_tokenizer(bert_tok, probability=0.9)
     corrupted, labels = masker(ids, att, torch.Generator().manual_seed(2))
     special = torch.isin(ids, torch.tensor(bert_tok.all_special_ids)) | (att == 0)
     assert special.any()
@@ -122,7 +130,7 @@ def test_whole_word_masking_bert(bert_tok):
     texts = [" ".join(words[i] for i in torch.randint(len(words), (30,), generator=g).tolist()) for _ in range(64)]
     enc = bert_tok(texts, padding=True, return_tensors="pt")
     ref_words = word_ids_tensor([enc.word_ids(i) for i in range(len(texts))], enc["input_ids"].shape[1])
-    masker = MlmMasker.from_tokenizer(bert_tok, MaskingConfig(whole_word=True))
+    masker = MlmMasker.from_tokenizer(bert_tok, whole_word=True)
     # the ## convention reproduces the tokenizer's own word ids
     ok = masker.selectable(enc["input_ids"], enc["attention_mask"])
     assert torch.equal(masker.word_ids(enc["input_ids"], ok), canonical_word_ids(ref_words, ok))
@@ -141,21 +149,12 @@ def test_whole_word_masking_bert(bert_tok):
 def test_whole_word_masking_roberta_matches_word_ids(roberta_tok):
     texts = ["the cat sat on the mat", "a dog ran in the park and the quick brown fox jumps over the lazy dog"]
     enc = roberta_tok(texts, padding=True, return_tensors="pt")
-    masker = MlmMasker.from_tokenizer(roberta_tok, MaskingConfig(whole_word=True))
+    masker = MlmMasker.from_tokenizer(roberta_tok, whole_word=True)
     ok = masker.selectable(enc["input_ids"], enc["attention_mask"])
     ref = canonical_word_ids(word_ids_tensor([enc.word_ids(i) for i in range(2)], enc["input_ids"].shape[1]), ok)
     assert torch.equal(masker.word_ids(enc["input_ids"], ok), ref)
     table = continuation_table(roberta_tok)
     assert not table[roberta_tok.convert_tokens_to_ids("\u0120cat")]
-
-
-def test_explicit_word_ids_from_pair_do_not_merge_segments(bert_tok):
-    # word ids restart at 0 in the second segment; canonicalisation keeps the two word-0s apart
-    enc = bert_tok(["cat dog"], ["mat park"], return_tensors="pt")
-    wid = word_ids_tensor([enc.word_ids(0)], enc["input_ids"].shape[1])
-    ok = torch.ones_like(wid, dtype=torch.bool) & (wid >= 0)
-    canon = canonical_word_ids(wid, ok)
-    assert sorted(set(canon[ok].tolist())) == [0, 1, 2, 3]
 
 
 def test_tokenizer_without_mask_token_is_a_user_error(bert_tok):
@@ -167,8 +166,7 @@ def test_tokenizer_without_mask_token_is_a_user_error(bert_tok):
         MlmMasker.from_tokenizer(NoMask())
 
 
-def test_bad_probabilities_are_user_errors():
-    with pytest.raises(UserError):
-        MaskingConfig(mlm_probability=0.0)
-    with pytest.raises(UserError):
-        MaskingConfig(mask_fraction=0.8, random_fraction=0.3)
+def test_bad_probabilities_are_user_errors(bert_tok):
+    for probability in (0.0, 1.0):
+        with pytest.raises(UserError, match="mlm-probability"):
+            MlmMasker.from_tokenizer(bert_tok, probability=probability)

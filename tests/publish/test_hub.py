@@ -213,7 +213,7 @@ def test_bad_repo_ids_are_refused(saved, tmp_path, capsys, no_model_load, hub_ca
 
     option = f"--repo={repo}"  # one argument, even where it starts with "-"
     assert main(["push", "--model", str(saved), option, "--dry-run", "--output", str(tmp_path / "o")]) == 2
-    one_error_line(capsys, "--repo", "not a Hugging Face Hub repo id")
+    one_error_line(capsys, "--repo", "not a Hugging Face Hub repo id" if repo else "--repo must not be empty")
     assert main(["push", "--model", str(saved), option]) == 2
     one_error_line(capsys, "--repo")
     assert not hub_calls and not (tmp_path / "o").exists()

@@ -14,7 +14,7 @@ import torch
 from mirrorbert.cli.app import main
 from mirrorbert.encoder.model import Encoder
 from mirrorbert.errors import UserError
-from mirrorbert.mirror.eval_after import check_eval_after
+from mirrorbert.mirror.train import check_eval_after
 from mirrorbert.mirror.train import train
 from support import cfg_for
 

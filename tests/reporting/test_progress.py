@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from mirrorbert.errors import UserError
-from mirrorbert.reporting import progress
+from mirrorbert.reporting import heartbeat, progress
 from mirrorbert.reporting.progress import LogProgress, progress_bar, progress_interval
 
 
@@ -22,9 +22,18 @@ class FakeClock:
         return self.now
 
 
-def test_a_line_every_interval_with_step_rate_and_eta():
+@pytest.fixture
+def fake(monkeypatch):
+    """The bars' clock, moving only when told, and the lines they say."""
     clock, lines = FakeClock(), []
-    bar = LogProgress(total=100, desc="mirror", unit="step", interval=30, clock=clock, emit=lines.append)
+    monkeypatch.setattr(heartbeat, "clock", clock)
+    monkeypatch.setattr(progress, "say", lines.append)
+    return clock, lines
+
+
+def test_a_line_every_interval_with_step_rate_and_eta(fake):
+    clock, lines = fake
+    bar = LogProgress(total=100, desc="mirror", unit="step", interval=30)
     for _ in range(100):
         clock.now += 2.0  # 0.5 step/s
         bar.update(1)
@@ -39,10 +48,10 @@ def test_a_line_every_interval_with_step_rate_and_eta():
     assert lines[-1] == "mirror: 100/100 steps (100%), 0.5 step/s, done in 3m20s, loss=0.1234"
 
 
-def test_the_interval_is_wall_time_not_updates():
+def test_the_interval_is_wall_time_not_updates(fake):
     """Slow steps (60 s each, interval 30): a line at every step; a burst of fast ones: one line per interval."""
-    clock, lines = FakeClock(), []
-    bar = LogProgress(total=10, desc="t", interval=30, clock=clock, emit=lines.append)
+    clock, lines = fake
+    bar = LogProgress(total=10, desc="t", interval=30)
     for _ in range(3):
         clock.now += 60
         bar.update()
@@ -53,34 +62,32 @@ def test_the_interval_is_wall_time_not_updates():
     assert len(lines) == 3  # 10 s of updates: no line yet
 
 
-def test_a_short_loop_stays_silent_and_a_resumed_one_counts_its_rate_from_the_resume():
-    clock, lines = FakeClock(), []
-    with LogProgress(total=5, interval=30, clock=clock, emit=lines.append) as bar:
+def test_a_short_loop_stays_silent_and_a_resumed_one_counts_its_rate_from_the_resume(fake):
+    clock, lines = fake
+    with LogProgress(total=5, interval=30) as bar:
         for _ in range(5):
             clock.now += 1
             bar.update()
     assert lines == []  # under one interval: no line, not even at the end
-    bar = LogProgress(total=300, initial=200, desc="mirror", unit="step", interval=30, clock=clock, emit=lines.append)
+    bar = LogProgress(total=300, initial=200, desc="mirror", unit="step", interval=30)
     clock.now += 30
     bar.update(60)  # 60 steps in 30 s since the resume: 2 step/s, 40 left
     assert lines == ["mirror: 260/300 steps (87%), 2 step/s, ETA 20s, elapsed 30s"]
 
 
-def test_iterating_and_scaled_units_without_a_total():
-    clock, lines = FakeClock(), []
+def test_iterating_and_scaled_units_without_a_total(fake):
+    clock, lines = fake
 
     def chunks():
         for _ in range(4):
             clock.now += 20
             yield 1
 
-    assert list(LogProgress(chunks(), desc="corpus wiki", unit="line", interval=30, clock=clock,
-                            emit=lines.append)) == [1, 1, 1, 1]
+    assert list(LogProgress(chunks(), desc="corpus wiki", unit="line", interval=30)) == [1, 1, 1, 1]
     assert lines == ["corpus wiki: 2 lines, 0.05 line/s, elapsed 40s", "corpus wiki: 4 lines, 0.05 line/s, elapsed 1m20s",
                      "corpus wiki: 4 lines, 0.05 line/s, done in 1m20s"]
     lines.clear()
-    bar = LogProgress(total=4_000_000, unit="B", unit_scale=True, desc="tokenising corpus", interval=30, clock=clock,
-                      emit=lines.append)
+    bar = LogProgress(total=4_000_000, unit="B", unit_scale=True, desc="tokenising corpus", interval=30)
     clock.now += 40
     bar.update(1_500_000)
     assert lines == ["tokenising corpus: 1.5M/4M B (38%), 37.5k B/s, ETA 1m07s, elapsed 40s"]
@@ -104,19 +111,40 @@ def test_progress_bar_picks_tqdm_on_a_terminal_and_lines_elsewhere(monkeypatch):
 
 def test_lines_go_through_logging_or_straight_to_stderr(monkeypatch, caplog):
     clock = FakeClock()
+    monkeypatch.setattr(heartbeat, "clock", clock)
     with caplog.at_level(logging.INFO, logger="mirrorbert.progress"):
-        bar = LogProgress(total=2, desc="enc", interval=1, clock=clock)
+        bar = LogProgress(total=3, desc="enc", interval=1)
         clock.now += 1
         bar.update()
     assert [r.getMessage() for r in caplog.records if r.name == "mirrorbert.progress"] == \
-        ["enc: 1/2 it (50%), 1 it/s, ETA 1s, elapsed 1s"]
+        ["enc: 1/3 it (33%), 1 it/s, ETA 2s, elapsed 1s"]
     # a script that set up no logging still sees its progress (as a nohup'ed tqdm did)
-    monkeypatch.setattr(progress.logger, "hasHandlers", lambda: False)
+    monkeypatch.setattr(heartbeat.logger, "hasHandlers", lambda: False)
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
     clock.now += 1
     bar.update()
-    assert err.getvalue() == "enc: 2/2 it (100%), 1 it/s, ETA 0s, elapsed 2s\n"
+    assert err.getvalue() == "enc: 2/3 it (67%), 1 it/s, ETA 1s, elapsed 2s\n"
+
+
+def test_the_end_is_one_line_with_the_last_steps_postfix(fake):
+    """The last update leaves the line to `close`: one 100% line, with what the last step set (not two 100%
+    lines, the first showing the step before's loss); a loop of one long step still says it is done."""
+    clock, lines = fake
+    bar = LogProgress(total=2, desc="mirror", unit="step", interval=30)
+    for loss in ("1.2000", "1.1000"):
+        clock.now += 40
+        bar.set_postfix({"loss": loss}, refresh=False)
+        bar.update(1)
+    bar.close()
+    assert lines == ["mirror: 1/2 steps (50%), 0.025 step/s, ETA 40s, elapsed 40s, loss=1.2000",
+                     "mirror: 2/2 steps (100%), 0.025 step/s, done in 1m20s, loss=1.1000"]
+    lines.clear()
+    one = LogProgress(total=1, desc="save", interval=30)
+    clock.now += 60
+    one.update(1)
+    one.close()
+    assert lines == ["save: 1/1 it (100%), 0.0167 it/s, done in 1m00s"]
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan"])

@@ -72,7 +72,7 @@ def test_packed_training_step_equals_padded_on_cuda(tiny_bert, corpus):
     for layout in (False, True):
         encoder.zero_grad(set_to_none=True)
         encoder.packing = layout
-        loss = mirror_step_loss(encoder, first, second, build_loss("infonce", 0.05), CUDA, "fp32")
+        loss = mirror_step_loss(encoder, first, second, build_loss("infonce", 0.05), precision="fp32")
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in encoder.named_parameters()
                                         if p.grad is not None}))
@@ -85,7 +85,7 @@ def test_packed_training_step_equals_padded_on_cuda(tiny_bert, corpus):
 
 def _loss_at(encoder: Encoder, first, second, precision: str) -> torch.Tensor:
     with torch.no_grad():
-        return mirror_step_loss(encoder, first, second, build_loss("infonce", 0.05), CUDA, precision).float()
+        return mirror_step_loss(encoder, first, second, build_loss("infonce", 0.05), precision=precision).float()
 
 
 def fused_attention_kernels(encoder: Encoder, first, second, device: torch.device, precision: str) -> list[str]:
@@ -101,7 +101,7 @@ def fused_attention_kernels(encoder: Encoder, first, second, device: torch.devic
     fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
     encoder.packing = True
     with profile(activities=[ProfilerActivity.CPU]) as prof, sdpa_kernel(fused):
-        mirror_step_loss(encoder, first, second, build_loss("infonce", 0.05), device, precision).backward()
+        mirror_step_loss(encoder, first, second, build_loss("infonce", 0.05), precision=precision).backward()
     return sorted({e.name for e in prof.events()
                    if "scaled_dot_product" in e.name and e.name != "aten::scaled_dot_product_attention"})
 
@@ -131,7 +131,7 @@ def test_mixed_precision_loss_is_close_to_fp32(tiny_bert, corpus, precision):
     linear = next(m for m in encoder.model.modules() if isinstance(m, torch.nn.Linear))
     handle = linear.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     with torch.no_grad(), autocast(CUDA, precision):
-        embed_views(encoder, first, second, False, CUDA, precision)
+        embed_views(encoder, first, second, precision=precision)
     handle.remove()
     assert seen and set(seen) == {torch.bfloat16 if precision == "bf16" else torch.float16}
     torch.testing.assert_close(_loss_at(encoder, first, second, precision), _loss_at(encoder, first, second, "fp32"),
@@ -149,7 +149,7 @@ def test_fp16_step_with_the_grad_scaler_updates_like_fp32(tiny_bert, corpus):
     for model, precision, grad_scaler in ((encoder, "fp16", scaler), (reference, "fp32", None)):
         start = {n: p.detach().clone() for n, p in model.named_parameters()}
         optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.0)
-        loss = mirror_step_loss(model, first, second, build_loss("infonce", 0.05), CUDA, precision)
+        loss = mirror_step_loss(model, first, second, build_loss("infonce", 0.05), precision=precision)
         backward_and_step(loss, optimizer, scaler=grad_scaler, max_grad_norm=1.0)
         moved[precision] = {n: p.detach() - start[n] for n, p in model.named_parameters()}
     assert scaler.get_scale() > 0 and all(torch.isfinite(d).all() for d in moved["fp16"].values())
@@ -201,7 +201,8 @@ def test_one_ddp_step_on_nccl_equals_the_plain_step(tiny_bert, corpus, monkeypat
         for model, gather in ((encoder, lambda rows: ctx.gather_views(rows, len(first))), (plain, None)):
             model.train()
             optimizer = build_optimizer(model, lr=1e-3, weight_decay=0.01)
-            loss = mirror_step_loss(model, first, second, build_loss("infonce", 0.05), ctx.device, "fp32", gather=gather)
+            loss = mirror_step_loss(model, first, second, build_loss("infonce", 0.05), precision="fp32",
+                                    gather=gather)
             backward_and_step(loss, optimizer)
             after.append((loss.detach(), model))
         ctx.unwrap(encoder)

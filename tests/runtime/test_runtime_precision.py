@@ -44,7 +44,10 @@ def test_explicit_choices_are_kept_and_checked(monkeypatch):
     monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
     assert resolve_precision("fp32", CPU) == "fp32"
     assert resolve_precision("bf16", CPU) == "bf16"
-    with pytest.raises(UserError, match="fp16 needs a CUDA GPU"):
+    monkeypatch.setattr(runtime, "cpu_has_native_fp16", lambda: True)
+    assert resolve_precision("fp16", CPU) == "fp16"  # torch's CPU autocast, with the same loss scaler
+    monkeypatch.setattr(runtime, "autocast_supported", lambda device, precision: False)
+    with pytest.raises(UserError, match="no fp16 autocast on cpu; use fp32"):
         resolve_precision("fp16", CPU)
     with pytest.raises(UserError, match="unknown value 'fp8'"):
         resolve_precision("fp8", CPU)
@@ -54,10 +57,10 @@ def test_explicit_choices_are_kept_and_checked(monkeypatch):
 
 def test_bf16_on_a_cpu_without_it_warns_once_with_the_measured_slowdown(monkeypatch, caplog):
     monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: False)
-    monkeypatch.setattr(runtime, "_warned_slow_bf16", False)
+    monkeypatch.setattr(runtime, "_warned_slow", set())
     measured = []
 
-    def fake_slowdown():
+    def fake_slowdown(dtype=torch.bfloat16):
         measured.append(37.25)
         return 37.25
 
@@ -75,13 +78,30 @@ def test_matmul_slowdown_is_measured():
     assert ratio > 0 and ratio == ratio
 
 
+def test_fp16_on_a_cpu_without_it_warns_once(monkeypatch, caplog):
+    monkeypatch.setattr(runtime, "cpu_has_native_fp16", lambda: False)
+    monkeypatch.setattr(runtime, "_warned_slow", set())
+    monkeypatch.setattr(runtime, "matmul_slowdown", lambda dtype=torch.float16: 12.5)
+    with caplog.at_level(logging.WARNING, logger="mirrorbert.runtime.device"):
+        assert resolve_precision("fp16", CPU) == "fp16"
+        assert resolve_precision("fp16", CPU) == "fp16"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "no native fp16" in warnings[0] and "12.5x" in warnings[0]
+
+
+def test_the_cpu_flags_that_mean_native_fp16():
+    assert runtime.cpu_has_native_fp16("flags\t: fpu avx2 avx512_fp16\n")
+    assert runtime.cpu_has_native_fp16("flags\t: fpu amx_fp16\n")
+    assert not runtime.cpu_has_native_fp16("flags\t: fpu avx2 avx512_bf16 amx_bf16\n")
+
+
 def test_train_defaults_to_auto_and_takes_the_new_options():
     assert TrainConfig().precision == "auto"
     args = build_parser().parse_args(["train", "--threads", "1", "--compile", "--gradient-checkpointing",
                                       "--grad-cache-chunk", "50", "--precision", "auto"])
     cfg = resolve_config({k: getattr(args, k, None) for k in TrainConfig.__dataclass_fields__})
     assert (cfg.threads, cfg.compile, cfg.gradient_checkpointing, cfg.grad_cache_chunk) == (1, True, True, 50)
-    with pytest.raises(UserError, match="--threads"):
+    with pytest.raises(UserError, match="threads"):
         resolve_config({"threads": 0})
     help_text = build_parser()._subparsers._group_actions[0].choices["train"].format_help()
     for option in ("--threads", "--compile", "--gradient-checkpointing", "--grad-cache-chunk", "auto"):

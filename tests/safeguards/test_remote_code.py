@@ -1,5 +1,5 @@
 """No code from files (issue 26): remote code only with --trust-remote-code, never a prompt; pickle weights read
-without running anything; safeguards/model_loading.py the one place that loads configs, tokenizers and models."""
+without running anything; encoder/source.py the one place that loads configs, tokenizers and models."""
 
 from __future__ import annotations
 
@@ -75,24 +75,20 @@ def test_only_model_loading_calls_the_transformers_loaders():
     """A new `from_pretrained` elsewhere would bypass the remote-code rule and the pickle scan."""
     offenders = []
     for path in sorted(SRC.rglob("*.py")):
-        if path.name == "model_loading.py":
+        if path.relative_to(SRC).as_posix() == "encoder/source.py":
             continue
         for node, name, owner in _calls(path):
-            if name in LOADERS or name == "SentenceTransformer" and path.name != "baselines.py":
+            if name in LOADERS or name == "SentenceTransformer":
                 offenders.append(f"{path.relative_to(SRC)}:{node.lineno} {name}")
     assert offenders == []
 
 
-def test_every_torch_load_is_weights_only():
-    found = []
-    for path in sorted(SRC.rglob("*.py")):
-        for node, name, owner in _calls(path):
-            if name == "load" and owner == "torch":
-                flags = {k.arg: k.value for k in node.keywords}
-                assert isinstance(flags.get("weights_only"), ast.Constant) and flags["weights_only"].value is True, \
-                    f"{path.relative_to(SRC)}:{node.lineno}"
-                found.append(path.name)
-    assert found == ["state_format.py"]  # the one reader of older mirrorbert's .pt files
+def test_mirrorbert_itself_never_calls_torch_load():
+    """No pickle is read by mirrorbert's own code (training state is safetensors + JSON); a model's pickled
+    weights go only through the one loader's scan."""
+    found = [f"{path.relative_to(SRC)}:{node.lineno}" for path in sorted(SRC.rglob("*.py"))
+             for node, name, owner in _calls(path) if name == "load" and owner == "torch"]
+    assert found == []
 
 
 # --------------------------------------------------------------------------- remote code
@@ -126,18 +122,21 @@ def test_the_cli_names_the_option(tiny_bert, tmp_path, monkeypatch, capsys):
 
 
 def test_trusted_remote_code_runs_and_untrusted_never_prompts(tiny_bert, tmp_path, monkeypatch):
-    from mirrorbert.safeguards import model_loading
+    from mirrorbert.encoder.source import open_model
+    from mirrorbert.safeguards import model_files
 
     folder = _remote_folder(tiny_bert, tmp_path / "model")
     monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("transformers asked on standard input"))
     with pytest.raises(UserError):
-        model_loading.load_config(folder)
+        open_model(folder)
     # past our own check, transformers itself is told False explicitly: it refuses rather than asks
-    monkeypatch.setattr(model_loading, "check_remote_code", lambda *a, **k: None)
-    with pytest.raises(UserError, match="needs to run code"):
-        model_loading.load_config(folder)
+    monkeypatch.setattr(model_files, "_check_remote_code", lambda *a, **k: None)
+    with open_model(folder) as handle, pytest.raises(UserError, match="needs to run code|auto_map"):
+        handle.config()
     assert not (tmp_path / "CANARY").exists()
-    config = model_loading.load_config(folder, trust_remote_code=True)  # the user's explicit choice
+    monkeypatch.undo()
+    with open_model(folder, trust_remote_code=True) as handle:  # the user's explicit choice
+        config = handle.config()
     assert type(config).__name__ == "EvilConfig" and (tmp_path / "CANARY").exists()
     from mirrorbert.encoder.model import Encoder
 
@@ -188,11 +187,11 @@ def test_modules_json_naming_a_foreign_module_is_refused(tiny_bert, tmp_path):
     (folder / "modules.json").write_text(json.dumps(modules), encoding="utf-8")
     with pytest.raises(UserError, match="modules.json.*evilpkg.Pooling"):
         Encoder.load(folder, device="cpu")
-    from mirrorbert.safeguards.model_loading import check_remote_code
+    from mirrorbert.safeguards.model_files import check_model_folder
 
     with pytest.raises(UserError, match="--trust-remote-code"):
-        check_remote_code(folder)
-    check_remote_code(folder, trust_remote_code=True)
+        check_model_folder(folder)
+    check_model_folder(folder, trust_remote_code=True).close()
 
 
 # --------------------------------------------------------------------------- pickle weights
@@ -208,12 +207,13 @@ def test_pickle_weights_with_a_payload_are_refused_before_any_work(tiny_bert, tm
 
 def test_the_weights_only_load_is_a_second_line_of_defence(tiny_bert, tmp_path, monkeypatch):
     """Without the up-front scan, transformers' weights-only unpickler still refuses, in one line."""
-    from mirrorbert.safeguards import model_loading
+    from mirrorbert.encoder.source import open_model
+    from mirrorbert.safeguards import model_files
 
     folder = _pickle_folder(tiny_bert, tmp_path / "model")
-    monkeypatch.setattr(model_loading, "check_pickle_weights", lambda *a, **k: None)
-    with pytest.raises(UserError) as info:
-        model_loading.load_model(folder)
+    monkeypatch.setattr(model_files, "_check_pickle", lambda *a, **k: None)
+    with open_model(folder) as handle, pytest.raises(UserError) as info:
+        handle.load()
     assert "pytorch_model.bin" in str(info.value) and "\n" not in str(info.value)
     assert not (tmp_path / "CANARY").exists()
 

@@ -25,6 +25,12 @@ import pytest
 
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards import writes as safety
+from mirrorbert.safeguards.writes.locks import lock_path
+from mirrorbert.safeguards.writes.markers import RECORD_LIMIT, foreign_file
+from mirrorbert.safeguards.writes.paths import OWN_TEMPORARY
+from mirrorbert.safeguards.writes.plan import check_checkpoints_proven, check_replaceable
+from mirrorbert.safeguards.writes.temporaries import (boot_id, owner_gone, owner_record, remove_stale_temporaries,
+                                                      set_aside_name, start_ticks)
 
 NOBODY = 65534
 
@@ -38,9 +44,10 @@ def _leftovers(folder: Path) -> list[str]:
 
 
 def _die_leaving(target: Path, body: str) -> None:
-    """Run `body` in a child process (`target`, `safety` and Path are defined) that then kills itself with
-    SIGKILL: nothing of it runs any cleanup."""
+    """Run `body` in a child process (`target`, `safety`, `set_aside_name` and Path are defined) that then kills
+    itself with SIGKILL: nothing of it runs any cleanup."""
     code = ("import os, signal, sys\nfrom pathlib import Path\nfrom mirrorbert.safeguards import writes as safety\n"
+            "from mirrorbert.safeguards.writes.temporaries import set_aside_name\n"
             f"target = Path({str(target)!r})\n{body}\nos.kill(os.getpid(), signal.SIGKILL)\n")
     done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True)
     assert done.returncode == -signal.SIGKILL, done.stderr.decode(errors="replace")[-3000:]
@@ -48,23 +55,23 @@ def _die_leaving(target: Path, body: str) -> None:
 
 # --------------------------------------------------------------------------- owner records
 def test_an_owner_record_names_this_process_and_is_alive():
-    pid, boot, start = safety.owner_record().split(".")
+    pid, boot, start = owner_record().split(".")
     assert int(pid) == os.getpid() and len(boot) == 8 and int(start) >= 0
-    assert not safety.owner_gone(int(pid), boot, int(start))
+    assert not owner_gone(int(pid), boot, int(start))
 
 
 def test_an_owner_is_gone_once_killed_or_when_its_pid_was_reused_or_of_another_boot():
     child = subprocess.Popen(["sleep", "60"])
-    start = safety.start_ticks(child.pid)
-    boot = safety.boot_id()
-    assert not safety.owner_gone(child.pid, boot, start)
+    start = start_ticks(child.pid)
+    boot = boot_id()
+    assert not owner_gone(child.pid, boot, start)
     child.kill()
     child.wait()
-    assert safety.owner_gone(child.pid, boot, start)
-    assert safety.owner_gone(1, boot, (safety.start_ticks(1) or 0) + 1)  # pid 1 is running, but not that one
+    assert owner_gone(child.pid, boot, start)
+    assert owner_gone(1, boot, (start_ticks(1) or 0) + 1)  # pid 1 is running, but not that one
     other = "0badb007" if boot != "0badb007" else "0badb008"
     if boot != "0" * 8:
-        assert safety.owner_gone(os.getpid(), other, safety.start_ticks(os.getpid()) or 0)
+        assert owner_gone(os.getpid(), other, start_ticks(os.getpid()) or 0)
 
 
 # --------------------------------------------------------------------------- leftovers of a killed writer
@@ -74,7 +81,7 @@ def test_what_a_killed_writer_left_is_removed_by_the_next_writer(tmp_path, kind)
     body = {"file": "safety.make_temporary(target).write_bytes(b'half')",
             "npy": "safety.make_temporary(target, suffix='.npy').write_bytes(b'half')",
             "folder": "(safety.make_temporary(target, folder=True) / 'w.bin').write_bytes(b'half')",
-            "set-aside": "safety.set_aside_name(target).mkdir(); (safety.set_aside_name(target) / 'a').touch()"}[kind]
+            "set-aside": "set_aside_name(target).mkdir(); (set_aside_name(target) / 'a').touch()"}[kind]
     _die_leaving(target, body)
     assert len(_leftovers(tmp_path)) == 1
     suffix = ".npy" if kind == "npy" else ""
@@ -96,11 +103,11 @@ def test_a_killed_atomic_write_is_cleaned_up_by_the_rerun(tmp_path):
 
 def test_only_a_dead_writers_own_files_and_folders_of_that_target_are_removed(tmp_path):
     target = tmp_path / "x.npy"
-    boot = safety.boot_id()
-    dead = f"1.{boot}.{(safety.start_ticks(1) or 0) + 7}"
+    boot = boot_id()
+    dead = f"1.{boot}.{(start_ticks(1) or 0) + 7}"
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        live = f"{sleeper.pid}.{boot}.{safety.start_ticks(sleeper.pid)}"
+        live = f"{sleeper.pid}.{boot}.{start_ticks(sleeper.pid)}"
         keep = {
             f".x.tmp-{live}-abcdefgh.npy": "a live writer's",
             f".x.tmp-{dead}-abcdefgh.npy.notes": "a longer name",
@@ -115,7 +122,7 @@ def test_only_a_dead_writers_own_files_and_folders_of_that_target_are_removed(tm
         victim.write_bytes(b"precious")
         os.symlink(victim, tmp_path / f".x.tmp-{dead}-linkedxx.npy")  # a link: never removed nor followed
         (tmp_path / f".x.tmp-{dead}-zzzzzzzz.npy").write_bytes(b"half")  # the one leftover
-        removed = safety.remove_stale_temporaries(target, ".npy")
+        removed = remove_stale_temporaries(target, ".npy")
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -129,10 +136,10 @@ def test_temporaries_of_long_names_fit_and_are_still_recognised(tmp_path, length
     target = tmp_path / ("n" * (length - 4) + ".npy" if length > 4 else "n")
     suffix = target.suffix
     _die_leaving(target, f"safety.make_temporary(target, suffix={suffix!r}).write_bytes(b'half')\n"
-                         "safety.set_aside_name(target).mkdir()")
+                         "set_aside_name(target).mkdir()")
     left = _leftovers(tmp_path)
-    assert len(left) == 2 and all(len(os.fsencode(n)) <= 255 and safety.OWN_TEMPORARY.match(n) for n in left)
-    assert len(safety.remove_stale_temporaries(target, suffix)) == 2 and _leftovers(tmp_path) == []
+    assert len(left) == 2 and all(len(os.fsencode(n)) <= 255 and OWN_TEMPORARY.match(n) for n in left)
+    assert len(remove_stale_temporaries(target, suffix)) == 2 and _leftovers(tmp_path) == []
 
 
 @pytest.mark.slow
@@ -185,15 +192,15 @@ def _marked(folder: Path, digest) -> Path:
                                     _digest(b"something else\n"), [11, hashlib.sha256(b"my thesis\n").hexdigest()]])
 def test_a_listed_file_without_a_matching_real_digest_is_foreign(tmp_path, digest):
     folder = _marked(tmp_path / "out", digest)
-    assert safety.foreign_file(folder) == folder / "thesis.tex"
+    assert foreign_file(folder) == folder / "thesis.tex"
     with pytest.raises(UserError, match=r"^--output .*thesis\.tex, which mirrorbert did not write"):
-        safety.check_replaceable(folder, True, "--output")
+        check_replaceable(folder, True, "--output")
     assert (folder / "thesis.tex").read_bytes() == b"my thesis\n"
 
 
 def test_a_listed_file_with_its_real_digest_is_ours_and_large_files_are_digested_whole(tmp_path):
     folder = _marked(tmp_path / "out", _digest(b"my thesis\n"))
-    assert safety.foreign_file(folder) is None
+    assert foreign_file(folder) is None
     big = tmp_path / "big"
     big.mkdir()
     (big / "weights.bin").write_bytes(b"\0" * (3 << 20))
@@ -203,7 +210,7 @@ def test_a_listed_file_with_its_real_digest_is_ours_and_large_files_are_digested
     with open(big / "weights.bin", "r+b") as fh:  # same size, one byte changed in the middle
         fh.seek(1 << 20)
         fh.write(b"\1")
-    assert safety.foreign_file(big) == big / "weights.bin"
+    assert foreign_file(big) == big / "weights.bin"
 
 
 def test_a_link_mirrorbert_made_is_proven_by_its_target_and_a_listed_file_turned_folder_is_not(tmp_path):
@@ -213,15 +220,15 @@ def test_a_link_mirrorbert_made_is_proven_by_its_target_and_a_listed_file_turned
     (folder / "a.json").write_text("{}", encoding="utf-8")
     safety.record_files(folder, "reproduce")
     assert safety.read_marker(folder)["digests"]["corpora"] == ["symlink", "/data/corpora"]
-    assert safety.foreign_file(folder) is None
+    assert foreign_file(folder) is None
     os.unlink(folder / "corpora")
     os.symlink("/home/user/thesis", folder / "corpora")  # another target: not the link mirrorbert made
-    assert safety.foreign_file(folder) == folder / "corpora"
+    assert foreign_file(folder) == folder / "corpora"
     os.unlink(folder / "corpora")
     (folder / "a.json").unlink()
     (folder / "a.json").mkdir()
     (folder / "a.json" / "mine.txt").write_bytes(b"mine")
-    assert safety.foreign_file(folder) == folder / "a.json" / "mine.txt"
+    assert foreign_file(folder) == folder / "a.json" / "mine.txt"
 
 
 @pytest.mark.parametrize("kind", ["link", "fifo", "huge", "deep"])
@@ -238,12 +245,12 @@ def test_a_marker_that_is_not_a_small_regular_json_file_proves_nothing(tmp_path,
         os.mkfifo(marker)  # reading it would wait forever
     elif kind == "huge":
         with open(marker, "wb") as fh:
-            fh.truncate(safety.RECORD_LIMIT + 1)
+            fh.truncate(RECORD_LIMIT + 1)
     else:
         marker.write_text("[" * 100_000 + "]" * 100_000)
-    assert safety.read_marker(folder) in (None, {"kind": "output", "files": None})
+    assert safety.read_marker(folder) is None
     with pytest.raises(UserError, match="only replaces a folder mirrorbert wrote"):
-        safety.check_replaceable(folder, True, "--output")
+        check_replaceable(folder, True, "--output")
 
 
 def _step(root: Path, name: str = "step-3", sha_of: bytes | None = None, size: int | None = None) -> Path:
@@ -278,7 +285,7 @@ def test_a_real_checkpoint_is_proven_by_the_manifest_mirrorbert_writes(tmp_path)
     (step / "checkpoint.json").write_text('{"step": 1}', encoding="utf-8")
     write_manifest(step)
     assert safety.checkpoint_stray(step) is None
-    safety.check_checkpoints_proven(tmp_path / "ck")
+    check_checkpoints_proven(tmp_path / "ck")
 
 
 def test_overwrite_refuses_to_discard_a_checkpoint_folder_holding_unproven_files(tmp_path):
@@ -305,7 +312,7 @@ def test_a_marked_folders_best_model_must_prove_its_files_too(tmp_path):
     (folder / "best-model").mkdir(parents=True)
     (folder / "best-model" / "thesis.tex").write_bytes(b"mine")
     safety.mark_folder(folder)
-    assert safety.foreign_file(folder) == folder / "best-model" / "thesis.tex"
+    assert foreign_file(folder) == folder / "best-model" / "thesis.tex"
 
 
 # --------------------------------------------------------------------------- links at an output's name
@@ -341,7 +348,7 @@ def test_overwrite_onto_a_link_to_the_users_file_or_folder_replaces_the_link(tmp
 def test_the_lock_of_a_linked_output_is_beside_the_link(tmp_path):
     (tmp_path / "real").mkdir()
     os.symlink(tmp_path / "real" / "x.npy", tmp_path / "x.npy")
-    assert safety.lock_path(tmp_path / "x.npy") == tmp_path / ".x.npy.lock"
+    assert lock_path(tmp_path / "x.npy") == tmp_path / ".x.npy.lock"
 
 
 def test_a_link_to_nothing_among_an_outputs_folders_is_refused(tmp_path):
@@ -398,7 +405,7 @@ def test_a_mount_point_is_never_an_output(tmp_path):
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
     try:
         with pytest.raises(UserError, match=r"^--output .*disk is a mount point: it cannot be replaced atomically"):
-            safety.check_replaceable(disk, True, "--output")
+            check_replaceable(disk, True, "--output")
         with pytest.raises(UserError, match="is a mount point"):
             with safety.atomic_output_dir(disk, overwrite=True):
                 pass

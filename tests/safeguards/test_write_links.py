@@ -23,6 +23,10 @@ import numpy as np
 import pytest
 
 from mirrorbert.safeguards import writes as safety
+from mirrorbert.safeguards.writes.locks import LOCK_RECORD, folder_lock, lock_path
+from mirrorbert.safeguards.writes.markers import foreign_file
+from mirrorbert.safeguards.writes.paths import OWN_TEMPORARY, own_name
+from mirrorbert.safeguards.writes.plan import check_replaceable, check_replaceable_file
 from mirrorbert.errors import UserError
 
 
@@ -33,32 +37,32 @@ def _victim(path: Path, content: bytes = b"precious\n") -> Path:
 
 
 def _temporaries(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if safety.OWN_TEMPORARY.match(p.name))
+    return sorted(p.name for p in folder.iterdir() if OWN_TEMPORARY.match(p.name))
 
 
 # --------------------------------------------------------------------------- locks
 def test_a_lock_never_follows_a_symlink_at_its_path(tmp_path):
     victim = _victim(tmp_path / "victim.txt")
     out = tmp_path / "out"
-    os.symlink(victim, safety.lock_path(out))
+    os.symlink(victim, lock_path(out))
     with pytest.raises(UserError, match=r"lock path .*\.out\.lock is a symlink"):
-        with safety.folder_lock(out, "--output"):
+        with folder_lock(out, "--output"):
             pass
     assert victim.read_bytes() == b"precious\n"
 
 
 def test_a_dangling_symlink_at_the_lock_path_creates_nothing(tmp_path):
     out = tmp_path / "out"
-    os.symlink(tmp_path / "never-created", safety.lock_path(out))
+    os.symlink(tmp_path / "never-created", lock_path(out))
     with pytest.raises(UserError, match="symlink"):
-        with safety.folder_lock(out, "--output"):
+        with folder_lock(out, "--output"):
             pass
     assert not os.path.lexists(tmp_path / "never-created")
 
 
 @pytest.mark.parametrize("kind", ["fifo", "folder", "socket"])
 def test_a_special_file_at_the_lock_path_is_refused_without_opening_it(tmp_path, monkeypatch, kind):
-    lock = safety.lock_path(tmp_path / "out")
+    lock = lock_path(tmp_path / "out")
     if kind == "fifo":
         os.mkfifo(lock)  # opening it for reading would wait for a writer forever
     elif kind == "folder":
@@ -68,30 +72,30 @@ def test_a_special_file_at_the_lock_path_is_refused_without_opening_it(tmp_path,
         with socket.socket(socket.AF_UNIX) as sock:
             sock.bind(lock.name)
     with pytest.raises(UserError, match=f"lock path {re.escape(str(lock))} is a"):
-        with safety.folder_lock(tmp_path / "out", "--output"):
+        with folder_lock(tmp_path / "out", "--output"):
             pass
     assert os.path.lexists(lock)
 
 
 def test_a_planted_regular_file_at_the_lock_path_is_locked_but_never_written_nor_removed(tmp_path):
-    lock = _victim(safety.lock_path(tmp_path / "out"), b"someone's notes\n")
-    with safety.folder_lock(tmp_path / "out", "--output"):
+    lock = _victim(lock_path(tmp_path / "out"), b"someone's notes\n")
+    with folder_lock(tmp_path / "out", "--output"):
         with pytest.raises(UserError, match="another mirrorbert run is using it"):  # it still locks
-            with safety.folder_lock(tmp_path / "out", "--output"):
+            with folder_lock(tmp_path / "out", "--output"):
                 pass
     assert lock.read_bytes() == b"someone's notes\n"
 
 
 def test_a_lock_of_mirrorbert_left_by_a_killed_run_is_reused_and_removed(tmp_path):
-    lock = _victim(safety.lock_path(tmp_path / "out"), f"{safety.LOCK_RECORD}99999\n".encode())
-    with safety.folder_lock(tmp_path / "out", "--output"):
+    lock = _victim(lock_path(tmp_path / "out"), f"{LOCK_RECORD}99999\n".encode())
+    with folder_lock(tmp_path / "out", "--output"):
         pass
     assert not lock.exists()
 
 
 def test_a_fresh_lock_records_the_pid_and_goes_away(tmp_path):
-    with safety.folder_lock(tmp_path / "out", "--output") as lock:
-        assert lock.read_text(encoding="utf-8") == f"{safety.LOCK_RECORD}{os.getpid()}\n"
+    with folder_lock(tmp_path / "out", "--output") as lock:
+        assert lock.read_text(encoding="utf-8") == f"{LOCK_RECORD}{os.getpid()}\n"
     assert not lock.exists()
 
 
@@ -100,17 +104,17 @@ def test_a_fresh_lock_records_the_pid_and_goes_away(tmp_path):
 def test_own_names_fit_the_filesystem_and_stay_ours(tmp_path, length):
     name = "é" * (length // 2) + "n" * (length % 2)  # multi-byte: cut on bytes, not characters
     for tag, room in (("lock", 0), ("tmp-", 8), (f"old-{os.getpid()}", 0)):
-        own = safety.own_name(tmp_path / name, tag, room)
+        own = own_name(tmp_path / name, tag, room)
         assert len(os.fsencode(own)) + room <= 255
-        assert safety.OWN_TEMPORARY.match(own + ("abcdefgh" if room else ""))
+        assert OWN_TEMPORARY.match(own + ("abcdefgh" if room else ""))
         (tmp_path / (own + ("abcdefgh" if room else ""))).touch()  # the filesystem takes it
-    assert safety.own_name(tmp_path / ("a" * 255), "lock") != safety.own_name(tmp_path / ("a" * 254 + "b"), "lock")
+    assert own_name(tmp_path / ("a" * 255), "lock") != own_name(tmp_path / ("a" * 254 + "b"), "lock")
 
 
 def test_a_255_byte_file_and_folder_are_written_and_256_refused_naming_the_option(tmp_path):
     file_name, folder_name = "f" * 251 + ".npy", "d" * 255
     safety.write_text_atomic(tmp_path / file_name, "x")
-    with safety.folder_lock(tmp_path / folder_name, "--output"), \
+    with folder_lock(tmp_path / folder_name, "--output"), \
             safety.atomic_output_dir(tmp_path / folder_name) as tmp:
         (tmp / "a.txt").write_text("a", encoding="utf-8")
     assert (tmp_path / file_name).read_text(encoding="utf-8") == "x"
@@ -144,7 +148,7 @@ def _special(tmp_path: Path, kind: str, monkeypatch) -> Path:
 def test_only_regular_files_and_folders_are_ever_replaced(tmp_path, monkeypatch, kind, overwrite):
     path = _special(tmp_path, kind, monkeypatch)
     before = os.lstat(path)
-    for check in (safety.check_replaceable_file, safety.check_replaceable):
+    for check in (check_replaceable_file, check_replaceable):
         with pytest.raises(UserError, match=r"^--output .*x\.npy: is a (FIFO|socket|character device)"):
             check(path, overwrite, "--output")
     with pytest.raises(UserError, match="only writes regular files and folders"):
@@ -187,7 +191,7 @@ def test_a_listed_file_replaced_by_a_fifo_is_foreign_and_never_read(tmp_path):
     safety.mark_folder(folder, files=["a.txt"])
     (folder / "a.txt").unlink()
     os.mkfifo(folder / "a.txt")
-    assert safety.foreign_file(folder) == folder / "a.txt"
+    assert foreign_file(folder) == folder / "a.txt"
 
 
 def test_the_marker_temporary_is_exclusive_and_never_follows_a_planted_link(tmp_path):
@@ -253,18 +257,30 @@ def test_a_failed_write_is_one_line_keeps_the_previous_file_and_leaves_no_tempor
     assert _temporaries(tmp_path) == []
 
 
-def test_write_failures_of_libraries_without_oserror_are_recognised(tmp_path):
+def test_write_failures_of_libraries_without_oserror_are_recognised(tmp_path, monkeypatch):
+    """By the errno a Rust library carries (its Debug or Display form), or, for an error with none, by what the
+    filesystem says: the same torch error is a full disk on a full disk and passes through on one with room."""
     class SafetensorError(Exception):
         pass
 
     spelled = SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
                               '"No space left on device" })')
+    bare = Exception("No space left on device (os error 28)")  # tokenizers' save
     torch_zip = RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing "
                              "file data/0: file write failed")
-    for exc in (spelled, torch_zip):
+    for exc in (spelled, bare):
         with pytest.raises(UserError, match="no space left on the device"):
             with safety.atomic_output_dir(tmp_path / "out", option="--output"):
                 raise exc
+    with pytest.raises(RuntimeError, match="PytorchStreamWriter"):  # room on the disk: not a full disk
+        with safety.atomic_output_dir(tmp_path / "out", option="--output"):
+            raise torch_zip
+    full = os.statvfs(tmp_path)
+    monkeypatch.setattr(os, "statvfs", lambda path: os.statvfs_result((*full[:3], 0, 0, *full[5:])))
+    with pytest.raises(UserError, match="no space left on the device"):
+        with safety.atomic_output_dir(tmp_path / "out", option="--output"):
+            raise torch_zip
+    monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == []
     with pytest.raises(KeyError):  # anything else passes through unchanged
         with safety.write_errors(tmp_path / "x"):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mirrorbert.safeguards import writes as safety
+from mirrorbert.safeguards.writes.markers import foreign_file
 from mirrorbert.cli.app import main
 from mirrorbert.errors import UserError
 
@@ -322,8 +323,9 @@ def test_a_mirrorbert_json_alone_does_not_make_a_folder_ours(proj, capsys, no_mo
     (proj / "out" / "mirrorbert.json").write_text("{}\n", encoding="utf-8")
     (proj / "out" / "thesis.tex").write_text("chapter 1\n", encoding="utf-8")
     refused(capsys, ["train", "--model", "m", *TRAIN, "--output", "out", "--overwrite"], "mirrorbert wrote")
-    (proj / "out" / safety.MARKER).write_text("written by mirrorbert\n", encoding="utf-8")  # an older marker
-    refused(capsys, ["train", "--model", "m", *TRAIN, "--output", "out", "--overwrite"], "lists no files")
+    (proj / "out" / safety.MARKER).write_text("written by mirrorbert\n", encoding="utf-8")  # not a marker's JSON
+    refused(capsys, ["train", "--model", "m", *TRAIN, "--output", "out", "--overwrite"],
+            f"no {safety.MARKER} that mirrorbert writes")
     assert (proj / "out" / "thesis.tex").exists()
 
 
@@ -333,18 +335,18 @@ def test_foreign_file_looks_into_subfolders_and_checkpoints(tmp_path):
     (out / "a.txt").write_text("a", encoding="utf-8")
     (out / "sub" / "b.txt").write_text("b", encoding="utf-8")
     safety.mark_folder(out, files=["a.txt", "sub/b.txt"])
-    assert safety.foreign_file(out) is None
+    assert foreign_file(out) is None
     (out / "sub" / "c.txt").write_text("c", encoding="utf-8")
-    assert safety.foreign_file(out) == out / "sub" / "c.txt"
+    assert foreign_file(out) == out / "sub" / "c.txt"
     (out / "sub" / "c.txt").unlink()
     (out / ".out.lock").write_text("123\n", encoding="utf-8")  # mirrorbert's own lock: not foreign
     nested = out / "models" / "x"
     nested.mkdir(parents=True)
     (nested / "w.bin").write_bytes(b"w")
     safety.mark_folder(nested, files=["w.bin"])
-    assert safety.foreign_file(out) is None  # the nested marker vouches for its folder
+    assert foreign_file(out) is None  # the nested marker vouches for its folder
     (nested / "user.txt").write_text("u", encoding="utf-8")
-    assert safety.foreign_file(out) == nested / "user.txt"
+    assert foreign_file(out) == nested / "user.txt"
 
 
 # --------------------------------------------------------------------------- case 7

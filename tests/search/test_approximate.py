@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from support import cli_hits as hits
-from support import index_as_format_1
 from support import run_cli as run
 
 faiss = pytest.importorskip("faiss")
 
 from mirrorbert.search.approximate import (AUTO_IVF_ROWS, IVFIndex, default_nlist, default_nprobe,  # noqa: E402
                                            resolve_index_type)
-from mirrorbert.search.exact import SearchIndex, _pair_scores, chunked_topk, l2_normalize  # noqa: E402
+from mirrorbert.search.exact import SearchIndex, chunked_topk, l2_normalize  # noqa: E402
+from mirrorbert.search.ranking import pair_scores  # noqa: E402
 
 CORPUS = (b"the cat sat on the mat\n\na dog ran in the park\nthe bank raised interest rates again\n"
           b"heart attack and myocardial infarction\nthe stock market fell sharply today\n"
@@ -54,12 +54,12 @@ def test_ivf_recall_at_10_against_exact_search_at_the_defaults(data):
     scores, ids = ivf.topk(queries, keys, 10)
     assert recall_at_10(ids, truth) >= 0.95
     # every returned score is the exact (float64) cosine of the returned id, best first
-    assert np.array_equal(scores, _pair_scores(queries, keys, ids).astype(np.float32))
+    assert np.array_equal(scores, pair_scores(queries, keys[ids]).astype(np.float32))
     assert (np.diff(scores, axis=1) <= 0).all()
     # too few lists scanned still answers, with exact scores (only recall suffers)
     s1, i1 = ivf.topk(queries, keys, 10, nprobe=1)
     valid = i1 >= 0
-    assert np.array_equal(s1[valid], _pair_scores(queries, keys, np.where(valid, i1, 0)).astype(np.float32)[valid])
+    assert np.array_equal(s1[valid], pair_scores(queries, keys[np.where(valid, i1, 0)]).astype(np.float32)[valid])
 
 
 def test_the_ivf_index_rebuilt_from_its_parts_is_the_one_built(data):
@@ -152,18 +152,6 @@ def test_index_type_ivf_end_to_end_gives_the_hits_of_search_over_the_corpus(caps
     assert code_a == code_b == code_c == 0
     # one list holds every row here: the candidates are the whole corpus, so the hits are exact
     assert hits(from_index) == hits(exact_scan) == hits(from_corpus)
-
-
-def test_an_exact_index_of_format_1_still_answers(capsys, tiny_bert, tmp_path):
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_bytes(CORPUS)
-    index = tmp_path / "index"
-    assert run(capsys, ["index", "--model", tiny_bert, "--corpus", corpus, "--output", index, "--no-progress"])[0] == 0
-    argv = ["search", "--index", index, "--model", tiny_bert, "--query", "the bank", "--no-progress"]
-    code, before, _ = run(capsys, argv)
-    index_as_format_1(index)
-    code_1, after, _ = run(capsys, argv)
-    assert code == code_1 == 0 and hits(before) == hits(after)
 
 
 def test_nprobe_is_refused_for_an_exact_index(capsys, tiny_bert, tmp_path):

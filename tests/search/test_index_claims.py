@@ -139,6 +139,7 @@ def test_the_model_fingerprint_is_the_one_earlier_versions_recorded(tiny_bert, t
 @pytest.mark.parametrize("changes, fragments", [
     ({"pooling": "cls"}, ("vectors.npy row", "not what --model makes of its text", "pooling 'cls'")),
     ({"max_length": 4}, ("vectors.npy row", "max_length 4")),
+    ({"max_length": 3}, ("vectors.npy row", "max_length 3")),
     ({"max_length": 100000}, ("manifest.json: max_length 100000", "takes at most")),
     ({"pooling": "max"}, ("manifest.json: damaged", "'pooling'")),
     ({"normalized": False}, ("manifest.json: damaged", "'normalized'")),
@@ -224,8 +225,8 @@ def test_hit_texts_with_control_characters_are_printed_escaped(capsys, tiny_bert
         assert not any(c in out for c in "\x1b\x07\r\x9b\u202e\u2028"), repr(out)
         found = json.loads(out)
         assert found["query"] == "alert \x1b[2J"
-        # "carriage\rreturn" is two lines of a text file (CR ends a line), as every reader reads it
-        assert {h["text"] for h in found["hits"]} <= set(lines) | {"carriage", "return"}
+        # "carriage\rreturn" is one line of a text file (lines end at \n), as every reader reads it
+        assert {h["text"] for h in found["hits"]} <= set(lines)
         assert any("\x1b" in h["text"] for h in found["hits"])
 
 
@@ -245,3 +246,94 @@ def test_a_dataset_folder_corpus_is_hashed_inside_itself(capsys, tiny_bert, tmp_
     (tmp_path / "elsewhere.txt").write_text("not the dataset's\n", encoding="utf-8")
     os.symlink(tmp_path / "elsewhere.txt", folder / "notes.txt")
     _refused(_search(capsys, tiny_bert, tmp_path / "index"), f"{folder / 'notes.txt'}: leads out of the dataset folder")
+
+
+# ----------------------------------------------------------------------------- every claim against what proves it
+def test_an_index_of_mirrorbert_index_without_its_texts_is_refused(capsys, tiny_bert, index):
+    """Its texts are what its vectors are checked against, and what --corpus is compared with: a manifest that
+    drops them (to hide an edited pooling or max_length, or to show no text for the corpus's) is not ours."""
+    (index / "texts.jsonl").unlink()
+    _edit(index, texts=False, max_length=3)
+    for extra in ((), ("--corpus", index.parent / "corpus.txt")):
+        _refused(_search(capsys, tiny_bert, index, *extra), f"{index / 'manifest.json'}: damaged", "'texts' false")
+
+
+def test_a_stored_text_rewritten_in_place_after_the_check_is_refused_not_shown(tiny_bert, index):
+    from mirrorbert.errors import UserError
+    from mirrorbert.search.index_claims import Manifest
+    from mirrorbert.search.index_store import read_index
+
+    texts = read_index(index, Manifest.read(index), use_faiss=False, corpus=index.parent / "corpus.txt")["texts"]
+    assert texts[0] == LINES[0]
+    raw = (index / "texts.jsonl").read_bytes()
+    first = raw.index(b"\n")
+    with open(index / "texts.jsonl", "r+b") as fh:  # the same file, the same length: only the text differs
+        fh.write(b'"' + b"x" * (first - 2) + b'"')
+    with pytest.raises(UserError, match=r"texts.jsonl:1: damaged \(changed since it was checked\)"):
+        texts[0]
+    assert texts[1] == LINES[2]
+    texts.close()
+
+
+def test_corpus_lines_must_be_the_corpus_s_so_no_id_is_past_its_end(capsys, tiny_bert, index, caplog):
+    ids = np.load(index / "ids.npy")
+    _replace(index, "ids.npy", _npy(np.concatenate([ids[:-1], [40]]).astype(np.int64)))
+    _edit(index, corpus_lines=50, corpus=str(index.parent / "corpus.txt"))  # the test's own copy
+    for extra in ((), ("--corpus", index.parent / "corpus.txt")):
+        _refused(_search(capsys, tiny_bert, index, *extra), f"{index / 'manifest.json'}: damaged",
+                 f"corpus_lines 50, but the corpus {index.parent / 'corpus.txt'} has {len(LINES)}")
+    (index.parent / "corpus.txt").unlink()  # gone: the stored texts answer, their ids said to be unchecked
+    code, out, _ = _search(capsys, tiny_bert, index)
+    assert code == 0 and json.loads(out)["hits"]
+    assert "can no longer be checked" in caplog.text
+
+
+def test_the_encoding_settings_are_proved_by_vectors_drawn_at_random(capsys, tiny_bert, tmp_path):
+    """A tamperer who re-makes the vectors of the rows a fixed spot check would pick (the longest, and some
+    spread evenly) with max_length 3, and edits the manifest to 3, is found: the other rows re-encoded are drawn
+    anew at each search, from all of them."""
+    from mirrorbert.encoder.model import Encoder
+    from mirrorbert.search.index_store import SPOT_ROWS
+
+    words = "the cat sat on a mat dog ran in park bank raised rates".split()
+    lines = [" ".join(words[(i + k) % len(words)] for k in range(2 + i % 9)) + f" {i}" for i in range(300)]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    folder = tmp_path / "index"
+    assert run(capsys, ["index", "--model", tiny_bert, "--corpus", corpus, "--output", folder, "--no-progress"])[0] == 0
+    lengths = np.array([len(json.dumps(t, ensure_ascii=False)) + 1 for t in lines])
+    longest = np.argsort(-lengths, kind="stable")[:SPOT_ROWS // 2]
+    spread = np.linspace(0, len(lines) - 1, num=SPOT_ROWS - len(longest)).astype(int)
+    forged_rows = sorted(set(longest.tolist()) | set(spread.tolist()))
+    vectors = np.load(folder / "vectors.npy")
+    short = Encoder.load(str(tiny_bert), pooling="mean", max_length=3)
+    vectors[forged_rows] = short.encode([lines[r] for r in forged_rows], normalize=True)
+    _replace(folder, "vectors.npy", _npy(vectors))
+    (folder / "faiss.index").unlink(missing_ok=True)
+    _edit(folder, max_length=3, faiss=False)
+    _refused(_search(capsys, tiny_bert, folder), "vectors.npy row", "max_length 3")
+
+
+def test_spot_rows_are_the_longest_and_a_fresh_draw_of_the_rest():
+    from mirrorbert.search.index_store import SPOT_ROWS, _spot_rows
+
+    texts = [f"row {i} " + "x" * (i % 97) for i in range(5000)]
+    longest = set(np.argsort(-np.array([len(t) for t in texts]), kind="stable")[:SPOT_ROWS // 2].tolist())
+    draws = [_spot_rows(texts) for _ in range(3)]
+    assert all(len(d) == SPOT_ROWS and longest <= set(d) for d in draws)
+    assert len({tuple(d) for d in draws}) > 1  # the same draw three times: about one chance in 10**22
+    assert _spot_rows(texts[:3]) == [0, 1, 2]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs Linux's /proc")
+def test_a_corpus_that_cannot_be_read_is_said_so_not_blamed_on_a_write(capsys, tiny_bert, index, tmp_path):
+    expected = "/proc/self/mem: cannot be read (Input/output error)"
+    _refused(_search(capsys, tiny_bert, index, "--corpus", "/proc/self/mem"), f"--corpus {expected}")
+    data = {**_manifest(index), "corpus": "/proc/self/mem"}
+    del data["corpus_bytes"]  # nothing to compare its size with: it is read
+    (index / "manifest.json").write_text(json.dumps(data), encoding="utf-8")
+    _refused(_search(capsys, tiny_bert, index), "manifest.json names the corpus " + expected)
+    _refused(run(capsys, ["index", "--model", tiny_bert, "--corpus", "/proc/self/mem", "--output",
+                          tmp_path / "new", "--no-progress"]), f"--corpus {expected}")
+    _refused(run(capsys, ["index", "--model", tiny_bert, "--corpus", "/proc/self/status", "--output",
+                          tmp_path / "new", "--no-progress"]), "/proc/self/status: reports a size of 0 but has content")

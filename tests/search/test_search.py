@@ -137,7 +137,7 @@ def test_index_save_load_round_trip_in_the_index_folder_format(tmp_path):
     assert list(loaded.texts) == index.texts and loaded.meta == meta
     q = rng.normal(size=(4, 8))
     assert loaded.search_vectors(q, 5) == index.search_vectors(q, 5)
-    with pytest.raises(UserError, match="not a search index"):
+    with pytest.raises(UserError, match="not a mirrorbert index"):
         S.SearchIndex.load(tmp_path)
 
 
@@ -170,25 +170,14 @@ def test_an_approximate_index_saves_its_parts_and_loads_to_the_same_hits(tmp_pat
     assert loaded.search_vectors(queries, 5) == index.search_vectors(queries, 5)
 
 
-def test_a_folder_of_the_first_save_format_still_loads(tmp_path, caplog):
+def test_a_folder_without_a_manifest_is_refused_in_one_line(tmp_path):
     folder = tmp_path / "first"
     folder.mkdir()
-    vectors = np.eye(3, 4, dtype=np.float32)
-    vectors[2] *= 50  # nothing checked its length: loaded unit length, so it cannot win every query
-    np.save(folder / "vectors.npy", vectors)
-    (folder / "texts.jsonl").write_text('"a"\n"b"\n"c"\n', encoding="utf-8")
-    (folder / "index.json").write_text(json.dumps({"model": "m", "pooling": "cls", "format_version": 1, "size": 3,
-                                                   "dim": 4, "normalized": True}), encoding="utf-8")
-    with caplog.at_level("WARNING"):
-        loaded = S.SearchIndex.load(folder, use_faiss=False)
-    assert "save it again" in caplog.text
-    assert loaded.texts == ["a", "b", "c"] and loaded.meta == {"model": "m", "pooling": "cls"}
-    np.testing.assert_allclose(np.linalg.norm(loaded.vectors, axis=1), 1.0, rtol=1e-6)
-    resaved = S.SearchIndex.load(loaded.save(tmp_path / "again"), use_faiss=False)
-    assert (tmp_path / "again" / "manifest.json").is_file() and list(resaved.texts) == ["a", "b", "c"]
-    (folder / "texts.jsonl").write_text('"a"\n{}\n"c"\n', encoding="utf-8")
-    with pytest.raises(UserError, match=r"texts.jsonl:2: damaged \(expected a JSON string"):
+    np.save(folder / "vectors.npy", np.eye(3, 4, dtype=np.float32))
+    (folder / "index.json").write_text(json.dumps({"model": "m", "pooling": "cls"}), encoding="utf-8")
+    with pytest.raises(UserError, match=r"not a mirrorbert index \(no manifest.json") as info:
         S.SearchIndex.load(folder, use_faiss=False)
+    assert "\n" not in str(info.value) and str(folder) in str(info.value)
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +260,30 @@ def test_an_index_the_command_built_loads_in_python(tiny_bert, tiny_encoder, cor
     np.testing.assert_allclose([h.score for h in hits], [h.score for h in expected], atol=1e-5)
 
 
+def test_build_index_and_the_index_command_index_the_same_entries(tiny_bert, tiny_encoder, tmp_path, capsys):
+    """Blank strings (empty, spaces, a tab) are skipped by both, one rule (`is_entry`); the others keep their
+    place in the corpus as their ids, in Python, in the command's folder and in a folder Python saved."""
+    from mirrorbert.cli.app import main
+
+    lines = ["the cat sat on the mat", "", "a dog ran in the park", "   ", "\t", "rain is expected tomorrow", ""]
+    corpus_file = tmp_path / "corpus.txt"
+    corpus_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["index", "--model", str(tiny_bert), "--corpus", str(corpus_file), "--output", str(tmp_path / "cli"),
+                 "--pooling", "mean", "--no-progress"]) == 0
+    capsys.readouterr()
+    built = S.build_index(tiny_encoder, lines, use_faiss=False)
+    indexes = [built, S.SearchIndex.load(tmp_path / "cli", use_faiss=False),
+               S.SearchIndex.load(built.save(tmp_path / "api"), use_faiss=False)]
+    entries = [text for text in lines if text.strip()]
+    for index in indexes:
+        assert len(index) == 3 and list(index.texts) == entries and list(index.ids) == [0, 2, 5]
+    found = [[(h.corpus_id, h.text) for h in S.search(tiny_encoder, "a cat", index, top_k=3)] for index in indexes]
+    assert found[0] == found[1] == found[2] and {i for i, _ in found[0]} == {0, 2, 5}
+    assert [(h.corpus_id, h.text) for h in S.search(tiny_encoder, "a cat", lines, top_k=3)] == found[0]
+    with pytest.raises(UserError, match="corpus: no entries"):
+        S.build_index(tiny_encoder, ["", "  "])
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "mirrorbert.cli.app", "search", *args], capture_output=True,
@@ -309,7 +322,7 @@ def test_cli_search_query_and_queries_file(tiny_bert, tiny_encoder, corpus, tmp_
     [
         (lambda d: ["--corpus", str(d / "missing.txt"), "--query", "x"], "--corpus .*no such file"),
         (lambda d: ["--corpus", str(d / "empty.txt"), "--query", "x"], "--corpus .*empty"),
-        (lambda d: ["--corpus", str(d / "corpus.txt"), "--query", "x", "--top-k", "0"], "--top-k must be a whole number >= 1"),
+        (lambda d: ["--corpus", str(d / "corpus.txt"), "--query", "x", "--top-k", "0"], "--top-k 0: must be an integer >= 1"),
         (lambda d: ["--corpus", str(d / "corpus.txt")], "either --query"),
         (lambda d: ["--corpus", str(d / "corpus.txt"), "--query", "x", "--queries", str(d / "corpus.txt")], "either --query"),
         (lambda d: ["--corpus", str(d / "corpus.txt"), "--queries", str(d / "nope.txt")], "--queries .*no such file"),

@@ -280,39 +280,21 @@ def test_training_state_round_trips_exactly_through_safetensors_and_json(tmp_pat
     assert tensors.read_bytes()[8:9] == b"{"  # a safetensors header, no pickle
 
 
-def test_an_old_training_state_pt_is_read_without_running_code(tmp_path):
-    from mirrorbert.training.checkpoints import read_training_state
-
-    state = _optimizer_state()
-    clean = tmp_path / "clean"
-    clean.mkdir()
-    torch.save(state, clean / "training_state.pt")
-    assert _same(state, read_training_state(clean))
-    crafted = tmp_path / "crafted"
-    crafted.mkdir()
-    state["extra"]["note"] = _Payload(tmp_path / "CANARY")
-    torch.save(state, crafted / "training_state.pt")
-    with pytest.raises(UserError) as info:
-        read_training_state(crafted)
-    message = str(info.value)
-    assert "\n" not in message and str(crafted / "training_state.pt") in message and "builtins.exec" in message
-    assert not (tmp_path / "CANARY").exists()
-
-
-def test_a_resume_from_an_older_pt_checkpoint_is_bit_exact(reference, isolated, tiny_bert, data_file, caplog):
-    """Older mirrorbert's checkpoints (training_state.pt, no manifest) still resume, through weights_only."""
-    from mirrorbert.training.checkpoints import read_training_state
-
+def test_a_checkpoint_without_a_manifest_is_refused_in_one_line(reference, isolated, tiny_bert, data_file):
+    """No manifest: not a checkpoint mirrorbert finished writing, whatever else it holds (here a crafted
+    training_state.pt, which is never read)."""
     root = copy_checkpoints(reference, isolated)
     step = root / "step-2"
-    torch.save(read_training_state(step), step / "training_state.pt")
+    state = _optimizer_state()
+    state["extra"]["note"] = _Payload(isolated / "CANARY")
+    torch.save(state, step / "training_state.pt")
     for name in ("training_state.safetensors", "training_state.json", MANIFEST):
         (step / name).unlink()
-    with caplog.at_level(logging.WARNING, logger="mirrorbert.training.checkpoints"):
-        result = train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, resume=str(step)))
-    assert result.steps == 4
-    assert any("older mirrorbert" in r.getMessage() for r in caplog.records)
-    assert_same_weights(isolated / "out", reference / "out")
+    with pytest.raises(UserError) as info:
+        train(cfg_for(tiny_bert, data_file, isolated / "out", steps=4, resume=str(step)))
+    message = str(info.value)
+    assert "\n" not in message and str(step / MANIFEST) in message and "is missing" in message, message
+    assert not (isolated / "CANARY").exists() and not (isolated / "out").exists()
 
 
 def test_unsigned_arrays_round_trip_and_a_crafted_array_type_is_refused(tmp_path):

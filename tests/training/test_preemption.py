@@ -96,8 +96,8 @@ class _TwoRanks(DistContext):
         return work()
 
 
-def _engine(tmp_path, method, dist=None, save_every=0, total=10):
-    return Engine(method, total_steps=total, dist=dist, show_progress=False,
+def _engine(tmp_path, method, dist=None, save_every=0):
+    return Engine(method, dist=dist, show_progress=False,
                   checkpoints=CheckpointManager(tmp_path / "ckpt", every=save_every, at_end=bool(save_every)))
 
 
@@ -107,7 +107,7 @@ def test_a_sigterm_seen_by_the_other_rank_stops_this_one_at_the_same_step_with_o
                         _fake_all_reduce([NO_SIGNAL, NO_SIGNAL, SIGTERM_SEEN] + [NO_SIGNAL] * 10))
     method = LinearMethod()
     outcome = _engine(tmp_path, method, dist=_TwoRanks(rank=0, world_size=2)).run()
-    assert (outcome.steps, outcome.interrupted, outcome.signal, outcome.preempted) == (3, True, "SIGTERM", True)
+    assert (outcome.steps, outcome.interrupted, outcome.signal) == (3, True, "SIGTERM")
     assert method.steps_run == 3
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if not p.name.startswith(".")) == ["step-3"]
     assert verify_checkpoint(outcome.checkpoint)["step"] == 3
@@ -171,7 +171,7 @@ def test_a_second_sigterm_during_the_checkpoint_write_does_not_abort_it(tmp_path
     before = _handlers()
     outcome = _engine(tmp_path, method).run()
     assert _handlers() == before
-    assert sent and outcome.preempted and outcome.steps == 2
+    assert sent and outcome.signal == "SIGTERM" and outcome.steps == 2
     assert verify_checkpoint(outcome.checkpoint)["step"] == 2
     assert not [p for p in (tmp_path / "ckpt").iterdir() if ".tmp-" in p.name]
 
@@ -189,7 +189,7 @@ def test_sigterm_while_the_model_loads_ends_train_with_one_line(tiny_bert, strin
                                                                  capsys):
     from mirrorbert.cli.app import main
 
-    monkeypatch.setattr("mirrorbert.mirror.train.load_model_config", _kill_self)
+    monkeypatch.setattr("mirrorbert.mirror.train.open_start_model", _kill_self)
     before = _handlers()
     status = main(TRAIN + ["--model", str(tiny_bert), "--data", str(strings_file), "--output",
                            str(tmp_path / "out"), "--steps", "3"])

@@ -1,162 +1,215 @@
-"""Every option that more than one command takes, defined once: flag, dest, type, action, help, default.
+"""The one place command-line flags are made: from the fields of a command's options dataclass.
 
-A command adds them by name, in the order its --help lists them:
+    command(sub, "encode", run_encode, EncodeOptions, summary="encode strings into a .npy matrix")
 
-    options.add(p, use("model", required=True, note=ENCODER), "column", "field", "device")
-
-Their wording (help, and what a None default means) is settings/option_help.py's, which the trainers' config
-fields share (`option(..., shared="lr")`): `train`, `pretrain-mlm` and `gloss-pretrain` make their flags from
-those fields (cli/field_options.py), so `--lr` reads the same in every command.
-
-`use(name, ...)` carries what genuinely differs for one command, and nothing else may:
-
-* `required=True`, or a `default` where the command's semantics differ (`encode` encodes in fp32,
-  `lexsub` batches 32 sentences);
-* `note`, a short per-command suffix of the help ("; " + note) saying what the option means there
-  (what `--output` writes, what `--batch-size` counts); the shared wording always comes first;
-* a handful of argparse details where a command has always parsed the value differently (`choices`, `type`,
-  `nargs`, `metavar`, `dest`); tests/cli/test_options.py lists each one that is allowed.
-
-`add(..., defaults=...)` takes the defaults of a whole command at once: a mapping (a config dataclass's
-field defaults, `config_defaults`) fills the options named in it.
-
-`state_defaults` then appends "(default: X)" to every help that does not state its default yet, X being the
-real default, or the spec's `unset` text where None means something ("$MIRRORBERT_DATA", "the model's").
+adds the subcommand with one flag per option field (settings/fields.py): its spelling, its help with its default
+(or "(required)", and what each preset sets), argparse's type from the annotation (a list as comma-separated
+values, repeated flags (`repeat`) or several values (`nargs`); a mapping as repeated KEY=VALUE), store_true or
+store_false for a bool. The values are checked by the fields' own rules when `options_from_args` makes the
+options. Every parser is a `Parser`: no abbreviations, and a mistake is one line naming the likely flag.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import difflib
+import functools
+import json
+import typing
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from mirrorbert.settings.choices import PACKING_MODES
-from mirrorbert.settings.option_help import wording
-
-# The --model note of the commands that encode with a model (encode, search, index, export).
-ENCODER = "a trained folder, a sentence-transformers folder or a Hugging Face MLM"
+from mirrorbert.errors import UserError
+from mirrorbert.settings.fields import field_default, flag_names, flag_of, option_fields
+from mirrorbert.settings.typed import union_members
 
 
-@dataclass(frozen=True)
-class Spec:
-    """One option as every command that takes it parses it; `unset` says what a None default means."""
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations, whose errors are one line naming the option (did-you-mean included)."""
 
-    flag: str
-    help: str
-    kwargs: dict[str, Any] = field(default_factory=dict)  # argparse's: type, action, dest, default, metavar
-    unset: str | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
-    @property
-    def name(self) -> str:
-        """What a command calls it in `add`: the flag as an identifier (`--no-progress`: no_progress)."""
-        return self.flag.lstrip("-").replace("-", "_")
+    def error(self, message: str) -> typing.NoReturn:
+        """A UserError (one line, exit 2, as any user mistake), never argparse's usage dump and exit."""
+        raise UserError(message.removeprefix("argument "))
 
-    @property
-    def dest(self) -> str:
-        return self.kwargs.get("dest", self.name)
-
-
-def _spec(flag: str, **kwargs: Any) -> Spec:
-    """The option `flag` with its shared wording (settings/option_help.py) and argparse's `kwargs`."""
-    shared = wording(flag.lstrip("-").replace("-", "_"))
-    return Spec(flag, shared.help, kwargs, shared.unset)
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:  # this parser's own flags are the ones the user meant (a subcommand's, for a subcommand)
+            self.error(unrecognized(self, extras))
+        return namespace, extras
 
 
-_SPECS = (
-    # model and output
-    _spec("--model"),
-    _spec("--output"),
-    _spec("--overwrite", action="store_true"),
-    _spec("--architecture"),
-    _spec("--trust-remote-code", action="store_true"),
-    # input
-    _spec("--data-dir"),
-    _spec("--corpus"),
-    _spec("--column"),
-    _spec("--field"),
-    _spec("--skip-bad-lines", action="store_true"),
-    _spec("--limit", type=int),
-    # encoding
-    _spec("--pooling"),
-    _spec("--max-length", type=int),
-    _spec("--batch-size", type=int, default=64),
-    _spec("--eval-batch-size", type=int, default=64),
-    _spec("--packing", choices=PACKING_MODES, default="auto"),
-    _spec("--quantize", default="float32"),
-    _spec("--nprobe", type=int),
-    # optimisation
-    _spec("--lr", type=float),
-    _spec("--warmup", type=float),
-    _spec("--epochs", type=int),
-    _spec("--seeds", default="0"),
-    # hardware
-    _spec("--device", default="auto"),
-    _spec("--precision", default="fp32"),
-    _spec("--threads", type=int),
-    # bookkeeping
-    _spec("--no-progress", dest="show_progress", action="store_false", default=True),
-)
-SPECS: dict[str, Spec] = {spec.name: spec for spec in _SPECS}
-BY_FLAG: dict[str, Spec] = {spec.flag: spec for spec in _SPECS}
+def unrecognized(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """The first thing the parser did not take, and the flag most likely meant."""
+    typed = next((item.split("=", 1)[0] for item in extras if item.startswith("-")), None)
+    if typed is None:
+        return f"unexpected argument {extras[0]!r} ({parser.prog} --help lists the options)"
+    flags = [s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings]
+    guess = likely_flag(typed, flags)
+    return f"unrecognized option {typed}" + (f"; did you mean {guess}?" if guess else
+                                               f" ({parser.prog} --help lists the options)")
 
 
-@dataclass(frozen=True)
-class Use:
-    """One command's use of a shared option: only what differs there (see the module docstring)."""
+def likely_flag(typed: str, flags: list[str]) -> str | None:
+    """A flag the user probably meant: initials either way (`--learning-rate` for `--lr`, `--bs` for
+    `--batch-size`), else the closest spelling (`--output-dir` for `--output`)."""
+    def initials(name: str) -> str:
+        return "".join(word[0] for word in name.lstrip("-").split("-") if word)
 
-    name: str
-    note: str | None = None
-    changes: dict[str, Any] = field(default_factory=dict)
-
-
-ALLOWED_CHANGES = frozenset({"required", "default", "choices", "type", "nargs", "metavar", "dest"})
-
-
-def use(name: str, note: str | None = None, **changes: Any) -> Use:
-    """A shared option with one command's differences; an unknown name or change fails at import, not in use."""
-    unknown = set(changes) - ALLOWED_CHANGES
-    if name not in SPECS or unknown:
-        raise ValueError(f"options.use({name!r}): unknown option or change {sorted(unknown)}")
-    return Use(name, note, changes)
+    name = typed.lstrip("-")
+    for flag in flags:
+        if len(name) > 1 and ("-" in name and initials(typed) == flag.lstrip("-")
+                              or "-" in flag.lstrip("-") and initials(flag) == name):
+            return flag
+    close = difflib.get_close_matches(typed, flags, n=1, cutoff=0.7)
+    return close[0] if close else None
 
 
-def config_defaults(config_class) -> dict[str, Any]:
-    """The field defaults of a command's config dataclass, so that its CLI never keeps a second copy."""
-    return {f.name: f.default for f in dataclasses.fields(config_class) if f.default is not dataclasses.MISSING}
+def command(sub, name: str, run: Callable[[Any], int], *classes: type, summary: str, description: str | None = None,
+            **how: Any) -> argparse.ArgumentParser:
+    """The subcommand `name` with the flags of `classes` (`add_options`'s keywords in `how`); it runs `run(args)`
+    with options named as flags in its messages."""
+    parser = sub.add_parser(name, help=summary, description=description, allow_abbrev=False)
+    add_options(parser, *classes, **how)
+    parser.set_defaults(func=functools.partial(_with_flag_names, run))
+    return parser
 
 
-def add(parser, *options: str | Use, defaults: Mapping[str, Any] | None = None) -> None:
-    """Add shared options to `parser` (or an argument group) by name, in the order given."""
-    for item in options:
-        one = item if isinstance(item, Use) else use(item)
-        spec = SPECS[one.name]
-        kwargs = {**spec.kwargs, **one.changes}
-        if isinstance(defaults, Mapping) and "default" not in one.changes and not kwargs.get("required"):
-            dest = kwargs.get("dest", spec.dest)  # a required option has no default
-            if dest in defaults:
-                kwargs["default"] = defaults[dest]
-        parser.add_argument(spec.flag, help=spec.help + (f"; {one.note}" if one.note else ""), **kwargs)
+def _with_flag_names(run: Callable[[Any], int], args: Any) -> int:
+    with flag_names():
+        return run(args)
 
 
-# ----------------------------------------------------------------------------- --help states every default
-def _default_text(action: argparse.Action, value: Any) -> str:
-    if value is None or value == []:
-        spec = BY_FLAG.get(action.option_strings[0])
-        return spec.unset if spec is not None and spec.unset else "none"
-    return str(value)
+def add_options(parser: argparse.ArgumentParser, *classes: type, titles: Mapping[str, str] | None = None,
+                leave_unset: bool = False, presets: Mapping[str, str] | None = None) -> None:
+    """One flag per option field of `classes`, in their order. `titles`: --help group titles by the fields' `group`
+    key, in order (fields without one come last). `leave_unset`: every argparse default None, so "not given" can
+    be told from "given" (--help still states the field's default). `presets`: per field, what each preset sets
+    it to ("word 0.2, phrase 0.04")."""
+    hints = {cls: typing.get_type_hints(cls) for cls in classes}
+    fields = [(cls, f) for cls in classes for f in option_fields(cls)]
+    titles = titles or {}
+    unknown = {f.metadata.get("group") for _, f in fields} - set(titles) - {None}
+    if unknown:
+        raise ValueError(f"{parser.prog}: no --help group titled for {sorted(unknown)}")
+    groups = {title: parser.add_argument_group(title) for title in dict.fromkeys(titles.values())}
+    for cls, f in sorted(fields, key=lambda pair: _group_order(titles, pair[1])):
+        group = f.metadata.get("group")
+        _add(groups[titles[group]] if group else parser, f, hints[cls][f.name], leave_unset,
+             (presets or {}).get(f.name))
 
 
-def state_defaults(parser: argparse.ArgumentParser) -> None:
-    """Append "(default: X)" to every option's help that does not state its default yet."""
-    for action in parser._actions:
-        if not action.option_strings or action.help in (None, argparse.SUPPRESS) or action.dest == "help":
-            continue
-        if "default" in action.help.lower() or action.required:
-            continue
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)) or action.nargs == 0:
-            text = "off"
+def _group_order(titles: Mapping[str, str], f: dataclasses.Field) -> int:
+    ordered = list(dict.fromkeys(titles.values()))
+    group = f.metadata.get("group")
+    return ordered.index(titles[group]) if group else len(ordered)
+
+
+def _add(parser, f: dataclasses.Field, hint: Any, leave_unset: bool, presets: str | None) -> None:
+    meta, default = f.metadata, field_default(f)
+    kind, item = _shape(hint)
+    kwargs: dict[str, Any] = {"dest": f.name, "default": None if leave_unset or kind == "dict" else default}
+    if kind == "bool":
+        kwargs["action"] = "store_false" if default else "store_true"
+    elif kind == "dict":
+        kwargs.update(action="append", type=_key_value)
+    elif kind == "list" and meta.get("nargs"):
+        kwargs.update(nargs=meta["nargs"], type=_scalar(item))
+    elif kind == "list" and meta.get("repeat"):
+        kwargs.update(action="append", type=_scalar(item), default=None)
+    elif kind == "list":
+        kwargs["type"] = _comma_list(item)
+    else:
+        kwargs["type"] = _scalar(item)
+    if kind != "bool":
+        choices = meta.get("choices")
+        kwargs["metavar"] = meta.get("metavar") or ("{" + ",".join(map(str, choices)) + "}" if choices else None)
+    parser.add_argument(*meta.get("aliases", ()), flag_of(f), help=_help(meta, default, kind == "bool", presets),
+                        **kwargs)
+    for old, value in meta.get("old_flags", {}).items():  # hidden spellings of old scripts
+        parser.add_argument(old, dest=f.name, action="store_const", const=value, help=argparse.SUPPRESS)
+
+
+def _shape(hint: Any) -> tuple[str, Any]:
+    """("bool" | "scalar" | "list" | "dict", the scalar or element type) of an annotation such as `int | None`."""
+    one = union_members(hint)[0][0]
+    origin = typing.get_origin(one)
+    if origin in (list, tuple):
+        return "list", typing.get_args(one)[0]
+    if origin is dict:
+        return "dict", None
+    return ("bool" if one is bool else "scalar"), one
+
+
+def _scalar(kind: Any) -> Callable[[str], Any] | None:
+    return kind if kind in (int, float) else None
+
+
+def _comma_list(item: Any) -> Callable[[str], list[Any]]:
+    convert = _scalar(item) or str
+
+    def comma_separated(text: str) -> list[Any]:
+        parts = [part.strip() for part in text.split(",") if part.strip()]
+        try:
+            return [convert(part) for part in parts]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {'whole numbers' if convert is int else 'numbers'}, not {text!r}") from None
+
+    return comma_separated
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    """KEY=VALUE; the value read as JSON where it parses (5e-5, true, [1, 2]), else as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, e.g. lr=5e-5, not {text!r}")
+    return key.strip().replace("-", "_"), json_or_text(value.strip())
+
+
+def json_or_text(text: str) -> Any:
+    """`text` read as JSON where it parses (5e-5, true, [1, 2]), else as it is."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _help(meta: Mapping[str, Any], default: Any, switch: bool, presets: str | None) -> str:
+    """The field's help, with "(default: X)" unless it words its default itself, or "(required)"."""
+    text = meta["help"]
+    if meta.get("required"):
+        text += " (required)"
+    elif "default" not in text.lower():
+        if switch:
+            stated = "off"
+        elif default is None or default in ([], (), {}):
+            stated = meta.get("unset") or "none"
+        elif isinstance(default, (list, tuple)):
+            stated = ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in default)
         else:
-            text = _default_text(action, action.default)
-        action.help = f"{action.help} (default: {text.replace('%', '%%')})"
+            stated = str(default)
+        text += f" (default: {stated}" + (f"; presets: {presets}" if presets else "") + ")"
+    return text.replace("%", "%%")
+
+
+def options_from_args(cls: type, args: argparse.Namespace, **given: Any) -> Any:
+    """`cls` made from the parsed flags (those not given keep the field's default) and `given`, then validated:
+    every value checked and every required option present, before the command does any work."""
+    values: dict[str, Any] = {}
+    for f in option_fields(cls):
+        value = getattr(args, f.name, None)
+        if f.name in given or value is None:
+            continue
+        values[f.name] = dict(value) if _shape(typing.get_type_hints(cls)[f.name])[0] == "dict" else value
+    with flag_names():
+        options = cls(**values, **given)
+        options.validate()
+    return options
+
+
+__all__ = ["Parser", "add_options", "command", "json_or_text", "likely_flag", "options_from_args", "unrecognized"]

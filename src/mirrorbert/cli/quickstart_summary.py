@@ -1,20 +1,20 @@
-"""`python -m mirrorbert.cli.quickstart_summary BEFORE.json AFTER.json MODEL`: the quickstart's last words.
-
-Compares the user's run with itself only: STS-B dev before and after Mirror-BERT, both from the two
-`mirrorbert eval` JSON files of this run, and, where the model is the offline reference MLM pre-trained
-here, what that pre-training got on this machine. No score of another run is quoted: a number from
-someone else's machine, model or budget reads as a promise this run did not make.
-"""
+"""`python -m mirrorbert.cli.quickstart_summary BEFORE.json AFTER.json MODEL`: the quickstart's last words, STS-B
+dev before and after from this run's two eval reports (and the offline reference MLM's pre-training, where the
+model is it); no score of another run is quoted."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+from mirrorbert.safeguards.confined import ConfinedFolder
+from mirrorbert.safeguards.readback import parse_json, read_regular_bytes
+
 
 def stsb_dev(path: Path) -> float:
-    return float(json.loads(Path(path).read_text(encoding="utf-8"))["tasks"]["sts"]["metrics"]["stsb_dev"])
+    """STS-B dev of an eval report this quickstart has just written (read as a regular file, size bounded)."""
+    report = parse_json(read_regular_bytes(Path(path), "eval report", 64 << 20), "eval report", Path(path))
+    return float(report["tasks"]["sts"]["metrics"]["stsb_dev"])
 
 
 def summary_lines(before_json: Path, after_json: Path, model: str) -> list[str]:
@@ -23,11 +23,9 @@ def summary_lines(before_json: Path, after_json: Path, model: str) -> list[str]:
              f"STS-B dev split (1,500 pairs), Spearman x100 of cosine vs gold, this run: before {before:.2f} -> "
              f"after {after:.2f} ({after - before:+.2f})",
              f"(the scores: {before_json} and {after_json})"]
-    record = Path(model) / "quickstart_reference.json"
-    if record.is_file():  # the offline reference MLM pre-trained by this quickstart
-        from mirrorbert.safeguards.readback import parse_json, read_regular_bytes
-
-        ref = parse_json(read_regular_bytes(record, "--model", 1 << 20), "--model", record)
+    folder = ConfinedFolder(model, "--model", "model folder") if Path(model).is_dir() else None
+    if folder is not None and folder.exists("quickstart_reference.json"):  # the offline reference MLM pre-trained here
+        ref = folder.read_json("quickstart_reference.json", limit=1 << 20)
         arch = ref.get("plan", {}).get("architecture", "reference")
         accuracy = ref.get("eval_accuracy")
         lines.append(f"The model trained from is the offline reference MLM ({arch}) pre-trained here on "

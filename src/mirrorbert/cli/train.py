@@ -1,23 +1,21 @@
-"""`mirrorbert train`: Mirror-BERT tuning from the command line (the work is in `mirror/train.py`).
-
-Every option is a `TrainConfig` field (mirror/config.py), its flag made from the field (cli/field_options.py).
-Every argparse default is None, so that "not given" can be told from "given": a --config file and a --preset
-fill what the command line leaves out, and `TrainConfig` the rest (its defaults are the ones --help states).
-"""
+"""`mirrorbert train`: Mirror-BERT tuning from the command line (the work is in `mirror/train.py`). Every argparse
+default is None, so that a --config file and a --preset fill what the command line leaves out."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import sys
+from dataclasses import dataclass
 
 import mirrorbert.jsonio as jsonio
-from mirrorbert.cli.field_options import add_config_options
-from mirrorbert.cli.push import PUSH_TO_HUB_HELP, check_push_to_hub, push_trained
+from mirrorbert.cli.options import command, options_from_args
+from mirrorbert.cli.push import push_trained
 from mirrorbert.mirror.config import FIELD_NAMES, PRESETS, TrainConfig, resolve_config
 from mirrorbert.reporting.timing import pending_phase
 from mirrorbert.safeguards.writes import WritePlan, check_outputs_avoid
-from mirrorbert.settings.fields import preset_names
+from mirrorbert.settings.fields import names_with, option
+from mirrorbert.settings.validation import Options
 
 EXIT_INTERRUPTED = 130
 # The --help groups of `train`, in order, by the `group` key of the fields.
@@ -26,22 +24,23 @@ GROUPS = {"output": "model and output", "data": "training strings", "method": "m
           "eval": "evaluation after training (model card)"}
 
 
+@dataclass(kw_only=True)
+class TrainRun(Options):
+    """What `train` takes besides TrainConfig's fields: a file of options, and where the result goes after."""
+
+    push_to_hub: str | None = option(None, help="after training, upload the --output folder to this Hugging Face "
+                                                "Hub repository (USER/NAME, created when missing; the id is checked "
+                                                "before training starts; as `mirrorbert push`)", metavar="USER/NAME",
+                                     group="output")
+    config_file: str | None = option(None, help="YAML or JSON file of options; command-line options win",
+                                     flag="--config", group="output")
+
+
 def add_train_parser(sub) -> None:
-    """`train`: one flag per TrainConfig field, every default None (see the module docstring)."""
-    p = sub.add_parser(
-        "train", help="Mirror-BERT tuning of a masked LM into an encoder",
-        description="Mirror-BERT: self-supervised contrastive tuning with duplicated views, span masking "
-                    "and dropout. Options default to the chosen --preset (the paper's settings).",
-    )
-    add_config_options(p, TrainConfig, GROUPS, leave_unset=True, preset_values=preset_values(),
-                       after={"output": _add_run_inputs})
-    p.set_defaults(func=run_train)
-
-
-def _add_run_inputs(group) -> None:
-    """What `train` takes besides TrainConfig's fields: where the result goes after, and a file of options."""
-    group.add_argument("--push-to-hub", metavar="USER/NAME", help=PUSH_TO_HUB_HELP)
-    group.add_argument("--config", dest="config_file", help="YAML or JSON file of options; command-line options win")
+    command(sub, "train", run_train, TrainConfig, TrainRun, titles=GROUPS, leave_unset=True, presets=preset_values(),
+            summary="Mirror-BERT tuning of a masked LM into an encoder",
+            description="Mirror-BERT: self-supervised contrastive tuning with duplicated views, span masking and "
+                        "dropout. Options default to the chosen --preset (the paper's settings).")
 
 
 def preset_values() -> dict[str, str]:
@@ -49,12 +48,15 @@ def preset_values() -> dict[str, str]:
     unset = {f.name: f.metadata.get("unset") or "none" for f in dataclasses.fields(TrainConfig)}
     return {name: ", ".join(f"{preset} {unset[name] if values[name] is None else values[name]}"
                             for preset, values in PRESETS.items() if name in values)
-            for name in preset_names(TrainConfig)}
+            for name in names_with(TrainConfig, "preset")}
 
 
-def _train_keys() -> tuple[str, ...]:
-    """Every TrainConfig field is a `train` option of the same name, so the CLI never lists them twice."""
-    return tuple(sorted(FIELD_NAMES))
+def stopped(result, rank: int = 0) -> int:
+    """A stopped training run: where its checkpoint is and how to resume, and the exit status."""
+    from mirrorbert.training.engine import stop_message
+
+    print(stop_message(result.stop_signal, result.steps, result.checkpoint, rank), file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def train_headline(cfg, n_strings: int) -> str:
@@ -68,15 +70,14 @@ def train_headline(cfg, n_strings: int) -> str:
 
 
 def train_summary(result) -> str:
-    """What happened, labelled: steps, loss from first step to the last epoch's mean, collapse, scores."""
-    info = result.info
-    first = (info.get("collapse") or {}).get("first_loss")
-    last = info.get("mean_loss_last_epoch")
+    """What happened, labelled: steps, loss from the first step to the final loss (the mean of the last steps,
+    the progress lines' `loss`), collapse, scores."""
+    info, collapse = result.info, result.info.get("collapse") or {}
+    first = collapse.get("first_loss")
+    final = (f"{result.final_loss:.4f}" if isinstance(result.final_loss, float) else str(result.final_loss)) + \
+        f" (mean of the last {result.final_loss_window_steps} steps, the progress lines' loss)"
     lines = [f"done: {result.steps} steps in {result.wall_time_s:.0f} s; training loss "
-             + (f"{first:.4f} at the first step -> {last:.4f} (mean of the last epoch)" if first is not None
-                and last is not None else
-                f"{result.final_loss} (mean of the last {result.final_loss_window_steps} steps)")]
-    collapse = info.get("collapse") or {}
+             + (f"{first:.4f} at the first step -> {final}" if first is not None else final)]
     if "mean_pairwise_cosine" in collapse:
         lines.append(f"  mean pairwise cosine of {collapse['sample']} training strings: "
                      f"{collapse['mean_pairwise_cosine']:.3f}" + (" (collapsed)" if collapse.get("collapsed") else ""))
@@ -89,17 +90,22 @@ def train_summary(result) -> str:
 
 
 def run_train(args) -> int:
-    """Resolve the configuration, check every output before any data is read, train, report (rank 0 only)."""
+    """Resolve the configuration, check every option and output before any data is read, train, report (rank 0
+    only)."""
     from mirrorbert.data.strings import strings_for_config
+    from mirrorbert.publish.hub import check_repo_id
 
-    push_repo = check_push_to_hub(getattr(args, "push_to_hub", None))  # before anything is read or trained
-    cfg = resolve_config({k: getattr(args, k, None) for k in _train_keys()}, config_file=args.config_file)
-    if cfg.output:  # the outputs, before the data is read (the trainer checks again, and locks them)
-        inputs = {"--config": args.config_file, "--model": cfg.model, "--data": cfg.data, "--data-dir": cfg.data_dir,
-                  "--resume": cfg.resume}
-        WritePlan(inputs, overwrite=bool(cfg.overwrite)).folder("--output", cfg.output) \
-            .append_folder("--log-dir", cfg.log_dir).check()
-        check_outputs_avoid({"--config": args.config_file}, ("--checkpoint-dir", cfg.resolved_checkpoint_dir()))
+    run_options = options_from_args(TrainRun, args)
+    repo = run_options.push_to_hub
+    push_repo = None if repo is None else check_repo_id(repo, "--push-to-hub")  # before anything is read or trained
+    cfg = resolve_config({k: getattr(args, k, None) for k in FIELD_NAMES}, config_file=run_options.config_file)
+    cfg.validate()  # the required options, named now: nothing was read yet
+    inputs = {"--config": run_options.config_file, "--model": cfg.model, "--data": cfg.data,
+              "--data-dir": cfg.data_dir, "--resume": cfg.resume}
+    # the outputs, before the data is read (the trainer checks again, and locks them)
+    WritePlan(inputs, overwrite=bool(cfg.overwrite)).folder("--output", cfg.output) \
+        .append_folder("--log-dir", cfg.log_dir).check()
+    check_outputs_avoid({"--config": run_options.config_file}, ("--checkpoint-dir", cfg.resolved_checkpoint_dir()))
     with pending_phase("data"):  # the trainer's phase timings take this over
         strings = strings_for_config(cfg, stream=True)  # data mistakes surface before torch is even imported
     with pending_phase("import"):  # torch and the trainer's modules
@@ -112,10 +118,7 @@ def run_train(args) -> int:
         print(train_headline(cfg, len(strings.strings)), file=sys.stderr)
     result = train(cfg, strings)
     if result.interrupted:  # every process of an interrupted job names the checkpoint that rank 0 wrote
-        from mirrorbert.training.engine import stop_message
-
-        print(stop_message(result.stop_signal, result.steps, result.checkpoint, launched_rank()), file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return stopped(result, launched_rank())
     if not main_rank:
         return 0
     print(train_summary(result), file=sys.stderr)

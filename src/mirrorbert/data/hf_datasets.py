@@ -1,30 +1,32 @@
 """Strings from Hugging Face / Arrow data: Parquet and Arrow files, folders written by `Dataset.save_to_disk`,
-Hub datasets and in-memory `datasets.Dataset` objects (Python API).
+Hub datasets (`hf:OWNER/NAME[/CONFIG][:SPLIT]`) and in-memory `datasets.Dataset` objects (Python API).
 
-Parsing is pyarrow's, but pyarrow is never handed a path: it would open a FIFO blocking, deep in C++ where
-SIGTERM is not heard. Each file is opened here first (non-blocking, checked on the descriptor: a regular file)
-and pyarrow reads a read-only memory map of that descriptor. A saved dataset folder is read without
-`datasets.load_from_disk`, which joins whatever `state.json` names to the folder: through
-`safeguards.confined.ConfinedFolder`, `state.json` and `dataset_info.json` are bounded, shallow JSON, and every
-shard `state.json` names must be a regular file inside the folder. A Hub dataset (`hf:OWNER/NAME`) is only ever
-the Hub's: its name cannot be a path, and `load_dataset`, which would prefer a local folder of that name, is
-called from an empty folder. What is ours beyond that is the one-line errors (a missing column names the
-columns there are, a non-text column its type) and the row ids every command keeps (a row's place in the
-table, as a line's place in a text file).
+pyarrow never gets a path: each file is opened here (non-blocking, a regular file) and pyarrow reads a
+read-only memory map of that descriptor. A saved dataset folder is read through `ConfinedFolder`, not
+`datasets.load_from_disk`: `state.json` and `dataset_info.json` bounded, shallow JSON, every shard it names a
+regular file inside the folder. A Hub name cannot be a path, and `load_dataset` runs from an empty folder. A
+row's id is its place in the table.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import mmap
 import os
 import re
 import stat
+import struct
+import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from mirrorbert.data.readers import MAX_COLUMNS, shown
+from mirrorbert.data.readers import MAX_COLUMNS, chunked, shown
 from mirrorbert.errors import UserError
+from mirrorbert.safeguards.confined import ConfinedFolder
+from mirrorbert.safeguards.readback import describe_kind, open_regular
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +49,8 @@ def is_table(path: Path) -> bool:
 
 
 def input_kind(path: Path, option: str) -> str:
-    """"table" (Parquet/Arrow file, saved dataset folder) or "text" for a path given as data, after what a
-    stat can say: it exists, and is a regular file or a dataset folder (a FIFO, device or socket is refused
-    here, before anything opens it)."""
+    """"table" (Parquet/Arrow file, saved dataset folder) or "text", from a stat: a missing path, a folder that
+    is no dataset, a FIFO, device or socket is refused before anything opens it."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -61,8 +62,6 @@ def input_kind(path: Path, option: str) -> str:
             return "table"
         raise UserError(f"{option} {path}: is a folder, expected a file (or a folder written by save_to_disk)")
     if not stat.S_ISREG(mode):
-        from mirrorbert.safeguards.confined import describe_kind
-
         raise UserError(f"{option} {path}: is {describe_kind(mode)}, expected a regular file")
     return "table" if path.suffix.lower() in TABLE_SUFFIXES else "text"
 
@@ -77,10 +76,7 @@ def _pyarrow():
 
 
 def _mapped(fd: int, where: str):
-    """The bytes of an opened, checked descriptor as a pyarrow buffer over a read-only memory map (the fd is
-    closed; the map lives as long as the buffer): pyarrow reads exactly the file that was checked."""
-    import mmap
-
+    """A checked descriptor's bytes as a pyarrow buffer over a read-only memory map (the fd is closed)."""
     pa = _pyarrow()
     try:
         if os.fstat(fd).st_size == 0:
@@ -88,13 +84,6 @@ def _mapped(fd: int, where: str):
         return pa.py_buffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
     finally:
         os.close(fd)
-
-
-def _open_file(path: Path, option: str):
-    """A Parquet/Arrow file given as a path: opened non-blocking, a regular file, memory-mapped."""
-    from mirrorbert.safeguards.readback import open_regular
-
-    return _mapped(open_regular(path, option), f"{option} {path}")
 
 
 def _arrow_table(pa, buffer):
@@ -107,8 +96,6 @@ def _arrow_table(pa, buffer):
 
 def _parquet_file(pa, buffer, where: str):
     """A ParquetFile over the buffer, its footer's length checked before pyarrow parses the footer."""
-    import struct
-
     if buffer.size < 12 or buffer[-4:].to_pybytes() != b"PAR1":
         raise UserError(f"{where}: cannot read it as .parquet data (no Parquet footer)")
     (footer,) = struct.unpack("<I", buffer[-8:-4].to_pybytes())
@@ -117,11 +104,8 @@ def _parquet_file(pa, buffer, where: str):
     return pa.parquet.ParquetFile(pa.BufferReader(buffer))
 
 
-def dataset_folder_shards(path: Path, option: str) -> list[tuple[str, Any]]:
-    """(name, mapped buffer) of each shard of a saved dataset folder, in `state.json`'s order: every name
-    resolved inside the folder, a regular file; state.json and dataset_info.json bounded, shallow JSON."""
-    from mirrorbert.safeguards.confined import ConfinedFolder
-
+def _dataset_folder(pa, path: Path, option: str):
+    """The table of a saved dataset folder: its shards, in `state.json`'s order, each a regular file inside it."""
     folder = ConfinedFolder(path, option, "dataset folder")
     if folder.exists("dataset_dict.json"):
         splits = sorted(name for name, st in folder.entries() if stat.S_ISDIR(st.st_mode))
@@ -135,17 +119,10 @@ def dataset_folder_shards(path: Path, option: str) -> list[tuple[str, Any]]:
             or not all(isinstance(f, dict) and isinstance(f.get("filename"), str) for f in files)):
         raise folder.refuse("state.json", f"damaged ('_data_files' is not a list of 1 to {MAX_SHARDS} "
                                           "{\"filename\": ...} entries)")
-    shards = []
-    for entry in files:
-        name = entry["filename"]
-        fd = folder.open(name, named_in="state.json")
-        shards.append((name, _mapped(fd, f"{option} {folder.given / 'state.json'} names {name[:200]!r}")))
-    return shards
-
-
-def _read_dataset_folder(pa, path: Path, option: str):
+    names, where = [f["filename"] for f in files], f"{option} {folder.given / 'state.json'} names"
+    buffers = [_mapped(folder.open(name, named_in="state.json"), f"{where} {name[:200]!r}") for name in names]
     tables = []
-    for name, buffer in dataset_folder_shards(path, option):
+    for name, buffer in zip(names, buffers):
         try:
             tables.append(_arrow_table(pa, buffer))
         except Exception as exc:  # noqa: BLE001  a damaged shard: say which, in one line
@@ -161,50 +138,36 @@ def _reason(exc: BaseException) -> str:
     return shown(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
 
 
-def _read_table(path: Path, option: str):
+def _open_table(path: Path, option: str):
+    """(table, Arrow schema): a Parquet file's ParquetFile (its footer read, not its data), or an Arrow file's or
+    dataset folder's memory-mapped Table; at most MAX_COLUMNS columns."""
     pa = _pyarrow()
     if path.is_dir():
-        return _check_width(path, _read_dataset_folder(pa, path, option))
-    buffer = _open_file(path, option)
-    try:
-        if path.suffix.lower() == ".parquet":
-            table = _parquet_file(pa, buffer, f"{option} {path}").read()
-        else:
-            table = _arrow_table(pa, buffer)
-    except UserError:
-        raise
-    except Exception as exc:  # pyarrow raises many types for a damaged file; say which file, in one line
-        raise UserError(f"{option} {path}: cannot read it as {path.suffix or 'a dataset folder'} data "
-                        f"({_reason(exc)})") from None
-    return _check_width(path, table)
+        table = _dataset_folder(pa, path, option)
+    else:
+        where = f"{option} {path}"
+        buffer = _mapped(open_regular(path, option), where)
+        try:
+            parquet = path.suffix.lower() == ".parquet"
+            table = _parquet_file(pa, buffer, where) if parquet else _arrow_table(pa, buffer)
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001  pyarrow raises many types for a damaged file: one line
+            raise UserError(f"{where}: cannot read it as {path.suffix} data ({_reason(exc)})") from None
+    schema = table.schema_arrow if hasattr(table, "schema_arrow") else table.schema
+    if len(schema) > MAX_COLUMNS:
+        raise UserError(f"{path}: {len(schema)} columns, more than the {MAX_COLUMNS} a table may have here")
+    return table, schema
 
 
-def _check_width(path: Path, table):
-    """The table (or schema), when it has at most MAX_COLUMNS columns."""
-    columns = len(table.schema) if hasattr(table, "num_rows") else len(table)
-    if columns > MAX_COLUMNS:
-        raise UserError(f"{path}: {columns} columns, more than the {MAX_COLUMNS} a table may have here")
-    return table
+def count_rows(path: str | Path, option: str = "--corpus") -> int:
+    """Rows of a Parquet file (from its footer), an Arrow file or a dataset folder (memory-mapped)."""
+    table, _ = _open_table(Path(path), option)
+    return int(table.metadata.num_rows if hasattr(table, "schema_arrow") else table.num_rows)
 
 
-def _parquet(path: Path, option: str):
-    """A Parquet file given as a path, opened as `_read_table` opens it, its footer read (not its data)."""
-    pa = _pyarrow()
-    buffer = _open_file(path, option)
-    try:
-        return _parquet_file(pa, buffer, f"{option} {path}")
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001  a damaged file: say which, in one line
-        raise UserError(f"{option} {path}: cannot read it as .parquet data ({_reason(exc)})") from None
-
-
-def column_strings(table_columns: list[str], values: list[Any], column: str | None, where: str,
-                   first_row: int = 0) -> list[str]:
+def column_strings(values: list[Any], column: str, where: str, first_row: int = 0) -> list[str]:
     """The text of one column, None read as blank; anything else that is not a string is an error naming its row."""
-    if not column:
-        raise UserError(f"{where}: tabular data needs --column NAME to say which column holds the text "
-                        f"(columns: {shown(', '.join(map(str, table_columns)), 400)})")
     out = []
     for row, value in enumerate(values, first_row):
         if value is None:
@@ -216,40 +179,52 @@ def column_strings(table_columns: list[str], values: list[Any], column: str | No
     return out
 
 
-def read_table_column(path: str | Path, column: str | None, option: str = "--data") -> list[str]:
-    """The strings of `column` of a Parquet/Arrow file or a saved dataset folder, in row order."""
-    return [text for chunk in iter_table_column(path, column, option) for text in chunk]
-
-
 def iter_table_column(path: str | Path, column: str | None, option: str = "--data",
                       chunk_rows: int = 65536) -> Iterator[list[str]]:
-    """The strings of `column`, `chunk_rows` rows at a time, without holding the table in memory: Parquet is
-    read one record batch of that column at a time; Arrow files and dataset folders are memory-mapped."""
+    """The strings of `column`, `chunk_rows` rows at a time, never the whole table in memory (Parquet: a record
+    batch of that column at a time; Arrow files and dataset folders: memory-mapped)."""
     path = Path(path)
-    if not path.is_dir() and path.suffix.lower() == ".parquet":
-        parquet = _parquet(path, option)
-        names = list(parquet.schema_arrow.names)
-        _check_width(path, parquet.schema_arrow)
-        column = default_column(names, _string_fields(parquet.schema_arrow), column, str(path))
-        _check_column(path, names, column)
-        row = 0
-        for batch in parquet.iter_batches(batch_size=chunk_rows, columns=[column]):
-            yield column_strings(names, batch.column(0).to_pylist(), column, str(path), first_row=row)
-            row += batch.num_rows
-        return
-    table = _read_table(path, option)
-    names = list(table.column_names)
-    column = default_column(names, _string_fields(table.schema), column, str(path))
-    _check_column(path, names, column)
-    values = table.column(column)
-    for start in range(0, table.num_rows, chunk_rows):
-        yield column_strings(names, values.slice(start, chunk_rows).to_pylist(), column, str(path), first_row=start)
+    table, schema = _open_table(path, option)
+    names, where = list(schema.names), str(path)
+    column = _check_column(path, names, default_column(names, _string_fields(schema), column, where))
+    if hasattr(table, "schema_arrow"):
+        arrays = (batch.column(0) for batch in table.iter_batches(batch_size=chunk_rows, columns=[column]))
+    else:
+        values = table.column(column)
+        arrays = (values.slice(start, chunk_rows) for start in range(0, table.num_rows, chunk_rows))
+    row = 0
+    for array in arrays:
+        yield column_strings(_values(array, column, where, row), column, where, first_row=row)
+        row += len(array)
+
+
+def table_records(path: str | Path, column: str | None, option: str = "--data") -> Iterator[tuple[int, str]]:
+    """(row, string) of `column`: a row's id is its place in the table."""
+    return enumerate(itertools.chain.from_iterable(iter_table_column(path, column, option)))
+
+
+def _values(array, column: str, where: str, first_row: int) -> list:
+    """An Arrow array's values as Python objects; a string that is not UTF-8 (Arrow does not check what a file
+    holds) is an error naming its row."""
+    try:
+        return array.to_pylist()
+    except UnicodeDecodeError as exc:
+        row = next(i for i in range(len(array)) if not _decodes(array[i]))
+        raise UserError(f"{where}: row {first_row + row}: column {column!r} is not UTF-8 text ({exc.reason} at "
+                        f"byte {exc.start}: a lone surrogate, or bytes that are no text); fix the file") from None
+
+
+def _decodes(scalar) -> bool:
+    try:
+        scalar.as_py()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 class TableRows:
-    """A Parquet/Arrow file's or saved dataset folder's text column in the shape of `readers.TextRows` (`count`,
-    `records()`, `skipped`): read a record batch at a time, so training streams a table as it streams a text
-    file. Tables skip nothing: a row's id is its place."""
+    """A table's text column in the shape of `readers.TextRows` (`count`, `records()`, `skipped`), read a record
+    batch at a time; tables skip nothing."""
 
     def __init__(self, path: str | Path, column: str | None, option: str = "--data"):
         self.path, self.column, self.option = Path(path), column, option
@@ -258,19 +233,17 @@ class TableRows:
         next(iter_table_column(path, column, option, chunk_rows=1), None)  # the column checked before long work
 
     def records(self) -> Iterator[tuple[int, str]]:
-        position = 0
-        for chunk in iter_table_column(self.path, self.column, self.option):
-            for text in chunk:
-                yield position, text
-                position += 1
-        if position != self.count:
-            raise UserError(f"{self.option} {self.path}: the data changed while it was read ({position} rows, "
+        position = -1
+        for position, text in table_records(self.path, self.column, self.option):
+            yield position, text
+        if position + 1 != self.count:
+            raise UserError(f"{self.option} {self.path}: the data changed while it was read ({position + 1} rows, "
                             f"{self.count} expected)")
 
 
 def default_column(names: list[str], string_names: list[str], column: str | None, where: str) -> str | None:
-    """The column to read when --column is not given: one named `text`, else the only string column; None
-    (and the caller's "needs --column" error) when neither settles it. One info line says which was taken."""
+    """`column`, else the one named `text`, else the only string column (said in one info line); None when
+    neither settles it."""
     if column:
         return column
     if DEFAULT_COLUMN in names:
@@ -290,26 +263,18 @@ def _string_fields(schema) -> list[str]:
     return [field.name for field in schema if any(check and check(field.type) for check in text_types)]
 
 
-def _check_column(path: Path, names: list[str], column: str | None) -> None:
+def _check_column(where: Any, names: list[str], column: str | None) -> str:
+    """`column`, when it names exactly one of the columns `names`."""
     found = shown(", ".join(map(str, names)), 400)
     if not column:
-        raise UserError(f"{path}: tabular data needs --column NAME to say which column holds the text "
+        raise UserError(f"{where}: tabular data needs --column NAME to say which column holds the text "
                         f"(columns: {found})")
     if column not in names:
-        raise UserError(f"{path}: --column {column!r} not in the data (columns: {found})")
+        raise UserError(f"{where}: --column {column!r} not in the data (columns: {found})")
     if names.count(column) > 1:
-        raise UserError(f"{path}: the data has {names.count(column)} columns named {column!r}; which one "
+        raise UserError(f"{where}: the data has {names.count(column)} columns named {column!r}; which one "
                         "holds the text is ambiguous: rename the others")
-
-
-def count_rows(path: str | Path, option: str = "--corpus") -> int:
-    """Rows of a Parquet file (from its footer), an Arrow file or a dataset folder (memory-mapped)."""
-    path = Path(path)
-    if not path.is_dir() and path.suffix.lower() == ".parquet":
-        return int(_parquet(path, option).metadata.num_rows)
-    return int(_read_table(path, option).num_rows)
-
-
+    return column
 
 
 HUB_PREFIX = "hf:"
@@ -332,7 +297,7 @@ PACKAGED_READERS = frozenset({"arrow", "audiofolder", "cache", "csv", "eval", "g
 def parse_hub_dataset(spec: str, option: str = "--data") -> tuple[str, str | None, str]:
     """(name, config, split) of `hf:OWNER/NAME[/CONFIG][:SPLIT]` (split default `train`). The name is a Hub
     dataset id and nothing else: one that reads as a path (`..`, a leading `/`, `.` or `~`) or names one of
-    datasets' local-file readers (`csv`, `json`, ...) is refused; a local folder is given as a path."""
+    datasets' local-file readers (`csv`, `json`, ...) is refused."""
     body, _, split = spec[len(HUB_PREFIX):].partition(":")
     if body.startswith(("/", ".", "~")) or ".." in body or "\\" in body:
         raise UserError(f"{option} {shown(spec)}: a Hub dataset id cannot be a path; give a local folder or file "
@@ -352,18 +317,13 @@ def parse_hub_dataset(spec: str, option: str = "--data") -> tuple[str, str | Non
 
 def _packaged_readers() -> frozenset[str]:
     """PACKAGED_READERS and those of the installed datasets (its registry is private, so read if present)."""
-    import sys
-
     registry = getattr(sys.modules.get("datasets.packaged_modules"), "_PACKAGED_DATASETS_MODULES", None) or {}
     return PACKAGED_READERS | {str(name).lower() for name in registry}
 
 
 @contextmanager
 def _neutral_folder():
-    """The working folder is an empty temporary one while `load_dataset` resolves a name: it looks for a local
-    folder or file of that name before the Hub, so no local path of the same name can answer for the Hub."""
-    import tempfile
-
+    """An empty temporary working folder while `load_dataset` resolves a name (it prefers a local path)."""
     previous = os.getcwd()
     with tempfile.TemporaryDirectory(prefix="mirrorbert-hub-") as empty:
         os.chdir(empty)
@@ -376,7 +336,7 @@ def _neutral_folder():
 def iter_hub_column(spec: str, column: str | None, option: str = "--data",
                     chunk_rows: int = 65536) -> Iterator[list[str]]:
     """The strings of `column` of a Hub dataset split, `chunk_rows` at a time, through `datasets` in streaming
-    mode (rows arrive as they download; nothing but the current chunk is held). Needs a network."""
+    mode (nothing but the current chunk is held). Needs a network."""
     name, config, split = parse_hub_dataset(spec, option)
     if not column:
         raise UserError(f"{option} {spec}: a Hub dataset needs --column NAME to say which column holds the text")
@@ -389,18 +349,12 @@ def iter_hub_column(spec: str, column: str | None, option: str = "--data",
     try:
         with _neutral_folder():
             rows = iter(load_dataset(name, config, split=split, streaming=True))
-        chunk: list[Any] = []
         row = 0
-        for record in rows:
-            if column not in record:
-                raise UserError(f"{option} {spec}: --column {column!r} not in the data "
-                                f"(columns: {shown(', '.join(map(str, record)), 400)})")
-            chunk.append(record[column])
-            if len(chunk) == chunk_rows:
-                yield column_strings(list(record), chunk, column, spec, first_row=row)
-                row, chunk = row + len(chunk), []
-        if chunk:
-            yield column_strings(list(record), chunk, column, spec, first_row=row)
+        for chunk in chunked(rows, chunk_rows):
+            if row == 0:
+                _check_column(f"{option} {spec}", list(chunk[0]), column)
+            yield column_strings([record[column] for record in chunk], column, spec, first_row=row)
+            row += len(chunk)
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001  offline, no such dataset/config/split, a gated repo: one line
@@ -418,12 +372,12 @@ def dataset_strings(dataset, column: str | None = None) -> list[str]:
     if column is None:
         features = getattr(dataset, "features", None) or {}
         strings = [name for name in names if getattr(features.get(name), "dtype", None) in ("string", "large_string")]
-        column = names[0] if len(names) == 1 else default_column(names, strings, None, "dataset")
-    if column is not None and column not in names:
+        column = _check_column("dataset", names, names[0] if len(names) == 1 else
+                               default_column(names, strings, None, "dataset"))
+    elif column not in names:
         raise UserError(f"column: {column!r} not in the dataset (columns: {', '.join(names)})")
-    values = list(dataset[column]) if column else []
-    return column_strings(names, values, column, "dataset")
+    return column_strings(list(dataset[column]), column, "dataset")
 
 
 __all__ = ["TABLE_SUFFIXES", "count_rows", "dataset_strings", "is_dataset_folder", "is_hub_dataset", "is_table",
-           "iter_hub_column", "iter_table_column", "read_table_column"]
+           "iter_hub_column", "iter_table_column", "table_records"]

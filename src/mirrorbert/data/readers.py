@@ -1,36 +1,29 @@
-"""Text, CSV/TSV and JSONL files as a stream of records: the strings with their record ids, one line at a time.
+"""Text, CSV/TSV and JSONL files as a stream of records: (record id, string), one line at a time.
 
-The one parser of these formats: `read_rows` (a whole read) collects what `iter_records` yields, so a streaming
-reader and a whole read give the same strings and the same ids by construction. A record's id is its 0-based
-place among the file's records (lines of .txt/.jsonl, data rows of .csv/.tsv), counting lines skipped as not
-UTF-8, so ids always lead back to the input. Memory does not grow with the file: a CSV row spanning several
-lines is the most that is held (the lines of the row being read).
-
-`TextRows` reads a file once to check and count it, so a bad line is one error before any long work starts,
-and then walks it in chunks as often as a command needs.
-
-A data file may come from anyone, so every read is bounded: the file is opened non-blocking and checked on its
-descriptor (`open_input`: a FIFO, device or socket is refused, never read), a line is read at most
-`MAX_LINE_BYTES` at a time (a 2 GB file without a line end is refused after the first 32 MiB, not loaded), a
-CSV field at most `MAX_FIELD_CHARS` and a header at most `MAX_COLUMNS` columns. Text from a file shown in a
-message goes through `shown` (control characters escaped: a file cannot drive the terminal).
+The one parser of these formats. A record's id is its 0-based place among the file's records (lines of
+.txt/.jsonl, data rows of .csv/.tsv), lines skipped as not UTF-8 counted. Memory holds at most the lines of
+the CSV row being read. Every read is bounded: opened non-blocking and checked on its descriptor (`open_input`),
+a line at most `MAX_LINE_BYTES`, a CSV field `MAX_FIELD_CHARS`, a header `MAX_COLUMNS` columns. Text from a
+file shown in a message goes through `shown`.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import csv
+import io
 import itertools
 import json
 import logging
 import os
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, TypeVar
 
 from mirrorbert.errors import UserError
+from mirrorbert.safeguards.readback import open_regular, read_errors
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +56,8 @@ def json_safe_line(line: str) -> str:
 
 
 def open_input(path: Path, option: str | None) -> BinaryIO:
-    """A data file opened for reading through `safeguards.readback.open_regular`: opened non-blocking and
-    checked on its descriptor, so a FIFO, device, socket or folder is one error naming it, never a read that
-    blocks (and a process that no longer hears SIGTERM)."""
-    from mirrorbert.safeguards.readback import open_regular
-
+    """A data file opened through `safeguards.readback.open_regular` (non-blocking, checked on its descriptor:
+    a FIFO, device, socket or folder is one error naming it, never a read that blocks)."""
     return os.fdopen(open_regular(Path(path), option or "file"), "rb")
 
 
@@ -90,37 +80,28 @@ def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
         yield chunk
 
 
-def split_lines(raw: bytes) -> list[bytes]:
-    """One line read up to `\n`, cut at lone CRs too: LF, CRLF and CR all end a line (as Python's universal
-    newlines read them), so a file saved with old Mac line endings is not one long string."""
-    raw = raw[:-1] if raw.endswith(b"\n") else raw
-    raw = raw[:-1] if raw.endswith(b"\r") else raw
-    return raw.split(b"\r")
-
-
 def decoded_lines(path: Path, skip_bad_lines: bool, skipped: list[int],
                   option: str | None = None) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text) of each line; a line that is not UTF-8 is an error naming it, or is skipped
-    on request (its number appended to `skipped`). A leading BOM is dropped."""
-    lineno = 0
+    """(1-based line number, text) of each line, ended by LF or CRLF only (as `wc -l` counts them: a lone CR is
+    text); a line that is not UTF-8 is an error naming it, or skipped on request (its number appended to
+    `skipped`). A leading BOM is dropped."""
     with open_input(path, option) as fh:
-        for raw in bounded_lines(fh, path):
-            for piece in split_lines(raw):
-                lineno += 1
-                try:
-                    text = piece.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    if skip_bad_lines:
-                        skipped.append(lineno)
-                        logger.warning("%s:%d: skipped, not valid UTF-8", path, lineno)
-                        continue
-                    raise UserError(
-                        f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}); fix the file or pass --skip-bad-lines"
-                    ) from None
-                yield lineno, text.lstrip("\ufeff") if lineno == 1 else text
+        for lineno, raw in enumerate(bounded_lines(fh, path), 1):
+            piece = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1] if raw.endswith(b"\n") else raw
+            try:
+                text = piece.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if skip_bad_lines:
+                    skipped.append(lineno)
+                    logger.warning("%s:%d: skipped, not valid UTF-8", path, lineno)
+                    continue
+                raise UserError(
+                    f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}); fix the file or pass --skip-bad-lines"
+                ) from None
+            yield lineno, text.lstrip("\ufeff") if lineno == 1 else text
 
 
-def _encodable(text: str) -> bool:
+def encodable(text: str) -> bool:
     """False for a string holding a lone surrogate (JSON's "\\ud800" decodes to one; no UTF-8 can hold it)."""
     try:
         text.encode("utf-8")
@@ -145,7 +126,7 @@ def _jsonl_records(path: Path, lines: Iterator[tuple[int, str]], field_name: str
         value = record[field_name]
         if not isinstance(value, str):
             raise UserError(f"{path}:{lineno}: field {field_name!r} is not a string")
-        if not _encodable(value):
+        if not encodable(value):
             raise UserError(f"{path}:{lineno}: field {field_name!r} holds a lone surrogate escape (e.g. \\ud800), "
                             "which is not text; fix the file")
         yield lineno - 1, value
@@ -181,19 +162,22 @@ class _LineWindow:
 
 
 def _csv_records(path: Path, lines: Iterator[tuple[int, str]], delimiter: str, column: str,
-                 skipped: list[int]) -> Iterator[tuple[int, str]]:
+                 skipped: list[int], header: bool = True) -> Iterator[tuple[int, str]]:
     """csv.reader, reading rows as csv.DictReader would (blank rows skipped, a missing cell read as blank) but
     picking the one column: DictReader fills every header column of every row, a million of them for a crafted
-    header."""
+    header. Without a `header`, every line is data and `column` is the column's number (1: the first)."""
     window = _LineWindow(_header_bounded(path, lines, delimiter))
     reader = csv.reader(window.feed(), delimiter=delimiter)
-    try:
-        fieldnames = next(reader, None)
-    except csv.Error as exc:
-        raise UserError(f"{path}:{window.file_line(reader.line_num - 1)}: not valid CSV ({exc})") from None
-    position = _check_header(path, fieldnames, column)
+    if header:
+        try:
+            fieldnames = next(reader, None)
+        except csv.Error as exc:
+            raise UserError(f"{path}:{window.file_line(reader.line_num - 1)}: not valid CSV ({exc})") from None
+        position = _check_header(path, fieldnames, column, delimiter)
+    else:
+        position = _column_number(path, column)
     at = [reader.line_num]
-    header_line = window.file_line(at[0] - 1) if at[0] else 1
+    header_line = (window.file_line(at[0] - 1) if at[0] else 1) if header else 0
     start, last_start, index = at[0], at[0], -1
     try:
         for index, row in enumerate(_rows(reader, at)):
@@ -232,10 +216,17 @@ def _header_bounded(path: Path, lines: Iterator[tuple[int, str]], delimiter: str
     yield from lines
 
 
-def _check_header(path: Path, fieldnames, column: str) -> int:
+def _check_header(path: Path, fieldnames, column: str, delimiter: str) -> int:
     """The place of `column` in the header."""
     if fieldnames is None or column not in fieldnames:
         found = ", ".join(fieldnames or [])
+        other = "\t" if delimiter == "," else ","
+        if fieldnames and len(fieldnames) == 1 and other in fieldnames[0]:  # one "column" that splits at the other
+            kind, suffix = ("tab", ".tsv") if other == "\t" else ("comma", ".csv")
+            raise UserError(f"{path}: --column {column!r} not in the header, which looks {kind}-separated (split "
+                            f"at {kind}s it names: {shown(', '.join(fieldnames[0].split(other)), 400)}); a "
+                            f"{path.suffix} file is read {'comma' if delimiter == ',' else 'tab'}-separated: name "
+                            f"it {suffix}")
         raise UserError(f"{path}: --column {column!r} not in the header (columns: {shown(found, 400)})")
     if fieldnames.count(column) > 1:
         raise UserError(f"{path}: the header names column {column!r} {fieldnames.count(column)} times; "
@@ -243,11 +234,17 @@ def _check_header(path: Path, fieldnames, column: str) -> int:
     return fieldnames.index(column)
 
 
+def _column_number(path: Path, column: str) -> int:
+    """The 0-based place of a headerless file's `column`, given as its number (1: the first)."""
+    if not (column.isdigit() and 1 <= int(column) <= MAX_COLUMNS):
+        raise UserError(f"{path}: a file without a header names its column by number (--column 1 for the first), "
+                        f"not {shown(column, 60)!r}")
+    return int(column) - 1
+
+
 def _check_last_row_closed(path: Path, window: _LineWindow, last_start: int, delimiter: str) -> None:
     """csv (non-strict) ends a quoted field left open at the end of the file without a word, swallowing every
     line after the quote into one row: the last row, when it spans several lines, is read again strictly."""
-    import io
-
     tail = "\n".join(window.texts_from(last_start))
     try:
         for _ in csv.reader(io.StringIO(tail), delimiter=delimiter, strict=True):
@@ -258,35 +255,33 @@ def _check_last_row_closed(path: Path, window: _LineWindow, last_start: int, del
                             "closed (it would swallow the rest of the file); fix the quotes") from None
 
 
-class _FieldSizeLimit:
-    """A CSV field may be as long as the file up to MAX_FIELD_CHARS (csv's default limit of 131,072 characters
-    would stop a long document with a traceback; a quote never closed must not swallow gigabytes); the limit is
-    put back afterwards."""
-
-    def __init__(self, path: Path):
-        self.want = min(path.stat().st_size + 1, MAX_FIELD_CHARS)
-
-    def __enter__(self):
-        self.previous = csv.field_size_limit()
-        csv.field_size_limit(max(self.previous, self.want))
-
-    def __exit__(self, *exc) -> None:
-        csv.field_size_limit(self.previous)
+@contextlib.contextmanager
+def _field_size_limit(path: Path) -> Iterator[None]:
+    """A CSV field may be as long as the file, up to MAX_FIELD_CHARS (csv's default stops at 131,072
+    characters); the limit is put back afterwards."""
+    previous = csv.field_size_limit()
+    csv.field_size_limit(max(previous, min(path.stat().st_size + 1, MAX_FIELD_CHARS)))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
 
 
 def iter_records(path: str | Path, column: str | None = None, field_name: str | None = None,
                  skip_bad_lines: bool = False, skipped: list[int] | None = None,
-                 option: str | None = None) -> Iterator[tuple[int, str]]:
+                 option: str | None = None, header: bool = True) -> Iterator[tuple[int, str]]:
     """(record id, string) of each record of a .txt/.csv/.tsv/.jsonl file, in order; lines skipped as not
-    UTF-8 are appended to `skipped` (1-based) as they are met. Format errors are `UserError`s naming the line."""
+    UTF-8 are appended to `skipped` (1-based) as they are met. Format errors are `UserError`s naming the line.
+    A .csv/.tsv file without a `header` row is all data, its `column` given by number (1: the first)."""
     path, skipped = Path(path), skipped if skipped is not None else []
     suffix = path.suffix.lower()
+    check_header_applies(path, header, option)
     lines = decoded_lines(path, skip_bad_lines, skipped, option)
     if suffix in CSV_SUFFIXES:
         if not column:
             raise UserError(f"{path}: a {path.suffix} file needs --column NAME to say which column holds the text")
-        with _FieldSizeLimit(path):
-            yield from _csv_records(path, lines, CSV_SUFFIXES[suffix], column, skipped)
+        with _field_size_limit(path):
+            yield from _csv_records(path, lines, CSV_SUFFIXES[suffix], column, skipped, header)
     elif suffix in JSONL_SUFFIXES:
         if not field_name:
             raise UserError(f"{path}: a JSONL file needs --field NAME to say which field holds the text")
@@ -298,32 +293,20 @@ def iter_records(path: str | Path, column: str | None = None, field_name: str | 
             yield lineno - 1, text
 
 
+def check_header_applies(path: str | Path, header: bool, option: str | None) -> None:
+    """Only a .csv/.tsv file is read without a header row (`--no-header`); any other input is refused."""
+    suffix = Path(str(path)).suffix.lower()
+    if not header and suffix not in CSV_SUFFIXES:
+        where = f"{option} {path}" if option else str(path)
+        raise UserError(f"{where}: --no-header applies to .csv/.tsv files only (other inputs have no header row "
+                        "to leave out)")
+
+
 def check_text_file(path: Path, option: str) -> None:
-    """What can be said of a file before it is read: it exists, is a regular file (checked on the descriptor
-    opened non-blocking: a FIFO is refused, not waited on), and is not empty."""
+    """A data file, before it is read: it exists, is a regular file (`open_input`) and is not empty."""
     with open_input(path, option) as fh:
         if os.fstat(fh.fileno()).st_size == 0:
             raise UserError(f"{option} {path}: the file is empty")
-
-
-@contextmanager
-def read_errors(path: Path, option: str):
-    """An unreadable file is one line naming the option and the file, never a traceback."""
-    try:
-        yield
-    except PermissionError:
-        raise UserError(f"{option} {path}: permission denied (the file is not readable)") from None
-    except OSError as exc:
-        raise UserError(f"{option} {path}: cannot read the file ({exc.strerror or type(exc).__name__})") from None
-
-
-def text_rows(path: str | Path, column: str | None = None, field_name: str | None = None,
-              skip_bad_lines: bool = False, option: str = "--input") -> "TextRows":
-    """A .txt/.csv/.tsv/.jsonl input, checked and counted, ready to stream."""
-    path = Path(path)
-    check_text_file(path, option)
-    with read_errors(path, option):
-        return TextRows(path, column, field_name, skip_bad_lines, option)
 
 
 class TextRows:
@@ -331,21 +314,23 @@ class TextRows:
     line fails before any long work), then walked in chunks by `chunks()` as often as needed."""
 
     def __init__(self, path: str | Path, column: str | None = None, field_name: str | None = None,
-                 skip_bad_lines: bool = False, option: str = "--input"):
+                 skip_bad_lines: bool = False, option: str = "--input", *, header: bool = True):
         self.path, self.column, self.field_name = Path(path), column, field_name
-        self.skip_bad_lines, self.option = skip_bad_lines, option
+        self.skip_bad_lines, self.option, self.header = skip_bad_lines, option, header
         self.skipped: list[int] = []
         self.count, self.any_text = 0, False
-        for _, text in iter_records(self.path, column, field_name, skip_bad_lines, self.skipped, option):
-            self.count += 1
-            self.any_text = self.any_text or bool(text.strip())
+        check_text_file(self.path, option)
+        with read_errors(self.path, option):
+            for _, text in iter_records(self.path, column, field_name, skip_bad_lines, self.skipped, option, header):
+                self.count += 1
+                self.any_text = self.any_text or bool(text.strip())
 
     def records(self) -> Iterator[tuple[int, str]]:
         """(record id, string) pairs, read afresh; a file that changed since it was counted is an error."""
         seen = 0
         with read_errors(self.path, self.option):
             for record in iter_records(self.path, self.column, self.field_name, self.skip_bad_lines, [],
-                                       self.option):
+                                       self.option, self.header):
                 seen += 1
                 if seen > self.count:
                     raise UserError(f"{self.option} {self.path}: the file grew while it was read "

@@ -1,7 +1,6 @@
-"""Training strings: read from files or built-in sources, cleaned, deduplicated, fingerprinted.
-
-Mirror-BERT needs nothing but raw strings, so this module's job is to get them right: every line a user
-gave is either used, reported as a duplicate/blank, or rejected with the file and line named.
+"""Training strings, read from files or built-in sources: stripped, blanks and duplicates dropped (the first
+occurrence kept), sampled, fingerprinted. Every record given is used, counted (blank, duplicate, a skipped line)
+or refused naming the file and line.
 """
 
 from __future__ import annotations
@@ -17,18 +16,19 @@ from pathlib import Path
 from typing import Sequence
 
 from mirrorbert.errors import UserError
-from mirrorbert.data.readers import bounded_lines, check_text_file, iter_records, open_input, read_errors, split_lines
-from mirrorbert.data.hf_datasets import input_kind, is_hub_dataset, iter_hub_column, read_table_column
+from mirrorbert.data.readers import (TextRows, bounded_lines, check_header_applies, check_text_file, iter_records,
+                                    open_input, read_errors)
+from mirrorbert.data.hf_datasets import (TableRows, dataset_strings, input_kind, is_hub_dataset, iter_hub_column,
+                                        iter_table_column)
 
 logger = logging.getLogger(__name__)
-
-TEXT_SUFFIXES = {".txt", ".text", ""}
 
 
 @dataclass
 class TrainingStrings:
-    # the strings; once a run has built its token store, a read-only sequence over the store's copy
-    # (`data.token_files.StoreStrings`), so a run does not keep a Python list of every string alive
+    """The kept strings (once a run has built its token store, `data.token_store.StoreStrings` over its copy)
+    and the counts of what was read."""
+
     strings: Sequence[str]
     source: str
     n_read: int
@@ -50,13 +50,8 @@ class TrainingStrings:
 
 
 def fingerprint(strings: Sequence[str]) -> str:
-    """SHA-256 of the strings, each followed by a newline (the lines of a text file hash as the file does).
-
-    A string holding a newline (possible only from a Dataset or a Python caller) hashes like the two strings
-    around it. Checkpoints record this hash as `data_sha256` and a resume whose hash differs is refused as other
-    data, so another encoding would refuse every checkpoint written with this one. `data.token_checks`
-    recomputes it from a store's files, `data.token_writing` while it writes them.
-    """
+    """SHA-256 of the strings, each followed by a newline (a text file's lines hash as the file does; a string
+    holding a newline, as the two around it): a checkpoint's `data_sha256`, recomputed by `data.token_store`."""
     digest = hashlib.sha256()
     for s in strings:
         digest.update(s.encode("utf-8"))
@@ -93,7 +88,8 @@ def read_text_lines(path: str | Path, hint: str = "fix the file") -> list[str]:
     lines: list[str] = []
     with open_input(path, "") as fh:
         for raw in bounded_lines(fh, path):
-            for piece in split_lines(raw):
+            raw = raw[:-1] if raw.endswith(b"\n") else raw
+            for piece in (raw[:-1] if raw.endswith(b"\r") else raw).split(b"\r"):  # a lone CR ends a line too
                 try:
                     lines.append(piece.decode("utf-8"))
                 except UnicodeDecodeError as exc:
@@ -105,41 +101,41 @@ def read_text_lines(path: str | Path, hint: str = "fix the file") -> list[str]:
 
 @dataclass
 class Rows:
-    """The strings of a file with where each came from: `ids[i]` is the 0-based position of `texts[i]` among
-    the file's records (lines of .txt/.jsonl, data rows of .csv/.tsv), counting skipped lines, so ids and
-    output rows can always be traced back to the input; `skipped` lists the skipped lines' numbers (1-based)."""
+    """A file's strings with their record ids (`ids[i]`: the 0-based place of `texts[i]` among the file's records,
+    skipped lines counted) and the 1-based numbers of the lines skipped."""
     texts: list[str]
     ids: list[int]
     skipped: list[int]
 
 
+def _is_table(path: str | Path, field: str | None, option: str) -> bool:
+    """Whether `path` is read as a table (a Hub dataset, a Parquet/Arrow file, a saved dataset folder), where
+    --field has no place."""
+    hub = is_hub_dataset(path)
+    if not hub and input_kind(Path(path), option) != "table":
+        return False
+    if field:
+        where, kind = (f"{option} {path}", "a Hub dataset") if hub else (str(path), "tabular data")
+        raise UserError(f"{where}: --field applies to .jsonl files; {kind} takes --column")
+    return True
+
+
 def read_rows(path: str | Path, column: str | None = None, field: str | None = None,
-              skip_bad_lines: bool = False, option: str = "--data") -> Rows:
-    """The strings of a .txt/.csv/.tsv/.jsonl file (one per line or row), each with its record id; also of a
-    Parquet/Arrow file, a saved dataset folder or a Hub dataset (`hf:OWNER/NAME[/CONFIG][:SPLIT]`)."""
-    if is_hub_dataset(path):
-        if field:
-            raise UserError(f"{option} {path}: --field applies to .jsonl files; a Hub dataset takes --column")
-        texts = [text for chunk in iter_hub_column(str(path), column, option) for text in chunk]
+              skip_bad_lines: bool = False, option: str = "--data", *, header: bool = True) -> Rows:
+    """The strings of a .txt/.csv/.tsv/.jsonl file (one per line or row; a .csv/.tsv without a `header`: every
+    line data), a Parquet/Arrow file, a saved dataset folder or a Hub dataset (`hf:OWNER/NAME[/CONFIG][:SPLIT]`),
+    each with its record id."""
+    check_header_applies(path, header, option)
+    if _is_table(path, field, option):
+        read = iter_hub_column if is_hub_dataset(path) else iter_table_column
+        texts = list(itertools.chain.from_iterable(read(path, column, option)))
         return Rows(texts, list(range(len(texts))), [])
     path = Path(path)
-    if input_kind(path, option) == "table":  # Parquet/Arrow files, saved dataset folders: a row's id is its place
-        if field:
-            raise UserError(f"{path}: --field applies to .jsonl files; tabular data takes --column")
-        texts = read_table_column(path, column, option)
-        return Rows(texts, list(range(len(texts))), [])
     check_text_file(path, option)
     skipped: list[int] = []
     with read_errors(path, option):
-        records = list(iter_records(path, column, field, skip_bad_lines, skipped, option))
+        records = list(iter_records(path, column, field, skip_bad_lines, skipped, option, header))
     return Rows([text for _, text in records], [record_id for record_id, _ in records], skipped)
-
-
-def read_file(path: str | Path, column: str | None = None, field: str | None = None,
-              skip_bad_lines: bool = False, option: str = "--data") -> tuple[list[str], int]:
-    """Raw strings of a .txt/.csv/.tsv/.jsonl file (one string per line or row) and the bad-line count."""
-    rows = read_rows(path, column=column, field=field, skip_bad_lines=skip_bad_lines, option=option)
-    return rows.texts, len(rows.skipped)
 
 
 def top_words(n: int, lang: str) -> list[str]:
@@ -166,80 +162,72 @@ def random_strings(n: int, seed: int, min_len: int = 3, max_len: int = 12) -> li
     return ["".join(rng.choices(alphabet, k=rng.randint(min_len, max_len))) for _ in range(n)]
 
 
-def strings_for_config(cfg, stream: bool = False) -> "TrainingStrings":
-    """The training strings a TrainConfig asks for (read before any model is loaded). With `stream`, a text,
-    CSV or JSONL file is not held: its strings are read again from the file when walked (`FileStrings`)."""
-    if stream and cfg.data is not None and streamable(cfg.data):
-        return stream_training_strings(cfg.data, cfg.column, cfg.field, cfg.skip_bad_lines, cfg.limit, cfg.seed)
-    return load_training_strings(
-        data=cfg.data, column=cfg.column, field=cfg.field, words_top=cfg.words_top, lang=cfg.lang,
-        random_count=cfg.random_strings, limit=cfg.limit, seed=cfg.seed, skip_bad_lines=cfg.skip_bad_lines,
-    )
+def strings_for_config(cfg, stream: bool = False) -> TrainingStrings:
+    """The training strings a TrainConfig asks for (read before any model is loaded). With `stream`, a file is
+    not held: its strings are read again from it when walked (`stream_training_strings`)."""
+    if cfg.data is None:
+        return builtin_strings(words_top=cfg.words_top, lang=cfg.lang, random_count=cfg.random_strings,
+                               limit=cfg.limit, seed=cfg.seed)
+    reading = {"column": cfg.column, "field": cfg.field, "skip_bad_lines": cfg.skip_bad_lines, "header": cfg.header,
+               "limit": cfg.limit, "seed": cfg.seed}
+    if stream and not is_hub_dataset(cfg.data):
+        return stream_training_strings(cfg.data, **reading)
+    return load_training_strings(cfg.data, **reading)
 
 
-def load_training_strings(
-    data: str | None = None,
-    column: str | None = None,
-    field: str | None = None,
-    words_top: int | None = None,
-    lang: str = "en",
-    random_count: int | None = None,
-    limit: int | None = None,
-    seed: int = 42,
-    skip_bad_lines: bool = False,
-) -> TrainingStrings:
-    bad = 0
-    if data is not None:
-        raw, bad = read_file(data, column=column, field=field, skip_bad_lines=skip_bad_lines)
-        source = str(data)
-    elif words_top is not None:
+def load_training_strings(data: str | Path, *, column: str | None = None, field: str | None = None,
+                          skip_bad_lines: bool = False, header: bool = True, limit: int | None = None,
+                          seed: int = 42) -> TrainingStrings:
+    """The training strings of a file, dataset folder or Hub dataset (`read_rows`), read whole."""
+    rows = read_rows(data, column, field, skip_bad_lines, header=header)
+    return training_strings(rows.texts, str(data), len(rows.skipped), limit, seed)
+
+
+def builtin_strings(*, words_top: int | None = None, lang: str = "en", random_count: int | None = None,
+                    limit: int | None = None, seed: int = 42) -> TrainingStrings:
+    """The paper's built-in training strings: the `words_top` most frequent words of `lang`, or `random_count`
+    random strings."""
+    if words_top is not None:
         raw, source = top_words(words_top, lang), f"wordfreq:{lang}:top{words_top}"
     elif random_count is not None:
         raw, source = random_strings(random_count, seed), f"random-strings:{random_count}:seed{seed}"
     else:
         raise UserError("no training data: give --data FILE, --words-top N or --random-strings N")
-
-    return training_strings(raw, source, bad, limit, seed)
+    return training_strings(raw, source, 0, limit, seed)
 
 
 def strings_from_dataset(dataset, column: str | None = None, limit: int | None = None,
                          seed: int = 42) -> TrainingStrings:
     """Training strings from a `datasets.Dataset` column (the only column when it has one), for
     `train(cfg, strings_from_dataset(ds, "text"))`: blanks and duplicates dropped as for a file."""
-    from mirrorbert.data.hf_datasets import dataset_strings
-
     raw = dataset_strings(dataset, column)
     fingerprint_of_source = getattr(dataset, "_fingerprint", None)
     source = f"datasets.Dataset:{column or 'only column'}" + (f":{fingerprint_of_source}" if fingerprint_of_source else "")
     return training_strings(raw, source, 0, limit, seed)
 
 
-def streamable(data: str | Path) -> bool:
-    """A file or dataset folder (text, CSV/TSV, JSONL, Parquet, Arrow), not a Hub dataset: what training streams."""
-    return not is_hub_dataset(data)
-
-
 def training_strings(raw: list[str], source: str, bad: int, limit: int | None, seed: int) -> TrainingStrings:
     """Strip, drop blanks and duplicates (first occurrence kept), then sample `limit` in file order."""
     stripped = [s.strip() for s in raw]
-    n_blank = sum(1 for s in stripped if not s)
-    seen: set[str] = set()
-    unique = []
-    for s in stripped:
-        if s and s not in seen:
-            seen.add(s)
-            unique.append(s)
-    n_dup = len(stripped) - n_blank - len(unique)
-    if limit is not None and limit < len(unique):
-        keep = sorted(random.Random(seed).sample(range(len(unique)), limit))
-        unique = [unique[i] for i in keep]
-    if len(unique) < 2:
-        raise UserError(f"{source}: needs at least 2 distinct non-blank strings, found {len(unique)}")
-    logger.info(
-        "training strings from %s: %d used (%d read, %d blank, %d duplicates removed, %d bad lines skipped)",
-        source, len(unique), len(raw), n_blank, n_dup, bad,
-    )
-    return TrainingStrings(unique, source, len(raw), n_blank, n_dup, bad, fingerprint(unique))
+    unique = list(dict.fromkeys(s for s in stripped if s))
+    n_blank = stripped.count("")
+    return _chosen(_sample(unique, limit, seed), source, len(raw), n_blank, len(raw) - n_blank - len(unique), bad)
+
+
+def _sample(kept, limit: int | None, seed: int):
+    """`limit` of the kept items (a list or an array), drawn by `seed`, in their order; all without a limit."""
+    if limit is None or limit >= len(kept):
+        return kept
+    chosen = sorted(random.Random(seed).sample(range(len(kept)), limit))
+    return kept[chosen] if hasattr(kept, "shape") else [kept[i] for i in chosen]
+
+
+def _chosen(strings: Sequence[str], source: str, n_read: int, n_blank: int, n_dup: int, bad: int) -> TrainingStrings:
+    if len(strings) < 2:
+        raise UserError(f"{source}: needs at least 2 distinct non-blank strings, found {len(strings)}")
+    logger.info("training strings from %s: %d used (%d read, %d blank, %d duplicates removed, %d bad lines skipped)",
+                source, len(strings), n_read, n_blank, n_dup, bad)
+    return TrainingStrings(strings, source, n_read, n_blank, n_dup, bad, fingerprint(strings))
 
 
 class FileStrings:
@@ -274,8 +262,7 @@ class FileStrings:
 
 def _kept_positions(rows):
     """Record positions of the first occurrence of each distinct non-blank stripped string, in file order, and
-    the number of blank records. Strings are compared by their 128-bit BLAKE2b digests (16 bytes a string held,
-    a collision needs about 2**64 strings), so the pass holds no string beyond the one being read."""
+    the number of blank records; strings are compared by their 128-bit BLAKE2b digests, never held."""
     import numpy as np  # here: reading a file's strings needs no numpy otherwise
 
     digests = np.zeros((rows.count, 2), dtype=np.uint64)
@@ -293,26 +280,17 @@ def _kept_positions(rows):
     return np.sort(nonblank[first]), int(blank.sum())
 
 
-def stream_training_strings(data: str | Path, column: str | None, field: str | None, skip_bad_lines: bool,
-                            limit: int | None, seed: int) -> TrainingStrings:
-    """`training_strings` over a text, CSV, JSONL, Parquet or Arrow file or a dataset folder without holding it:
-    the same strings, counts, sample and fingerprint as a whole read (`load_training_strings`), in passes."""
-    from mirrorbert.data.hf_datasets import TableRows
-    from mirrorbert.data.readers import text_rows
-
-    if input_kind(Path(data), "--data") == "table":
-        if field:
-            raise UserError(f"{data}: --field applies to .jsonl files; tabular data takes --column")
+def stream_training_strings(data: str | Path, *, column: str | None = None, field: str | None = None,
+                            skip_bad_lines: bool = False, header: bool = True, limit: int | None = None,
+                            seed: int = 42) -> TrainingStrings:
+    """`load_training_strings` of a file or dataset folder without holding it: the same strings, counts, sample
+    and fingerprint, read in passes (`FileStrings`)."""
+    check_header_applies(data, header, "--data")
+    if _is_table(data, field, "--data"):
         rows = TableRows(data, column, "--data")
     else:
-        rows = text_rows(data, column, field, skip_bad_lines, option="--data")
+        rows = TextRows(data, column, field, skip_bad_lines, option="--data", header=header)
     positions, n_blank = _kept_positions(rows)
     n_dup = rows.count - n_blank - len(positions)
-    if limit is not None and limit < len(positions):
-        positions = positions[sorted(random.Random(seed).sample(range(len(positions)), limit))]
-    if len(positions) < 2:
-        raise UserError(f"{data}: needs at least 2 distinct non-blank strings, found {len(positions)}")
-    strings = FileStrings(rows, positions)
-    logger.info("training strings from %s: %d used (%d read, %d blank, %d duplicates removed, %d bad lines skipped)",
-                data, len(strings), rows.count, n_blank, n_dup, len(rows.skipped))
-    return TrainingStrings(strings, str(data), rows.count, n_blank, n_dup, len(rows.skipped), fingerprint(strings))
+    strings = FileStrings(rows, _sample(positions, limit, seed))
+    return _chosen(strings, str(data), rows.count, n_blank, n_dup, len(rows.skipped))

@@ -1,10 +1,5 @@
-"""A small reader for the WordNet 3.0 database files, plus a morphy-style lemmatiser.
-
-Why our own reader: GR-BERT needs only synsets, lemmas, glosses and example sentences, and
-lexical substitution needs POS checks and lemmatisation. Parsing the plain database files
-(``data.*``, ``index.*``, ``*.exc``) directly keeps us independent of nltk's data-path
-machinery and of files we do not need (``lexnames``, ``index.sense``), and it is fast
-(about two seconds for the whole database).
+"""A reader of the WordNet 3.0 database files (``data.*``, ``index.*``, ``*.exc``) and a morphy-style lemmatiser:
+synsets, lemmas, glosses and examples for GR-BERT, POS checks and lemmatisation for lexical substitution.
 
 File formats (wndb(5WN)): a data line is
 ``offset lex_filenum ss_type w_cnt word lex_id [word lex_id ...] p_cnt [ptr ...] [frames] | gloss``
@@ -22,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorbert.errors import UserError
+from mirrorbert.safeguards.readback import open_text
 
 logger = logging.getLogger(__name__)
 
@@ -77,11 +73,8 @@ class Synset:
 
 
 def split_gloss(gloss: str) -> tuple[str, tuple[str, ...]]:
-    """Split a WordNet gloss into its definition and its quoted example sentences.
-
-    Examples are the double-quoted segments; the definition is what remains once they are
-    removed, trimmed of the ``;`` separators.
-    """
+    """(definition, examples) of a WordNet gloss: the examples are its double-quoted segments, the definition
+    what remains, trimmed of the ``;`` separators."""
     examples = tuple(e.strip() for e in _QUOTED.findall(gloss) if e.strip())
     # An attribution like '"..." - Shakespeare' belongs to the example, not the definition.
     definition = _QUOTED_ATTRIBUTED.sub("", gloss)
@@ -91,26 +84,18 @@ def split_gloss(gloss: str) -> tuple[str, tuple[str, ...]]:
 
 
 def _parse_data_line(line: str, path: Path, lineno: int) -> Synset:
+    head, _, gloss = line.partition("|")
+    fields = head.split()
     try:
-        head, _, gloss = line.partition("|")
-        fields = head.split()
-        offset = int(fields[0])
-        pos = fields[2]
-        w_cnt = int(fields[3], 16)
-        lemmas = []
-        for i in range(w_cnt):
-            word = fields[4 + 2 * i]
-            lemmas.append(_ADJ_MARKER.sub("", word))
+        lemmas = tuple(_ADJ_MARKER.sub("", fields[4 + 2 * i]) for i in range(int(fields[3], 16)))
+        offset, pos = int(fields[0]), fields[2]
     except (IndexError, ValueError) as exc:
         raise UserError(f"{path}:{lineno}: malformed WordNet data line ({exc})") from None
-    definition, examples = split_gloss(gloss.strip())
-    return Synset(offset, pos, tuple(lemmas), definition, examples)
+    return Synset(offset, pos, lemmas, *split_gloss(gloss.strip()))
 
 
 def _content_lines(path: Path):
     """Yield (line number, line) for non-header lines of a WordNet database file."""
-    from mirrorbert.safeguards.readback import open_text
-
     with open_text(path, "WordNet file", errors="replace") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip() or line.startswith(" "):
@@ -119,26 +104,16 @@ def _content_lines(path: Path):
 
 
 def resolve_wordnet_dir(data_dir: str | os.PathLike | None) -> Path:
-    """Find the WordNet folder: ``<data_dir>/wordnet`` or ``data_dir`` itself.
-
-    ``data_dir`` defaults to the ``MIRRORBERT_DATA`` environment variable. Raises a
-    :class:`UserError` naming the missing file when the database is incomplete.
-    """
-    if data_dir is None:
-        env = os.environ.get("MIRRORBERT_DATA")
-        if not env:
-            raise UserError("no data directory given: pass --data-dir or set MIRRORBERT_DATA")
-        data_dir = env
+    """The WordNet folder, ``<data_dir>/wordnet`` or ``data_dir`` itself (default: $MIRRORBERT_DATA), holding
+    every data and index file (a UserError names the one missing)."""
+    data_dir = data_dir if data_dir is not None else os.environ.get("MIRRORBERT_DATA")
+    if not data_dir:
+        raise UserError("no data directory given: pass --data-dir or set MIRRORBERT_DATA")
     base = Path(data_dir)
-    for cand in (base / "wordnet", base):
-        if (cand / "data.noun").is_file():
-            root = cand
-            break
-    else:
-        raise UserError(
-            f"WordNet 3.0 not found: expected {base / 'wordnet' / 'data.noun'} "
-            "(the standard WordNet database files data.*, index.*, *.exc)"
-        )
+    root = next((cand for cand in (base / "wordnet", base) if (cand / "data.noun").is_file()), None)
+    if root is None:
+        raise UserError(f"WordNet 3.0 not found: expected {base / 'wordnet' / 'data.noun'} "
+                        "(the standard WordNet database files data.*, index.*, *.exc)")
     for name in POS_FILES.values():
         for prefix in ("data", "index"):
             f = root / f"{prefix}.{name}"
@@ -155,44 +130,36 @@ class WordNet:
         self.synsets: dict[tuple[str, int], Synset] = {}
         self.index: dict[str, dict[str, tuple[int, ...]]] = {p: {} for p in POS_FILES}
         self.exceptions: dict[str, dict[str, tuple[str, ...]]] = {p: {} for p in POS_FILES}
-        self._load()
+        for pos, name in POS_FILES.items():
+            self._load(pos, name)
+        logger.info("WordNet loaded from %s: %d synsets", self.root, len(self.synsets))
 
     @classmethod
     def load(cls, data_dir: str | os.PathLike | None = None) -> "WordNet":
         """Load from ``<data_dir>/wordnet`` (or ``data_dir`` if it holds the files itself)."""
         return cls(resolve_wordnet_dir(data_dir))
 
-    def _load(self) -> None:
-        for pos, name in POS_FILES.items():
-            data_path = self.root / f"data.{name}"
-            if not data_path.is_file():
-                raise UserError(f"WordNet database incomplete: missing {data_path}")
-            for lineno, line in _content_lines(data_path):
-                syn = _parse_data_line(line, data_path, lineno)
-                # Key by the file's POS so satellites (s) are found from adjective offsets.
-                self.synsets[(pos, syn.offset)] = syn
-            index_path = self.root / f"index.{name}"
-            if not index_path.is_file():
-                raise UserError(f"WordNet database incomplete: missing {index_path}")
-            table = self.index[pos]
-            for lineno, line in _content_lines(index_path):
-                fields = line.split()
-                try:
-                    n_syn = int(fields[2])
-                    offsets = tuple(int(x) for x in fields[len(fields) - n_syn:])
-                except (IndexError, ValueError):
-                    raise UserError(f"{index_path}:{lineno}: malformed WordNet index line") from None
-                table[fields[0].lower()] = offsets
-            exc_path = self.root / f"{name}.exc"
-            if exc_path.is_file():
-                exc = self.exceptions[pos]
-                for _, line in _content_lines(exc_path):
-                    fields = line.split()
-                    if len(fields) >= 2:
-                        exc[fields[0].lower()] = tuple(f.lower() for f in fields[1:])
-            else:
-                logger.warning("WordNet exception list %s missing; irregular forms will not be lemmatised", exc_path)
-        logger.info("WordNet loaded from %s: %d synsets", self.root, len(self.synsets))
+    def _load(self, pos: str, name: str) -> None:
+        data_path = self.root / f"data.{name}"
+        for lineno, line in _content_lines(data_path):
+            syn = _parse_data_line(line, data_path, lineno)
+            self.synsets[(pos, syn.offset)] = syn  # keyed by the file's POS: satellites (s) found from "a"
+        index_path = self.root / f"index.{name}"
+        for lineno, line in _content_lines(index_path):
+            fields = line.split()
+            try:
+                n_syn = int(fields[2])
+                self.index[pos][fields[0].lower()] = tuple(int(x) for x in fields[len(fields) - n_syn:])
+            except (IndexError, ValueError):
+                raise UserError(f"{index_path}:{lineno}: malformed WordNet index line") from None
+        exc_path = self.root / f"{name}.exc"
+        if not exc_path.is_file():
+            logger.warning("WordNet exception list %s missing; irregular forms will not be lemmatised", exc_path)
+            return
+        for _, line in _content_lines(exc_path):
+            fields = line.split()
+            if len(fields) >= 2:
+                self.exceptions[pos][fields[0].lower()] = tuple(f.lower() for f in fields[1:])
 
     # ------------------------------------------------------------------ queries
     def all_synsets(self, pos: str | None = None):
@@ -206,34 +173,17 @@ class WordNet:
     def _key(word: str) -> str:
         return word.strip().lower().replace(" ", "_")
 
-    def has_lemma(self, word: str, pos: str) -> bool:
-        """Whether ``word`` (already a base form) is a lemma of the given POS."""
-        return self._key(word) in self.index[normalize_pos(pos)]
-
     def synsets_of(self, word: str, pos: str | None = None) -> list[Synset]:
         """Synsets listing ``word`` as a lemma (base form, any case; spaces or ``_``)."""
         key = self._key(word)
-        out: list[Synset] = []
-        for p in ([normalize_pos(pos)] if pos else list(POS_FILES)):
-            for off in self.index[p].get(key, ()):
-                syn = self.synsets.get((p, off))
-                if syn is not None:
-                    out.append(syn)
-        return out
+        return [self.synsets[(p, off)] for p in ([normalize_pos(pos)] if pos else list(POS_FILES))
+                for off in self.index[p].get(key, ()) if (p, off) in self.synsets]
 
     def morphy(self, word: str, pos: str) -> list[str]:
-        """Base forms of ``word`` for ``pos`` that exist in WordNet, most likely first.
-
-        Follows morphy(7WN): the word itself if it is a lemma, then the exception list,
-        then the detachment rules; only forms present in the index are kept.
-        """
+        """Base forms of ``word`` for ``pos`` that exist in WordNet, most likely first (morphy(7WN): the word
+        itself, the exception list, then the detachment rules)."""
         p = normalize_pos(pos)
-        key = self._key(word)
-        out: list[str] = []
-        for cand in candidate_base_forms(key, p, self.exceptions[p]):
-            if cand in self.index[p] and cand not in out:
-                out.append(cand)
-        return out
+        return [cand for cand in candidate_base_forms(self._key(word), p, self.exceptions[p]) if cand in self.index[p]]
 
     def lemmatize(self, word: str, pos: str) -> str:
         """The shortest morphy base form ("eggs" -> "egg" although "eggs" is a lemma too),
@@ -253,11 +203,7 @@ def shortest_base_form(forms: list[str], word: str) -> str:
 
 
 def candidate_base_forms(word: str, pos: str, exceptions: dict[str, tuple[str, ...]] | None = None) -> list[str]:
-    """All morphy base-form hypotheses for ``word`` (lower case), without an index check.
-
-    Used to match inflected forms in example sentences against a known lemma, where no
-    dictionary look-up is needed, and by :meth:`WordNet.morphy`.
-    """
+    """All morphy base-form hypotheses for ``word`` (lower case), without an index check, each once."""
     p = normalize_pos(pos)
     w = word.lower()
     out = [w]
@@ -272,5 +218,4 @@ def candidate_base_forms(word: str, pos: str, exceptions: dict[str, tuple[str, .
         for i in (0, len(parts) - 1):
             for base in candidate_base_forms(parts[i], p, exceptions)[1:]:
                 out.append("_".join(parts[:i] + [base] + parts[i + 1:]))
-    seen: set[str] = set()
-    return [x for x in out if not (x in seen or seen.add(x))]
+    return list(dict.fromkeys(out))

@@ -4,8 +4,11 @@
 (tests/encoder/test_architectures.py trains, encodes, saves and reloads a tiny one of each). A few types need
 a word here, applied wherever a model is loaded or a precision chosen:
 
-* DeBERTa (v1) fills masked attention scores with float32's minimum even under autocast, which bf16 and
-  fp16 cannot hold: it runs in fp32, with one info line;
+* precision (`REDUCED_PRECISION`): what a type needs under bf16 and fp16 autocast, decided once per model
+  (`usable_precision`) and recorded as the precision a run used. DeBERTa (v1) fills masked attention scores
+  with float32's minimum even under autocast, which bf16 and fp16 cannot hold: it runs in fp32, with one info
+  line. X-MOD's language adapters write their half-precision output into a float32 buffer: a hook casts each
+  adapter's output back to its input's type, so it runs in the precision asked;
 * X-MOD picks a language adapter per input; a config without `default_language` gets its first language
   (one info line), so strings without a language tag still encode;
 * Nyströmformer's landmark attention reshapes queries by its configured sequence length, so every batch is
@@ -19,17 +22,36 @@ a word here, applied wherever a model is loaded or a precision chosen:
 from __future__ import annotations
 
 import logging
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-# Types whose attention cannot run under bf16/fp16 autocast, and why.
-FP32_ONLY = {
-    "deberta": "its attention fills masked scores with float32's minimum, which bf16 and fp16 cannot hold",
+
+
+@dataclass(frozen=True)
+class ReducedPrecision:
+    """What a type needs under bf16/fp16 autocast: `fp32` (it runs in fp32, `reason` says why) or `cast` (a cast
+    at the source, installed by `prepare_model`, lets it run in the precision asked)."""
+
+    action: str
+    reason: str
+    devices: tuple[str, ...] = ("cpu", "cuda", "mps")  # where the rule applies
+
+
+REDUCED_PRECISION = {
+    "deberta": ReducedPrecision("fp32", "its attention fills masked scores with float32's minimum, which bf16 and "
+                                        "fp16 cannot hold"),
+    "xmod": ReducedPrecision("cast", "its language adapters write half-precision output into a float32 buffer; "
+                                     "each adapter's output is cast back to its input's type"),
+    "yoso": ReducedPrecision("fp32", "its CUDA attention is a custom autograd function whose backward mixes "
+                                     "float32 and half-precision tensors", devices=("cuda",)),
 }
-_told: set[tuple[str, str]] = set()
+FP32_ONLY = {kind: need.reason for kind, need in REDUCED_PRECISION.items() if need.action == "fp32"}
+_told: "weakref.WeakKeyDictionary[torch.nn.Module, set[str]]" = weakref.WeakKeyDictionary()
 
 
 def model_type_of(model_or_config: Any) -> str:
@@ -37,12 +59,18 @@ def model_type_of(model_or_config: Any) -> str:
     return str(getattr(config, "model_type", "") or "")
 
 
-def usable_precision(model_or_config: Any, precision: str) -> str:
-    """`precision`, or fp32 for a type that cannot run in bf16/fp16 (saying so once per type)."""
-    kind = model_type_of(model_or_config)
-    if precision in ("bf16", "fp16") and kind in FP32_ONLY:
-        if (kind, precision) not in _told:
-            _told.add((kind, precision))
+def usable_precision(model: torch.nn.Module, precision: str, device: torch.device | str | None = None) -> str:
+    """`precision`, or fp32 for a type that cannot run in bf16/fp16 on `device` (the model's own device when not
+    given), saying so once per model."""
+    kind = model_type_of(model)
+    need = REDUCED_PRECISION.get(kind)
+    if device is None:
+        device = next(iter(model.parameters()), torch.empty(0)).device
+    where = torch.device(device).type
+    if precision in ("bf16", "fp16") and need is not None and need.action == "fp32" and where in need.devices:
+        told = _told.setdefault(model, set())
+        if precision not in told:
+            told.add(precision)
             logger.info("precision %s -> fp32 for %s: %s", precision, kind, FP32_ONLY[kind])
         return "fp32"
     return precision
@@ -89,13 +117,28 @@ class NoPooler(torch.nn.Module):
 
 
 def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
-    """Settings a loaded model of some types needs before it can encode any string (see the module doc)."""
+    """Settings a loaded model of some types needs before it can encode any string (see the module doc); the
+    one preparation of every model, whatever it was loaded from (encoder/source.py). Idempotent."""
     kind = model_type_of(model)
     if kind == "xmod":
         _default_language(model)
+        _cast_adapter_outputs(model)
     elif kind == "roformer":
         _freeze_sinusoids(model)
     return model
+
+
+def _cast_adapter_outputs(model: torch.nn.Module) -> None:
+    """Each X-MOD adapter's output in its input's type (under autocast its Linear layers return bf16/fp16,
+    which X-MOD writes into a float32 buffer)."""
+    for module in model.modules():
+        if type(module).__name__ == "XmodAdapter" and not getattr(module, "_mirrorbert_cast", False):
+            module.register_forward_hook(_same_type_as_input)
+            module._mirrorbert_cast = True
+
+
+def _same_type_as_input(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+    return output.to(inputs[0].dtype)
 
 
 def _freeze_sinusoids(model: torch.nn.Module) -> None:
@@ -122,4 +165,4 @@ def _default_language(model: torch.nn.Module) -> None:
                 "(set default_language in config.json to choose another)", languages[0])
 
 
-__all__ = ["FP32_ONLY", "NoPooler", "check_supported", "fixed_length", "unsupported_reason", "model_type_of", "prepare_model", "usable_precision"]
+__all__ = ["FP32_ONLY", "REDUCED_PRECISION", "ReducedPrecision", "NoPooler", "check_supported", "fixed_length", "unsupported_reason", "model_type_of", "prepare_model", "usable_precision"]

@@ -5,16 +5,15 @@ sentence-transformers folder mirrorbert always writes) plus `onnx/model.onnx` (a
 `openvino/openvino_model.xml`), so DIR loads with `SentenceTransformer(DIR, backend="onnx")` where
 optimum is installed, with onnxruntime or OpenVINO directly (`ExportedEncoder`), and still in PyTorch.
 
-Why a thin exporter of our own: sentence-transformers exports through optimum, whose releases pin
-transformers < 5 (installing optimum-onnx 0.1 here would downgrade transformers to 4.57). So the tracing is
-left to the libraries made for it, `torch.onnx.export` (the dynamo exporter) and `openvino.convert_model`;
-this module only chooses the graph's inputs and outputs, lays out the files, and refuses to write an export
-whose vectors differ from PyTorch's (cosine below `EXPORT_MIN_COSINE` on probe strings).
+The tracing is `torch.onnx.export` (the dynamo exporter) and `openvino.convert_model`'s; this module chooses
+the graph's inputs and outputs, lays out the files, and refuses to write an export whose vectors differ from
+PyTorch's (cosine below `EXPORT_MIN_COSINE` on probe strings).
 
 The graph takes `input_ids` and `attention_mask` (int64, any batch and length; token type ids stay zero,
 as in `Encoder.encode`) and returns `last_hidden_state` (what sentence-transformers' backends pool) and
-`sentence_embedding` (the model's own pooling, cls | mean | first-last, computed in the graph, so a server
-needs only the tokenizer and onnxruntime).
+`sentence_embedding` (the model's final vector: its own pooling, cls | mean | first-last, then L2
+normalisation when the model has a Normalize module, computed in the graph, so a server needs only the
+tokenizer and onnxruntime). The saved tokenizer truncates at the model's maximum length (`Encoder.write`).
 """
 
 from __future__ import annotations
@@ -79,10 +78,13 @@ def check_export_packages(formats: Sequence[str], option: str = "--format") -> N
 
 # ------------------------------------------------------------------------------------------ the graph
 def _serving_graph(encoder):
-    """The encoder as a module of two int64 inputs and the two named outputs (eval mode, no dropout)."""
+    """The encoder as a module of two int64 inputs and the two named outputs (eval mode, no dropout):
+    `sentence_embedding` is the model's final vector, L2-normalised when the model normalises."""
     import torch
 
     from mirrorbert.encoder.pooling import needs_hidden_states, pool
+
+    normalize = bool(encoder.normalize_default)
 
     class ServingGraph(torch.nn.Module):
         def __init__(self):
@@ -92,7 +94,10 @@ def _serving_graph(encoder):
         def forward(self, input_ids, attention_mask):
             outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True,
                                  output_hidden_states=needs_hidden_states(encoder.pooling))
-            return outputs.last_hidden_state, pool(outputs, attention_mask, encoder.pooling)
+            pooled = pool(outputs, attention_mask, encoder.pooling)
+            if normalize:  # as the saved Normalize module does (eps as torch's F.normalize)
+                pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+            return outputs.last_hidden_state, pooled
 
     return ServingGraph().eval()
 
@@ -155,24 +160,34 @@ class ExportedEncoder:
 
     Tokenises with the folder's `tokenizer.json` (the `tokenizers` library, what transformers' fast
     tokenizers run), batches strings sorted by length, and returns the graph's `sentence_embedding`
-    rows in input order, L2-normalised when the saved model normalises (a Normalize module) or asked to.
+    rows in input order, L2-normalised when the saved model normalises (a Normalize module; the graph of
+    such a model returns unit vectors already) or asked to.
     """
 
     def __init__(self, folder: str | Path, backend: str = "onnx", threads: int | None = None):
         folder = Path(folder)
         if backend not in BACKENDS:
             raise UserError(f"backend: unknown value {backend!r}; choose one of {', '.join(BACKENDS)}")
-        from mirrorbert.safeguards.model_folder import vet_model_folder
+        from mirrorbert.safeguards.model_files import check_model_folder
+        from mirrorbert.safeguards.snapshot import Snapshot
 
-        model = vet_model_folder(folder, "folder")  # every file below is read as checked there
-        if not model.folder.exists(BACKENDS[backend]):
-            raise UserError(f"{folder}: no {BACKENDS[backend]} (export it with mirrorbert export --format {backend})")
-        graph_file = model.folder.check_file(BACKENDS[backend])
-        self.folder, self.backend = folder, backend
-        self.tokenizer, self.pad_id, self.max_length = _load_tokenizer(model)
-        self.normalize_default = _saved_normalize(model)
-        self._run = _onnxruntime_runner(graph_file, threads) if backend == "onnx" else \
-            _openvino_runner(graph_file, threads)
+        model = check_model_folder(folder, "folder")  # every file below is read as checked there
+        try:
+            if BACKENDS[backend] not in model.files():
+                raise UserError(f"{folder}: no {BACKENDS[backend]} (export it with mirrorbert export --format "
+                                f"{backend})")
+            self.folder, self.backend = folder, backend
+            self.tokenizer, self.pad_id, self.max_length = _load_tokenizer(model)
+            self.normalize_default = _saved_normalize(model)
+            snapshot = Snapshot(model.copied, model.opened)  # the graph and its companions, as checked
+            try:
+                graph_file = snapshot.path / BACKENDS[backend]
+                self._run = _onnxruntime_runner(graph_file, threads) if backend == "onnx" else \
+                    _openvino_runner(graph_file, threads)
+            finally:
+                snapshot.close()
+        finally:
+            model.close()
 
     @classmethod
     def load(cls, folder: str | Path, backend: str = "onnx", threads: int | None = None) -> "ExportedEncoder":
@@ -213,10 +228,10 @@ def _load_tokenizer(model):
     if "tokenizer.json" not in model.json:
         raise UserError(f"{model.folder.given}: no tokenizer.json (only fast tokenizers can be exported)")
     try:
-        tokenizer = Tokenizer.from_str(model.folder.read_text("tokenizer.json"))
+        tokenizer = Tokenizer.from_str(model.copied["tokenizer.json"].decode("utf-8"))
     except Exception as exc:  # noqa: BLE001  tokenizers raises its own exception types for a damaged file
         raise UserError(f"{model.folder.given / 'tokenizer.json'}: damaged ({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})") from None
-    from mirrorbert.safeguards.preflight import probe_tokenizer
+    from mirrorbert.encoder.source import probe_tokenizer
 
     probe_tokenizer(tokenizer.encode_batch, str(model.folder.given / "tokenizer.json"), "folder")
     tokenizer.no_padding()  # we pad per batch; the saved file may carry a padding setting
@@ -243,24 +258,24 @@ def _saved_dict(model, name: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _onnxruntime_runner(path: Path, threads: int | None):
+def _onnxruntime_runner(graph_file: Path, threads: int | None):
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(str(graph_file), options, providers=["CPUExecutionProvider"])
     return lambda input_ids, attention_mask: session.run(
         ["sentence_embedding"], {"input_ids": input_ids, "attention_mask": attention_mask})[0]
 
 
-def _openvino_runner(path: Path, threads: int | None):
+def _openvino_runner(graph_file: Path, threads: int | None):
     import openvino
 
     config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}  # no silent bf16 on CPUs that have it
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
-    compiled = openvino.Core().compile_model(str(path), "CPU", config)
+    compiled = openvino.Core().compile_model(str(graph_file), "CPU", config)
     output = compiled.output("sentence_embedding")
     return lambda input_ids, attention_mask: compiled(
         {"input_ids": input_ids, "attention_mask": attention_mask})[output]

@@ -73,25 +73,11 @@ def span_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
 
 
-def load_masked_lm(name: str, trust_remote_code: bool = False):
-    """(tokenizer, model) of a masked LM to start from: the folder's config, tokenizer and weight headers are
-    checked and the type's support confirmed before the weights load; a load that fails is one line naming
-    `--model`."""
-    from mirrorbert.encoder.architectures import check_supported
-    from mirrorbert.errors import first_line
-    from mirrorbert.safeguards.model_loading import load_model, load_tokenizer
-    from mirrorbert.safeguards.preflight import inspect_model, weights_load_error
+def load_masked_lm(name: str, trust_remote_code: bool = False, option: str = "--model"):
+    """(tokenizer, model) of a masked LM to start from, opened and checked once (`encoder.source.open_model`):
+    the folder's config, tokenizer and weight headers and the type's support before the weights load."""
+    from mirrorbert.encoder.source import open_model
 
-    config, _ = inspect_model(name, need_mask=True, mask_option="--model", trust_remote_code=trust_remote_code)
-    check_supported(config, name)
-    try:
-        tokenizer = load_tokenizer(name, trust_remote_code=trust_remote_code)
-        model = load_model(name, "AutoModelForMaskedLM", trust_remote_code=trust_remote_code)
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001  damaged weights raise safetensors' own error type
-        error = weights_load_error(name, exc)
-        if error is None and not isinstance(exc, (OSError, ValueError)):
-            raise
-        raise error or UserError(f"--model {name}: cannot load a masked LM and its tokenizer ({first_line(exc)})") from None
-    return tokenizer, model
+    with open_model(name, option=option, trust_remote_code=trust_remote_code) as handle:
+        handle.need_mask(option)
+        return handle.tokenizer(), handle.load("AutoModelForMaskedLM")

@@ -33,17 +33,14 @@ from mirrorbert.encoder.pooling import (
     sentence_transformers_modules,
 )
 from mirrorbert.search.exact import as_vectors
-from mirrorbert.safeguards.preflight import (check_max_length, inspect_model, max_positions, model_load_error,
-                                             weights_load_error)
-from mirrorbert.safeguards.model_folder import vet_model_folder
-from mirrorbert.safeguards.model_loading import check_trust_flag, load_model
+from mirrorbert.safeguards.preflight import check_max_length, max_positions
 from mirrorbert.safeguards.writes import atomic_output_dir
 from mirrorbert.runtime.device import autocast, check_precision, resolve_device
 from mirrorbert.reporting.metrics import library_versions
 from mirrorbert.encoder.batching import pad_batch
-from mirrorbert.encoder.architectures import (NoPooler, check_supported, fixed_length, prepare_model,
-                                              usable_precision)
+from mirrorbert.encoder.architectures import NoPooler, fixed_length, usable_precision
 from mirrorbert.encoder.packing import choose_layout, grouped_embed, packed_embed
+from mirrorbert.encoder.source import ModelHandle, open_model
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +83,22 @@ def _either(name: str, value: Any, alias: str, alias_value: Any) -> Any:
     return alias_value
 
 
+# A UTF-16 surrogate on its own (what "\\ud800" in JSON or surrogateescape decoding leaves in a str).
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _check_encode_arguments(texts: Any, batch_size: Any, convert_to: Any, precision: Any, packing: Any,
                             normalize: Any = None) -> None:
     from mirrorbert.settings.choices import PACKING_MODES, PRECISIONS
 
     if not isinstance(texts, str) and not (isinstance(texts, Sequence) and all(isinstance(t, str) for t in texts)):
         raise UserError(f"texts must be a string or a sequence of strings, not {type(texts).__name__}")
+    for i, text in enumerate([texts] if isinstance(texts, str) else texts):
+        surrogate = _LONE_SURROGATE.search(text)
+        if surrogate:  # no UTF-8 holds one, so no tokenizer can read it: refused, never guessed at
+            raise UserError(f"texts[{i}] holds a lone surrogate (U+{ord(surrogate.group()):04X} at character "
+                            f"{surrogate.start()}), which is not text: decode the input with errors='strict' (or "
+                            f"'replace') instead of 'surrogateescape'/'surrogatepass'")
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise UserError(f"batch_size must be an integer >= 1, not {batch_size!r}")
     if convert_to not in ("numpy", "torch"):
@@ -102,22 +109,6 @@ def _check_encode_arguments(texts: Any, batch_size: Any, convert_to: Any, precis
         raise UserError(f"packing must be None, True, False or one of {', '.join(PACKING_MODES)}, not {packing!r}")
     if normalize is not None and not isinstance(normalize, bool):
         raise UserError(f"normalize must be True, False or None, not {normalize!r}")
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """transformers' warnings (unused MLM-head weights, load reports) off, unless mirrorbert logs at DEBUG (-v)."""
-    if logging.getLogger("mirrorbert").isEnabledFor(logging.DEBUG):
-        yield
-        return
-    from transformers.utils import logging as hf_logging
-
-    old = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(old)
 
 
 def python_names(message: str) -> str:
@@ -148,14 +139,6 @@ def usable_device(device: Any, option: str = "device") -> torch.device:
     return target
 
 
-# Methods an Encoder once had that take an encoder now: the call that replaces each, for the one-line error.
-MOVED = {
-    "search": "mirrorbert.search.search(encoder, queries, corpus_or_index)",
-    "build_index": "mirrorbert.search.build_index(encoder, corpus)",
-    "push_to_hub": "mirrorbert.publish.hub.push_encoder(encoder, repo_id)",
-}
-
-
 class Encoder(torch.nn.Module):
     """Encodes strings into vectors; also the module Mirror-BERT trains (its forward is the pooled vector)."""
 
@@ -173,7 +156,7 @@ class Encoder(torch.nn.Module):
         self.training_info: dict[str, Any] = {}
         self.packing: bool | str | None = None  # default of `embed`: None = auto (packing.choose_layout)
         # The model's pooler head (unused by every pooling here), kept aside and written back on save
-        self.pooler_state: dict[str, torch.Tensor] = detach_pooler(prepare_model(model))
+        self.pooler_state: dict[str, torch.Tensor] = detach_pooler(model)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -188,56 +171,35 @@ class Encoder(torch.nn.Module):
         them name the options (`--model`).
         """
         try:
-            check_trust_flag(trust_remote_code)
-            return cls._load(name_or_path, pooling, device, max_length, config_overrides, trust_remote_code)
+            if pooling is not None and pooling not in POOLINGS:
+                raise UserError(f"--pooling: unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+            with open_model(name_or_path, trust_remote_code=trust_remote_code) as handle:
+                return cls.from_handle(handle, pooling=pooling, device=device, max_length=max_length,
+                                       config_overrides=config_overrides)
         except UserError as exc:
             if cli:
                 raise
             raise UserError(python_names(str(exc))) from None
 
     @classmethod
-    def _load(cls, name_or_path: str | os.PathLike, pooling: str | None, device: str | None,
-              max_length: int | None, config_overrides: dict[str, Any] | None,
-              trust_remote_code: bool = False) -> "Encoder":
-        name = str(name_or_path)
+    def from_handle(cls, handle: ModelHandle, *, pooling: str | None = None, device: str | None = None,
+                    max_length: int | None = None, config_overrides: dict[str, Any] | None = None) -> "Encoder":
+        """The encoder of an opened model (`encoder.source.open_model`); pooling defaults to what was saved."""
         if pooling is not None and pooling not in POOLINGS:
             raise UserError(f"--pooling: unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
-        folder = Path(name)
-        saved_pooling, normalize, saved_max, info = None, False, None, {}
-        if folder.is_dir():
-            saved_pooling, normalize, saved_max, info = _saved_settings(name, trust_remote_code)
-        # config, tokenizer and the weights' shapes checked before any weight is read
-        config, tokenizer = inspect_model(name, max_length=max_length, config_overrides=config_overrides,
-                                          warn_decoder=False, trust_remote_code=trust_remote_code)
-        check_supported(config, name)
+        saved_pooling, normalize, saved_max, info = _saved_settings(handle)
+        config = handle.config(config_overrides)  # checked against the weights' headers before any weight is read
+        handle.check_max_length(max_length)
         if max_length is None and saved_max is not None:
-            check_max_length(saved_max, config, f"--model {folder / 'sentence_bert_config.json'}: max_seq_length",
-                             name)
-        try:
-            with _quiet_transformers():  # its load report of unused MLM-head weights is noise here
-                model = load_model(name, config=config, trust_remote_code=trust_remote_code)
-        except UserError:  # a refusal of model_loading (a pickle asking for code), already one line
-            raise
-        except Exception as exc:  # noqa: BLE001  damaged weights raise the loader's own error types
-            error = weights_load_error(name, exc)
-            if error is None and isinstance(exc, (OSError, ValueError)):
-                error = model_load_error(name, exc)
-            if error is None:
-                raise
-            raise error from None
-        encoder = cls(
-            model, tokenizer, pooling=pooling or saved_pooling or "mean",
-            max_length=max_length or saved_max, normalize_default=normalize, source=name,
-        )
+            check_max_length(saved_max, config, f"--model {Path(handle.name) / 'sentence_bert_config.json'}: "
+                             "max_seq_length", handle.name)
+        tokenizer = handle.tokenizer()
+        model = handle.load("AutoModel", config)
+        encoder = cls(model, tokenizer, pooling=pooling or saved_pooling or "mean", max_length=max_length or saved_max,
+                      normalize_default=normalize, source=handle.name)
         encoder.training_info = info.get("training", {})
         encoder.to(resolve_device(device))
         return encoder
-
-    def __getattr__(self, name: str):
-        """torch's lookup of parameters and submodules; a moved method's name says what to call instead."""
-        if name in MOVED:
-            raise AttributeError(f"Encoder.{name} is not a method of the encoder: call {MOVED[name]}")
-        return super().__getattr__(name)
 
     @property
     def device(self) -> torch.device:
@@ -404,7 +366,13 @@ class Encoder(torch.nn.Module):
             self.model.save_pretrained(folder, state_dict=state)
         finally:
             config.output_hidden_states = previous_hidden
-        self.tokenizer.save_pretrained(folder)
+        # the saved tokenizer truncates where this model does: AutoTokenizer(...)(truncation=True) on the folder
+        # gives encode's tokens, not the tokenizer's own 512
+        previous_max, self.tokenizer.model_max_length = self.tokenizer.model_max_length, self.max_length
+        try:
+            self.tokenizer.save_pretrained(folder)
+        finally:
+            self.tokenizer.model_max_length = previous_max
         modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
         for idx, module in enumerate(sentence_transformers_modules(self.pooling, self.dim, config.num_hidden_layers,
                                                                           self.normalize_default), 1):
@@ -438,21 +406,17 @@ class Encoder(torch.nn.Module):
         return Path(path)
 
 
-def _saved_settings(name: str, trust_remote_code: bool) -> tuple[str | None, bool, int | None, dict[str, Any]]:
-    """(pooling, normalize, max length, mirrorbert.json) a saved folder records, read from the files the
-    folder check parsed (`vet_model_folder`), before any library opens the folder."""
-    model = vet_model_folder(name, "--model", trust_remote_code)
-    folder = Path(name)
-    if "config.json" not in model.json:
-        raise UserError(f"--model {name}: folder has no config.json (not a Hugging Face model folder)")
-    saved_pooling, normalize = pooling_from_sentence_transformers(model)
-    info = model.get(MIRRORBERT_JSON, {})
+def _saved_settings(handle: ModelHandle) -> tuple[str | None, bool, int | None, dict[str, Any]]:
+    """(pooling, normalize, max length, mirrorbert.json) a saved folder records, as the folder check parsed them."""
+    folder = Path(handle.name)
+    saved_pooling, normalize = pooling_from_sentence_transformers(handle.files)
+    info = handle.json(MIRRORBERT_JSON, {})
     if not isinstance(info, dict):
         raise UserError(f"--model: {folder / MIRRORBERT_JSON} is damaged (expected a JSON object)")
     saved_pooling = info.get("pooling", saved_pooling)
     if saved_pooling is not None and saved_pooling not in POOLINGS:
         raise UserError(f"--model: {folder / MIRRORBERT_JSON}: unknown pooling {str(saved_pooling)[:40]!r}")
-    st_cfg = model.get("sentence_bert_config.json", {})
+    st_cfg = handle.json("sentence_bert_config.json", {})
     if not isinstance(st_cfg, dict):
         raise UserError(f"--model: {folder / 'sentence_bert_config.json'} is damaged (expected a JSON object)")
     saved_max = st_cfg.get("max_seq_length")

@@ -2,22 +2,19 @@
 
 Length groups (`grouped`: what models that cannot be packed run) sort the views by length and run small
 padded batches of similar lengths in one autograd graph: no model support needed and little padding.
-Packed rows (`on`, the default wherever supported) are described next.
 
-Padding each view to the batch's longest wastes about two thirds of the compute on Mirror-BERT batches
-(random STS-B strings: 2.94 padded tokens per real token). Here the views are placed into rows of
-`ROW_BUDGET` tokens by first-fit-decreasing; a view longer than the budget gets a row of its own. Each
-view attends only to its own tokens (a block-diagonal mask: 4D on transformers 5, whose mask builders pass
-it through unchanged to the model's SDPA or eager attention; 3D on transformers 4.x, whose
-`get_extended_attention_mask` makes it additive for both), its position ids restart at the model's own
-first position (after the padding index for RoBERTa/XLM-R), token type ids are zero, and pooling is
-per view. The result equals padded execution up to float rounding (tests/encoder/test_packing.py). A model that
-cannot be packed on the installed version (DistilBERT on 4.x: no `position_ids`) runs length groups,
-saying why in one line.
+Packed rows (`on`, the default wherever supported): the views are placed into rows of `ROW_BUDGET` tokens
+by first-fit-decreasing; a view longer than the budget gets a row of its own. Each view attends only to its
+own tokens (a block-diagonal mask: 4D on transformers 5, whose mask builders pass it through unchanged to
+the model's SDPA or eager attention; 3D on transformers 4.x, whose `get_extended_attention_mask` makes it
+additive for both), its position ids restart at the model's own first position (after the padding index for
+RoBERTa/XLM-R), token type ids are zero, and pooling is per view. The result equals padded execution up to
+float rounding (tests/encoder/test_packing.py). A model that cannot be packed on the installed version
+(DistilBERT on 4.x: no `position_ids`) runs length groups, saying why in one line.
 
-Dropout masks are drawn over the packed tensor; DropHead draws one head mask per view (see
-`views.drophead_groups`). Controlled dropout keeps working because the layout depends only on the
-view lengths, which are the same for x and x-bar, so both replayed passes see the same layout.
+Dropout masks are drawn over the packed tensor; DropHead draws one head mask per view
+(`views.drophead_groups`). The layout depends only on the view lengths, which are the same for x and x-bar,
+so controlled dropout's two replayed passes see the same layout.
 """
 
 from __future__ import annotations
@@ -39,12 +36,7 @@ from mirrorbert.encoder.dropout import drophead_groups
 
 logger = logging.getLogger(__name__)
 
-# Tokens per packed row. The block-masked attention of a row costs far more on CPU than its FLOPs
-# (4*W*d per token) suggest: softmax, mask and attention-dropout work on (heads, W, W) per row and are
-# memory-bound. Measured on the 2-core CPU (train step of 200 STS-B strings, one thread): rows of 128
-# run 1.12x (L4/H512) and 1.26x (BERT-base) faster than rows of 256, and 64..128 are within 1%; 128
-# still holds ~8 typical sentences, so the partly filled rows waste little. A longer view gets its own row.
-ROW_BUDGET = 128
+ROW_BUDGET = 128  # tokens per packed row (docs/design.md, "Packed rows and length groups")
 
 @dataclass(frozen=True)
 class PackingRecipe:
@@ -62,12 +54,10 @@ class PackingRecipe:
     positions: str
     mask: str = "prepared"
     needs_4d: bool = False  # packs only where transformers takes a prepared 4D mask (5.x)
-    # The oldest transformers this type's equivalence test passed on: older 5.x releases still built these
-    # types' masks themselves (a 4D mask was "Wrong shape"), so there they run length groups.
-    min_transformers: tuple[int, ...] = ()
+    min_transformers: tuple[int, ...] = ()  # packed from this transformers on; length groups below it
 
 
-TESTED_NEWER = (5, 24)  # proven on 5.24; on 5.0 these four refuse a prepared mask
+TESTED_NEWER = (5, 24)  # the first transformers these types' equivalence tests pass on with a prepared mask
 
 PACKING_RECIPES = {
     "bert": PackingRecipe("zero"),
@@ -127,10 +117,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     return None
 
 
-# Padded slots per length group (the `grouped` layout). On the 2-core CPU (training steps of BERT-base and
-# L4/H512, two threads) groups of 512 ran at 0.87-0.96x the speed of packed rows of 128 while holding
-# 14-19% less peak memory; with one thread they were 3-8% faster. 768 and 1024 were close behind.
-GROUP_BUDGET = 512
+GROUP_BUDGET = 512  # padded slots per length group (docs/design.md, "Packed rows and length groups")
 
 
 def choose_layout(model: torch.nn.Module, requested: bool | str | None,

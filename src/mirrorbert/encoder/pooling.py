@@ -97,8 +97,8 @@ def sentence_transformers_modules(mode: str, dim: int, num_layers: int, normaliz
 def pooling_from_sentence_transformers(folder) -> tuple[str | None, bool]:
     """Read back (pooling mode, normalize) from a sentence-transformers folder; (None, False) if not one.
 
-    `folder` is a checked `ModelFolder` (`vet_model_folder`): modules.json and each module's config.json are
-    read as the confined reader parsed them, never opened again."""
+    `folder` is a checked model folder (`safeguards.model_files.CheckedModel`): modules.json and each module's
+    config.json are read as the check parsed them, never opened again."""
     from mirrorbert.errors import UserError
 
     model = folder

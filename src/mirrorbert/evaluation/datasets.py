@@ -1,24 +1,23 @@
 """Registry of evaluation sets: where each lives in the data directory and where it officially comes from.
 
-The project never ships or downloads evaluation data itself; a user points ``--data-dir`` (or the
-environment variable ``MIRRORBERT_DATA``) at a folder holding the sets in their usual published
-layouts. When a set is absent, :func:`require` raises :class:`~mirrorbert.errors.DatasetMissing`
-with the missing files and the official source, so the runner can report the task as *skipped*
-(never as a zero score).
-
-To add a set, add one ``DatasetInfo`` to ``REGISTRY`` (see :func:`register`). ``folder`` is relative to
-the data directory and ``files`` relative to ``folder``.
+Nothing is shipped or downloaded: ``--data-dir`` (or ``$MIRRORBERT_DATA``) holds the sets in their published
+layouts. :func:`require` raises :class:`~mirrorbert.errors.DatasetMissing`, naming the missing files and the
+official source, so the runner reports the task as *skipped*. To add a set, add a ``DatasetInfo`` to
+``REGISTRY``: ``folder`` is relative to the data directory, ``files`` to ``folder``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorbert.errors import DatasetMissing, UserError
 
 ENV_VAR = "MIRRORBERT_DATA"
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -30,21 +29,9 @@ class DatasetInfo:
     files: tuple[str, ...]
     official_source: str
     licence: str
-    note: str = ""
 
 
-REGISTRY: dict[str, DatasetInfo] = {}
-
-
-def register(info: DatasetInfo) -> DatasetInfo:
-    """Add (or replace) a registry entry; returns it so modules can keep a handle."""
-    REGISTRY[info.name] = info
-    return info
-
-
-# --------------------------------------------------------------------------------------------- STS
 _SENTEVAL = "SentEval (facebookresearch/SentEval, data/downstream/get_transfer_data.bash)"
-
 #: Subsets of STS12-16 as distributed by SentEval (STS13 "SMT" is not redistributable and absent).
 STS_YEAR_SUBSETS: dict[str, tuple[str, ...]] = {
     "STS12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),
@@ -60,20 +47,32 @@ _STS_YEAR_URLS = {
     "STS15": "https://alt.qcri.org/semeval2015/task2/ (SemEval-2015 Task 2)",
     "STS16": "https://alt.qcri.org/semeval2016/task1/ (SemEval-2016 Task 1)",
 }
-for _year, _subsets in STS_YEAR_SUBSETS.items():
-    register(
-        DatasetInfo(
-            name=_year.lower(),
-            folder=f"sts/{_year}-en-test",
-            files=tuple(f for s in _subsets for f in (f"STS.input.{s}.txt", f"STS.gs.{s}.txt")),
-            official_source=f"{_STS_YEAR_URLS[_year]}; SentEval layout via {_SENTEVAL}",
-            licence="per-subset terms of the SemEval STS task (research use)",
-            note="STS.input.<subset>.txt = s1 TAB s2; STS.gs.<subset>.txt = gold score (empty line = unscored pair). "
-            "A subset whose files are missing is skipped; the set is missing only if no subset is present.",
-        )
+_STS17 = "https://alt.qcri.org/semeval2017/task1/ (SemEval-2017 Task 1: STS2017.eval.v1.1 + STS2017.gs)"
+_EVW = "https://github.com/mfaruqui/eval-word-vectors (data/word-sim)"
+#: The six BLI pairs of the Mirror-BERT paper (Glavaš et al. 2019 dictionaries).
+BLI_PAIRS: tuple[str, ...] = ("en-fr", "en-it", "en-ru", "en-tr", "it-fr", "ru-fr")
+
+
+def bli_entry(pair: str) -> DatasetInfo:
+    """The registry entry of a BLI pair ``xx-yy`` (any pair: the paper's six are registered)."""
+    return DatasetInfo(
+        name=f"bli-{pair}",
+        folder=f"bli/{pair}",
+        files=(f"yacle.train.freq.5k.{pair}.tsv", f"yacle.test.freq.2k.{pair}.tsv"),
+        official_source="Glavaš et al. 2019, 'How to (properly) evaluate cross-lingual word embeddings' "
+        "(https://github.com/codogogo/xling-eval, bli_datasets/<pair>/)",
+        licence="as published by the authors (xling-eval repository)",
     )
 
-register(
+
+REGISTRY: dict[str, DatasetInfo] = {entry.name: entry for entry in (
+    *(DatasetInfo(
+        name=year.lower(),
+        folder=f"sts/{year}-en-test",
+        files=tuple(f for s in subsets for f in (f"STS.input.{s}.txt", f"STS.gs.{s}.txt")),
+        official_source=f"{_STS_YEAR_URLS[year]}; SentEval layout via {_SENTEVAL}",
+        licence="per-subset terms of the SemEval STS task (research use)",
+    ) for year, subsets in STS_YEAR_SUBSETS.items()),
     DatasetInfo(
         name="stsb",
         folder="sts/STSBenchmark",
@@ -81,10 +80,7 @@ register(
         official_source="https://ixa2.si.ehu.eus/stswiki/index.php/STSbenchmark (Cer et al. 2017), "
         "Stsbenchmark.tar.gz; also in SentEval data/downstream/STS/STSBenchmark",
         licence="see LICENSE.txt in the archive (per-source terms)",
-        note="TAB-separated: genre, file, year, id, score (0-5), s1, s2 (some lines carry extra trailing fields).",
-    )
-)
-register(
+    ),
     DatasetInfo(
         name="sickr",
         folder="sts/SICK",
@@ -92,33 +88,14 @@ register(
         official_source="https://zenodo.org/records/2787612 (SICK, Marelli et al. 2014); SentEval files "
         "SICK_train.txt, SICK_trial.txt, SICK_test_annotated.txt",
         licence="CC BY-NC-SA 3.0",
-        note="header row; pair_ID, sentence_A, sentence_B, relatedness_score, entailment_judgment; test = 4927 pairs.",
-    )
-)
-
-# Other-language STS: the SentEval pair/score layout (STS.input.<name>.txt + STS.gs.<name>.txt).
-_STS17 = "https://alt.qcri.org/semeval2017/task1/ (SemEval-2017 Task 1: STS2017.eval.v1.1 + STS2017.gs)"
-register(
-    DatasetInfo(
-        name="sts-es",
+    ),
+    *(DatasetInfo(
+        name=f"sts-{lang}",
         folder="sts/STS17",
-        files=("STS.input.track3.es-es.txt", "STS.gs.track3.es-es.txt"),
+        files=(f"STS.input.{track}.{lang}-{lang}.txt", f"STS.gs.{track}.{lang}-{lang}.txt"),
         official_source=_STS17,
         licence="SemEval-2017 Task 1 terms (research use)",
-        note="Spanish-Spanish, track 3 (250 pairs).",
-    )
-)
-register(
-    DatasetInfo(
-        name="sts-ar",
-        folder="sts/STS17",
-        files=("STS.input.track1.ar-ar.txt", "STS.gs.track1.ar-ar.txt"),
-        official_source=_STS17,
-        licence="SemEval-2017 Task 1 terms (research use)",
-        note="Arabic-Arabic, track 1 (250 pairs).",
-    )
-)
-register(
+    ) for lang, track in (("es", "track3"), ("ar", "track1"))),
     DatasetInfo(
         name="sts-ru",
         folder="sts/STS-ru",
@@ -126,39 +103,26 @@ register(
         official_source="Russian translation of the STS Benchmark test set "
         "(https://github.com/deepmipt/deepPavlovEval, data/stsb_ru); convert to the pair/score layout",
         licence="as published",
-        note="Give the test pairs as STS.input.ru.txt (s1 TAB s2) and scores as STS.gs.ru.txt.",
-    )
-)
-
-# --------------------------------------------------------------------------------- word similarity
-_EVW = "https://github.com/mfaruqui/eval-word-vectors (data/word-sim)"
-register(
+    ),
     DatasetInfo(
         name="simlex999",
         folder="wordsim",
         files=("SimLex-999.txt",),
         official_source="https://fh295.github.io/simlex.html (Hill et al. 2015), SimLex-999.zip",
         licence="see the README shipped in SimLex-999.zip",
-        note="header row: word1, word2, POS, SimLex999, ...",
-    )
-)
-for _name, _file, _src, _cite in (
-    ("ws353", "EN-WS-353-ALL.txt", "https://gabrilovich.com/resources/data/wordsim353/", "Finkelstein et al. 2002"),
-    ("men", "EN-MEN-TR-3k.txt", "https://staff.fnwi.uva.nl/e.bruni/MEN", "Bruni et al. 2014"),
-    ("rw", "EN-RW-STANFORD.txt", "https://nlp.stanford.edu/~lmthang/morphoNLM/", "Luong et al. 2013"),
-    ("simverb", "EN-SimVerb-3500.txt", "https://people.ds.cam.ac.uk/dsg40/simverb.html", "Gerz et al. 2016"),
-):
-    register(
-        DatasetInfo(
-            name=_name,
-            folder="wordsim",
-            files=(_file,),
-            official_source=f"{_src} ({_cite}); eval-word-vectors copy: {_EVW}",
-            licence="eval-word-vectors: MIT; original data as published",
-            note="TAB-separated: w1 w2 score",
-        )
-    )
-register(
+    ),
+    *(DatasetInfo(
+        name=name,
+        folder="wordsim",
+        files=(file,),
+        official_source=f"{source} ({cite}); eval-word-vectors copy: {_EVW}",
+        licence="eval-word-vectors: MIT; original data as published",
+    ) for name, file, source, cite in (
+        ("ws353", "EN-WS-353-ALL.txt", "https://gabrilovich.com/resources/data/wordsim353/", "Finkelstein et al. 2002"),
+        ("men", "EN-MEN-TR-3k.txt", "https://staff.fnwi.uva.nl/e.bruni/MEN", "Bruni et al. 2014"),
+        ("rw", "EN-RW-STANFORD.txt", "https://nlp.stanford.edu/~lmthang/morphoNLM/", "Luong et al. 2013"),
+        ("simverb", "EN-SimVerb-3500.txt", "https://people.ds.cam.ac.uk/dsg40/simverb.html", "Gerz et al. 2016"),
+    )),
     DatasetInfo(
         name="multisimlex",
         folder="wordsim",
@@ -166,25 +130,14 @@ register(
         official_source="https://multisimlex.com (Vulić et al. 2020); rebuilt from concepticon/concepticon-data "
         "concepticondata/conceptlists/Vulic-2020-2244.tsv",
         licence="CC BY 4.0",
-        note="one row per pair ID; columns <LANG>_1, <LANG>_2, <LANG>_score per language (ENGLISH, FRENCH, ...).",
-    )
-)
-
-# -------------------------------------------------------------------------------------------- QNLI
-register(
+    ),
     DatasetInfo(
         name="qnli",
         folder="qnli",
         files=("dev.tsv",),
         official_source="GLUE (https://gluebenchmark.com/tasks), QNLI.zip: dev.tsv (Wang et al. 2018, from SQuAD)",
         licence="CC BY-SA 4.0 (SQuAD)",
-        note="header row; index, question, sentence, label (entailment / not_entailment); 5463 pairs.",
-    )
-)
-
-# ------------------------------------------------------------------------ BEL / BLI (other modules)
-# Entries for "ncbi", "bc5cdr" and the BLI pairs are registered here by the BEL/BLI authors.
-register(
+    ),
     DatasetInfo(
         name="ncbi",
         folder="bel/ncbi",
@@ -193,11 +146,7 @@ register(
         "as preprocessed by BioSyn (https://github.com/dmis-lab/BioSyn, datasets/ncbi-disease: test_dictionary.txt "
         "and processed_test, one line per query); the copy used here: lzxlin/kNN-BioEL data/benchmarks/ncbi/formatted",
         licence="NCBI-disease: public domain (US government work); BioSyn/kNN-BioEL preprocessing: MIT",
-        note="test_dictionary.txt: CUI[|CUI...]||name (MEDIC names + train/dev mentions, lowercased); "
-        "test_queries.txt: mention||CUI[|CUI][+CUI...]||... (only the first two fields are used); 960 queries.",
-    )
-)
-register(
+    ),
     DatasetInfo(
         name="bc5cdr",
         folder="bel/bc5cdr",
@@ -212,26 +161,9 @@ register(
         "CDR_{Training,Development,Test}Set.PubTator.txt) and the CTD MEDIC disease vocabulary of 6 July 2012 "
         "(http://ctdbase.org/downloads/#alldiseases; BioSyn ships it as preprocess/resources/medic_06Jul2012.txt)",
         licence="BioCreative corpus terms (research use); MEDIC: CTD terms of use",
-        note="Disease mentions of the test set are the queries (ids -1 dropped, '|' = composite); the dictionary is "
-        "MEDIC (CTD TSV or BioSyn's 'IDs||name|synonym|...' form) plus the train and development Disease mentions, "
-        "as in BioSyn's test_dictionary.",
-    )
-)
-
-#: The six BLI pairs of the Mirror-BERT paper (Glavaš et al. 2019 dictionaries).
-BLI_PAIRS: tuple[str, ...] = ("en-fr", "en-it", "en-ru", "en-tr", "it-fr", "ru-fr")
-for _pair in BLI_PAIRS:
-    register(
-        DatasetInfo(
-            name=f"bli-{_pair}",
-            folder=f"bli/{_pair}",
-            files=(f"yacle.train.freq.5k.{_pair}.tsv", f"yacle.test.freq.2k.{_pair}.tsv"),
-            official_source="Glavaš et al. 2019, 'How to (properly) evaluate cross-lingual word embeddings' "
-            "(https://github.com/codogogo/xling-eval, bli_datasets/<pair>/)",
-            licence="as published by the authors (xling-eval repository)",
-            note="source TAB target per line; 5k training pairs (Procrustes) and 2k test pairs.",
-        )
-    )
+    ),
+    *(bli_entry(pair) for pair in BLI_PAIRS),
+)}
 
 
 # ------------------------------------------------------------------------------------------ lookup
@@ -256,35 +188,43 @@ def info(name: str) -> DatasetInfo:
         raise UserError(f"unknown evaluation set {name!r}; known: {', '.join(sorted(REGISTRY))}") from None
 
 
-def missing_message(entry: DatasetInfo, folder: Path, missing: list[Path]) -> str:
-    """One-line explanation of what is missing and where to get it."""
-    shown = ", ".join(p.name if p.parent == folder else str(p) for p in missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")
-    return (
-        f"evaluation set '{entry.name}' not found: missing {shown} in {folder}; "
-        f"official source: {entry.official_source}; licence: {entry.licence}"
-    )
-
-
-def require(
-    data_dir: str | os.PathLike[str] | None, name: str, files: tuple[str, ...] | list[str] | None = None
-) -> Path:
-    """Folder of set ``name`` after checking its files (or only ``files``) exist; raises DatasetMissing."""
-    entry = info(name)
+def require(data_dir: str | os.PathLike[str] | None, name: str | DatasetInfo,
+            files: Sequence[str] | None = None) -> Path:
+    """Folder of set ``name`` (a registry name or entry) after checking its files (or only ``files``) exist;
+    DatasetMissing names the missing files and the official source."""
+    entry = name if isinstance(name, DatasetInfo) else info(name)
     folder = resolve_data_dir(data_dir) / entry.folder
-    wanted = entry.files if files is None else tuple(files)
-    missing = [folder / f for f in wanted if not (folder / f).is_file()]
+    missing = [f for f in (entry.files if files is None else files) if not (folder / f).is_file()]
     if missing:
-        raise DatasetMissing(missing_message(entry, folder, missing))
+        shown = ", ".join(missing[:4]) + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")
+        raise DatasetMissing(f"evaluation set '{entry.name}' not found: missing {shown} in {folder}; "
+                             f"official source: {entry.official_source}; licence: {entry.licence}")
     return folder
 
 
-def is_available(data_dir: str | os.PathLike[str] | None, name: str) -> bool:
-    """True when every required file of ``name`` is present."""
-    try:
-        require(data_dir, name)
-    except DatasetMissing:
-        return False
-    return True
+def present_sets(data_dir: str | os.PathLike[str] | None, names: Sequence[str], *, explicit: bool, what: str,
+                 entry: Callable[[str], str | DatasetInfo] = str) -> tuple[dict[str, Path], dict[str, str]]:
+    """({name: folder} of the sets to evaluate, {name: why skipped}). A set named by the user (``explicit``) is
+    required; one of a task's default list is skipped with a warning when absent; none at all is DatasetMissing
+    (``what``: "BEL data set")."""
+    folders: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
+    for name in names:
+        try:
+            folders[name] = require(data_dir, entry(name))
+        except DatasetMissing as err:
+            if explicit:
+                raise
+            logger.warning("%s: skipping %s: %s", what, name, err)
+            skipped[name] = str(err)
+    if not folders:
+        raise nothing_found(what, names, list(skipped.values()))
+    return folders, skipped
+
+
+def nothing_found(what: str, names: Sequence[str], messages: Sequence[str]) -> DatasetMissing:
+    """The error of a task none of whose sets is present: the sets looked for and the first one's message."""
+    return DatasetMissing(f"no {what} found among {', '.join(names)}" + (f": {messages[0]}" if messages else ""))
 
 
 def registry_markdown(data_dir: str | os.PathLike[str] | None = None) -> str:
@@ -315,9 +255,8 @@ def _absent(root: Path, entry: DatasetInfo) -> list[str]:
 
 def gold_score(value: str, path: str | os.PathLike, lineno: int,
                score_range: tuple[float, float] | None = None) -> float:
-    """A gold score read from an evaluation file: a finite number inside the set's published range. NaN,
-    infinity, text or an out-of-range value (`-7` on a 0-5 scale) is one error naming the file and line:
-    a NaN gold score makes the whole Spearman NaN, which must never be reported as a result."""
+    """A gold score read from an evaluation file: a finite number inside the set's published range (when given).
+    NaN, infinity, text or an out-of-range value (`-7` on a 0-5 scale) is one error naming the file and line."""
     import math
 
     text = value.strip()
@@ -334,23 +273,14 @@ def gold_score(value: str, path: str | os.PathLike, lineno: int,
     return number
 
 
-def check_eval_files(root: str | os.PathLike, tasks) -> int:
-    """Every present file of the selected tasks' sets checked for UTF-8 before any model is loaded, so a
-    damaged set is one error naming its file and line at the start, not a failure after the model and the
-    tasks before it ran. Returns the number of files checked (absent sets are the tasks' own business:
-    they are reported as skipped)."""
+def check_eval_files(root: str | os.PathLike, tasks: Sequence[str]) -> None:
+    """Every present file of the selected tasks' sets checked for UTF-8 before any model is loaded (absent sets
+    are the tasks' own business: they are reported as skipped)."""
     from mirrorbert.data.strings import check_utf8_file
 
-    root = Path(root)
-    wanted = set(tasks)
-    checked = 0
-    for info in REGISTRY.values():
-        if info.folder.split("/")[0] not in wanted:
-            continue
-        for name in info.files:
-            path = root / info.folder / name
-            if path.is_file():
-                check_utf8_file(path, "--data-dir", hint="fix or replace this evaluation file")
-                checked += 1
-    return checked
-
+    for entry in REGISTRY.values():
+        if entry.folder.split("/")[0] in tasks:
+            for name in entry.files:
+                if (Path(root) / entry.folder / name).is_file():
+                    check_utf8_file(Path(root) / entry.folder / name, "--data-dir",
+                                    hint="fix or replace this evaluation file")

@@ -1,17 +1,13 @@
 """Isotropy of an embedding space, and how Mirror tuning separates similar from dissimilar pairs.
 
-* IS (Mu & Viswanath, "All-but-the-top", ICLR 2018): with the partition function
-  Z(c) = sum_i exp(c . v_i), IS(V) = min_c Z(c) / max_c Z(c) over the unit eigenvectors c of V^T V.
-  An eigenvector is only defined up to sign, so both c and -c are included (this also makes the score
-  independent of the sign convention of the eigen-solver). IS is close to 1 for an isotropic cloud
-  and close to 0 when all vectors point into one narrow cone (the anisotropy of raw MLM outputs).
-  Computed in log space (log-sum-exp) so large norms do not overflow. Raw (unnormalised) vectors.
-* MVN: l2 norm of the mean of the unit-normalised vectors (0 = spread out, 1 = all identical).
-* Plot: histograms of cos(s1, s2) for high-scored (gold >= ``high``) and low-scored (gold <= ``low``)
-  STS-B test pairs, for the evaluated model and, when given, a reference "before" model
-  (the off-the-shelf MLM before Mirror tuning), side by side.
+* IS (Mu & Viswanath, "All-but-the-top", ICLR 2018) of the raw vectors V: min_c Z(c) / max_c Z(c) with
+  Z(c) = sum_i exp(c . v_i), over the unit eigenvectors c of V^T V and their opposites; near 1 for an isotropic
+  cloud, near 0 when every vector points into one narrow cone.
+* MVN: the norm of the mean of the unit-length vectors (0 = spread out, 1 = all identical).
+* Plot: histograms of cos(s1, s2) of high- and low-scored STS-B test pairs, for the model and, when given, a
+  reference "before" model, side by side.
 
-The embedded text set defaults to the distinct sentences of the STS-B test split.
+The texts embedded default to the distinct sentences of the STS-B test split.
 """
 
 from __future__ import annotations
@@ -34,6 +30,8 @@ from mirrorbert.evaluation.sts import (
     load_set,
     pair_similarities,
     paired_cosine,
+    pyplot_figure,
+    save_figure,
     unit_rows,
 )
 
@@ -53,14 +51,6 @@ def isotropy_score(vectors: np.ndarray) -> float:
     return float(np.exp(log_z.min() - log_z.max()))
 
 
-def _matplotlib_available() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def mean_vector_norm(vectors: np.ndarray) -> float:
     """Norm of the mean unit vector."""
     return float(np.linalg.norm(unit_rows(vectors).mean(axis=0)))
@@ -70,14 +60,8 @@ def plot_cosine_distributions(
     panels: dict[str, tuple[np.ndarray, np.ndarray]], path: str | Path, high: float, low: float
 ) -> Path:
     """One histogram panel per model: cosine of high- vs low-scored pairs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False, sharey=False)
+    fig, axes = pyplot_figure(nrows=1, ncols=len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False,
+                              sharey=False)
     bins = np.linspace(-1.0, 1.0, 81)
     for ax, (label, (hi, lo)) in zip(axes[0], panels.items()):
         ax.hist(hi, bins=bins, alpha=0.6, density=True, label=f"gold >= {high:g} (n={len(hi)})", color="tab:blue")
@@ -87,17 +71,7 @@ def plot_cosine_distributions(
         ax.legend(loc="upper left", fontsize=8)
     axes[0][0].set_ylabel("density")
     fig.suptitle("STS-B test: cosine of high- vs low-scored pairs")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def _read_texts(path: str | Path) -> list[str]:
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"isotropy texts file not found: {path}")
-    return [line.strip() for line in read_text_lines(path) if line.strip()]
+    return save_figure(fig, path, dpi=120)
 
 
 @dataclass
@@ -177,7 +151,9 @@ def _texts(settings: IsotropySettings, data_dir: str | Path | None) -> tuple[lis
     if settings.texts is not None:
         texts = list(settings.texts)
     elif settings.texts_file is not None:
-        texts = _read_texts(settings.texts_file)
+        if not Path(settings.texts_file).is_file():
+            raise UserError(f"isotropy texts file not found: {settings.texts_file}")
+        texts = [line.strip() for line in read_text_lines(settings.texts_file) if line.strip()]
     else:
         pairs = load_set(data_dir, "stsb", "test")
         texts = list(dict.fromkeys(pairs.s1 + pairs.s2))
@@ -189,7 +165,9 @@ def _texts(settings: IsotropySettings, data_dir: str | Path | None) -> tuple[lis
 
 def _plot_pairs(out: TaskMetrics, pairs: PairSet | None, data_dir: str | Path | None) -> PairSet | None:
     """The STS-B test pairs the plot needs, or None with the reason in ``out.skipped`` (the scores still stand)."""
-    if not _matplotlib_available():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
         out.skipped["cosine plot"] = 'needs matplotlib, which is not installed: pip install "mirrorbert[eval]"'
         logger.warning("isotropy: scores computed; the cosine plot %s", out.skipped["cosine plot"])
         return None

@@ -1,20 +1,15 @@
 """Lexical substitution (SemEval-2007 LS07 and CoInCo/LS14) with a masked LM: candidate generation and the task.
 
 The test sets and the answer-file format are in `lexsub_data`, the official metrics in `lexsub_scoring`.
-
-Candidate generation (the GR-BERT protocol): the *unmasked* sentence s goes through the MLM
-and the substitutes are ranked by p(x|s) = softmax(h_s^T v_x) at the target position. A
-target that the tokenizer splits into several sub-tokens is represented by the mean of its
-sub-tokens' final hidden states (the same h_s as in GR-BERT training), and that single vector
-goes through the LM head. Only whole-word vocabulary entries are candidates (WordPiece
-tokens without ``##``, byte-level BPE tokens with the word-start marker, alphabetic).
-Candidates are then filtered (paper appendix C): those sharing the target's lemma, those
-that are not a WordNet lemma of the target's POS, and duplicates after lemmatisation (the
-best-scored form is kept and reported as its lemma, since gold substitutes are lemmas).
+Substitutes are ranked by p(x|s) = softmax(h_s^T v_x) of the *unmasked* sentence s, h_s the mean of the target's
+sub-tokens' final hidden states; only whole alphabetic vocabulary words are candidates. Candidates sharing the
+target's lemma, not a WordNet lemma of its POS, or duplicates after lemmatisation are dropped; each is reported
+as its lemma (the GR-BERT paper, appendix C).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,46 +19,29 @@ import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
 from mirrorbert.evaluation.lexsub_data import LexSubItem, load_lexsub, resolve_dataset, word_span, write_system_file
 from mirrorbert.evaluation.lexsub_scoring import LexSubScores, score_lexsub
-
-#: Post-processing defaults. The GR-BERT paper's own values could not be looked up offline;
-#: these follow the methods it builds on. emb: product of experts with the embedding
-#: similarity distribution (Arefyev et al. 2020 style, weight 1, temperature 1/15).
-#: valid: Zhou et al. (2019) add 0.01 x the proposal score to the validation score.
-DEFAULT_EMB_WEIGHT = 1.0
-DEFAULT_EMB_TEMPERATURE = 1.0 / 15.0
-DEFAULT_VALID_WEIGHT = 0.01
-DEFAULT_VALID_TOP = 50
-POST_CHOICES = ("none", "emb", "valid")
+from mirrorbert.settings.fields import option
+from mirrorbert.settings.option_help import COUNT, MODEL_POSITIONS
+from mirrorbert.settings.validation import Options
 
 
 # --------------------------------------------------------------------------- generation
-@dataclass
-class GenerationConfig:
-    post: tuple[str, ...] = ()
-    emb_weight: float = DEFAULT_EMB_WEIGHT
-    emb_temperature: float = DEFAULT_EMB_TEMPERATURE
-    valid_weight: float = DEFAULT_VALID_WEIGHT
-    valid_top: int = DEFAULT_VALID_TOP
-    pool: int = 300  # vocabulary candidates considered before filtering
-    keep: int = 50  # substitutes kept per item after filtering
-    batch_size: int = 32
-    max_length: int = 256
+@dataclass(kw_only=True)
+class GenerationConfig(Options):
+    """How substitutes are generated and re-ranked; each field is a `lexsub` option (settings/fields.py)."""
 
-    def validate(self) -> None:
-        """Each value checked once, where lexsub starts (CLI or Python), naming its option."""
-        from mirrorbert.settings.typed import check_finite_numbers, check_types
-
-        check_types(self)
-        check_finite_numbers(self)
-        for part in self.post:
-            if part not in ("emb", "valid"):
-                raise UserError(f"--post: unknown post-processing {part!r}; choose from emb, valid, none")
-        if self.emb_temperature <= 0:
-            raise UserError(f"--emb-temperature must be > 0, got {self.emb_temperature}")
-        for name in ("valid_top", "pool", "keep", "batch_size", "max_length"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+    post: tuple[str, ...] = option((), help="post-processing, repeatable or comma-separated: emb (mix in "
+                                            "input-embedding similarity), valid (re-rank the top candidates by "
+                                            "sentence similarity after substitution); default none",
+                                   choices=("emb", "valid"), repeat=True)
+    emb_weight: float = option(1.0, help="weight of the embedding-similarity log-probability")
+    emb_temperature: float = option(1.0 / 15.0, help="temperature of the embedding-similarity softmax (default 1/15)",
+                                    range="(0, inf)")
+    valid_weight: float = option(0.01, help="weight of the proposal score added to the validation score")
+    valid_top: int = option(50, help="how many top candidates 'valid' re-ranks", range=COUNT)
+    pool: int = option(300, help="vocabulary candidates considered before filtering", range=COUNT)
+    keep: int = option(50, help="substitutes kept per item after filtering", range=COUNT)
+    batch_size: int = option(32, shared="batch_size", note="sentences per forward pass")
+    max_length: int = option(256, shared="max_length", note=MODEL_POSITIONS)
 
 
 def word_candidates(tokenizer) -> tuple[list[int], list[str]]:
@@ -102,12 +80,8 @@ class LexSubGenerator:
         require_fast_tokenizer(tokenizer)
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
-        self.wn = wordnet
         self.device = torch.device(device)
         self.config = config or GenerationConfig()
-        for p in self.config.post:
-            if p not in ("emb", "valid"):
-                raise UserError(f"--post: unknown post-processing {p!r}; choose from emb, valid")
         ids, words = word_candidates(tokenizer)
         n_vocab = model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else len(tokenizer)
         keep = [i for i, x in enumerate(ids) if x < n_vocab]
@@ -115,26 +89,29 @@ class LexSubGenerator:
         self.cand_words = [words[i] for i in keep]
         if not self.cand_words:
             raise UserError("the tokenizer vocabulary has no whole-word entries to use as substitutes")
-        self._lemma_cache: dict[tuple[str, str], list[str]] = {}
+        self._morphy = functools.lru_cache(maxsize=None)(wordnet.morphy)
         from mirrorbert.encoder.masked_lm import model_max_length
 
         self.max_length = min(self.config.max_length, model_max_length(model, tokenizer))
 
     # ------------------------------------------------------------------ helpers
-    def _encode(self, sentences: Sequence[str], spans: Sequence[tuple[int, int]]):
-        from mirrorbert.encoder.masked_lm import span_token_positions
+    def _forward(self, sentences: Sequence[str], spans: Sequence[tuple[int, int]]):
+        """(final hidden states, input ids, attention mask, target mask) of ``sentences`` on the device; a target
+        cut off by truncation falls back to the last real token."""
+        import torch
+
+        from mirrorbert.encoder.masked_lm import mlm_forward, span_token_positions
 
         enc = self.tokenizer(list(sentences), truncation=True, max_length=self.max_length, padding=True,
                              return_offsets_mapping=True, return_special_tokens_mask=True, return_tensors="pt")
-        import torch
-
         tmask = torch.zeros_like(enc["input_ids"], dtype=torch.bool)
         for i, (s, e) in enumerate(spans):
             pos = span_token_positions(enc["offset_mapping"][i].tolist(), enc["special_tokens_mask"][i].tolist(), s, e)
-            if not pos:  # target cut off by truncation: fall back to the last real token
-                pos = [int(enc["attention_mask"][i].sum()) - 2]
-            tmask[i, pos] = True
-        return enc, tmask
+            tmask[i, pos or [int(enc["attention_mask"][i].sum()) - 2]] = True
+        ids, att, tmask = (x.to(self.device) for x in (enc["input_ids"], enc["attention_mask"], tmask))
+        with torch.no_grad():
+            hidden, _ = mlm_forward(self.model, ids, att)
+        return hidden, ids, att, tmask
 
     def _fit(self, item: LexSubItem) -> tuple[tuple[str, ...], int]:
         """The item's words, cropped around the target when the sentence exceeds the model's length.
@@ -150,12 +127,6 @@ class LexSubGenerator:
             else:
                 tokens = tokens[:-1]
         return tokens, index
-
-    def _morphy(self, word: str, pos: str) -> list[str]:
-        key = (word, pos)
-        if key not in self._lemma_cache:
-            self._lemma_cache[key] = self.wn.morphy(word, pos)
-        return self._lemma_cache[key]
 
     def filter_candidates(self, item: LexSubItem, words: Sequence[str], scores: Sequence[float]) -> list[tuple[str, float]]:
         """Drop same-lemma, wrong-POS and lemma-duplicate candidates; return (lemma, score)."""
@@ -185,28 +156,21 @@ class LexSubGenerator:
     def rank(self, items: Sequence[LexSubItem], show_progress: bool = False) -> dict[tuple[str, str], list[str]]:
         """Ranked, filtered substitutes (lemmas) per item key."""
         import torch
-        from mirrorbert.reporting.progress import progress_bar
 
-        from mirrorbert.encoder.masked_lm import mlm_forward, span_mean
+        from mirrorbert.encoder.masked_lm import span_mean
+        from mirrorbert.reporting.progress import progress_bar
 
         cfg = self.config
         out: dict[tuple[str, str], list[str]] = {}
         emb = self.model.get_input_embeddings().weight
         cand = self.cand_ids.to(self.device)
-        bs = cfg.batch_size
-        for b in progress_bar(range(0, len(items), bs), desc="lexsub", show=show_progress):
-            chunk = items[b:b + bs]
+        for b in progress_bar(range(0, len(items), cfg.batch_size), desc="lexsub", show=show_progress):
+            chunk = items[b:b + cfg.batch_size]
             fitted = [self._fit(it) for it in chunk]
-            enc, tmask = self._encode([" ".join(t) for t, _ in fitted],
-                                      [word_span(t, i) for t, i in fitted])
-            ids = enc["input_ids"].to(self.device)
-            att = enc["attention_mask"].to(self.device)
-            tmask = tmask.to(self.device)
+            sentences, spans = [" ".join(t) for t, _ in fitted], [word_span(t, i) for t, i in fitted]
+            hidden, ids, att, tmask = self._forward(sentences, spans)
             with torch.no_grad():
-                hidden, _ = mlm_forward(self.model, ids, att)
-                h = span_mean(hidden, tmask)
-                logits = self._head(h).float()[:, cand]
-                scores = torch.log_softmax(logits, dim=-1)
+                scores = torch.log_softmax(self._head(span_mean(hidden, tmask)).float()[:, cand], dim=-1)
                 if "emb" in cfg.post:
                     scores = scores + cfg.emb_weight * self._emb_scores(emb, ids, tmask, cand)
             n_pool = min(cfg.pool, scores.shape[1])
@@ -243,32 +207,22 @@ class LexSubGenerator:
         final hidden states over aligned positions (every context token, plus the target slot
         as the mean over its sub-tokens); final = validation + valid_weight * proposal score.
         """
-        import torch
         import torch.nn.functional as F
 
-        from mirrorbert.encoder.masked_lm import mlm_forward, span_mean
+        from mirrorbert.encoder.masked_lm import span_mean
 
         cfg = self.config
         head, tail = kept[: cfg.valid_top], kept[cfg.valid_top:]
         n = int(att.sum())
-        orig = hidden[:n]
-        tm = tmask[:n]
-        orig_ctx = orig[~tm]
-        orig_tgt = orig[tm].mean(0)
-        sentences, spans = [], []
+        orig_ctx = hidden[:n][~tmask[:n]]
+        orig_tgt = hidden[:n][tmask[:n]].mean(0)
         tokens, index = fitted
         start = word_span(tokens, index)[0]
-        for w, _ in head:
-            toks = list(tokens)
-            toks[index] = w
-            sentences.append(" ".join(toks))
-            spans.append((start, start + len(w)))
+        sentences = [" ".join((*tokens[:index], w, *tokens[index + 1:])) for w, _ in head]
+        spans = [(start, start + len(w)) for w, _ in head]
         new_scores = []
         for b in range(0, len(sentences), cfg.batch_size):
-            enc, sm = self._encode(sentences[b:b + cfg.batch_size], spans[b:b + cfg.batch_size])
-            sid, satt, sm = (x.to(self.device) for x in (enc["input_ids"], enc["attention_mask"], sm))
-            with torch.no_grad():
-                h2, _ = mlm_forward(self.model, sid, satt)
+            h2, _, satt, sm = self._forward(sentences[b:b + cfg.batch_size], spans[b:b + cfg.batch_size])
             tgt2 = span_mean(h2, sm)
             for i in range(h2.shape[0]):
                 m = int(satt[i].sum())
@@ -289,6 +243,7 @@ def evaluate_lexsub(
     model_path: str,
     dataset: str,
     data_dir: str | os.PathLike | None = None,
+    *,
     device: str | None = None,
     config: GenerationConfig | None = None,
     limit: int | None = None,
@@ -302,7 +257,6 @@ def evaluate_lexsub(
     from mirrorbert.runtime.device import resolve_device
 
     config = config or GenerationConfig()
-    config.validate()
     items = load_lexsub(dataset, data_dir)
     wn = WordNet.load(data_dir)
     if limit:

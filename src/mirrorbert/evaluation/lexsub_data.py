@@ -15,11 +15,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from mirrorbert.errors import DatasetMissing, UserError
+from mirrorbert.evaluation.datasets import resolve_data_dir
 
 logger = logging.getLogger(__name__)
 
@@ -154,11 +155,8 @@ def resolve_dataset(name: str) -> str:
 
 
 def lexsub_dir(data_dir: str | os.PathLike | None) -> Path:
-    if data_dir is None:
-        data_dir = os.environ.get("MIRRORBERT_DATA")
-        if not data_dir:
-            raise UserError("no data directory given: pass --data-dir or set MIRRORBERT_DATA")
-    base = Path(data_dir)
+    """``<data_dir>/lexsub``, or ``data_dir`` itself when it holds the sets."""
+    base = resolve_data_dir(data_dir)
     return base / "lexsub" if (base / "lexsub").is_dir() else base
 
 
@@ -173,16 +171,11 @@ def load_lexsub(name: str, data_dir: str | os.PathLike | None = None) -> list[Le
     for p in (pre, gold_path):
         if not p.is_file():
             raise DatasetMissing(f"{key}: {p} not found (expected the LexSubCon layout under <data_dir>/lexsub)")
-    items = read_preprocessed(pre)
     gold = read_gold(gold_path)
-    out = []
-    seen: set[tuple[str, str]] = set()
-    for it in items:
-        if it.key in seen:
-            continue
-        seen.add(it.key)
-        g = gold.get(it.key, {})
-        out.append(LexSubItem(it.lemma_pos, it.id, it.tokens, it.index, tuple(g.items())))
+    first: dict[tuple[str, str], LexSubItem] = {}
+    for item in read_preprocessed(pre):
+        first.setdefault(item.key, item)
+    out = [replace(item, gold=tuple(gold.get(item_key, {}).items())) for item_key, item in first.items()]
     logger.info("%s: %d items, %d with gold", key, len(out), sum(bool(i.gold) for i in out))
     return out
 

@@ -1,23 +1,16 @@
 """Lexical substitution metrics: the official SemEval-2007 scorer (McCarthy & Navigli 2007, ``score.pl``) and P@k.
 
-* scored items T: gold lines with at least two responses in total (after removing entries
-  containing ``pn``, the annotators' proper-noun marker); H_i = total response count;
-* **best**: per item, sum of gold counts of the guesses / number of guesses / H_i;
-  precision averages over attempted items, recall over all of T;
-* **best-mode**: over items with a unique most frequent response, 1 when the *first* guess
-  is that mode;
-* **oot**: up to 10 guesses, sum of their gold counts / H_i (not divided by the number of
-  guesses); **oot-mode**: 1 when the mode is among the guesses;
-* precision and recall differ only when some items are unanswered; both are reported.
-* Normalisation as in the scorer (one apostrophe removed, hyphens read as spaces,
-  ``non-x``/``non x`` -> ``nonx``), plus lower-casing of both sides (our vocabulary is
-  lower-cased; the official scorer is case-sensitive, which only matters for the few
-  capitalised CoInCo substitutes) and the same normalisation of the mode (the scorer
-  compares a hyphenated mode with de-hyphenated guesses, so it can never match).
+* scored items: gold lines with at least two responses after dropping the entries containing ``pn`` (the
+  annotators' proper-noun marker); H_i = the item's total response count;
+* **best**: the gold counts of the guesses summed / number of guesses / H_i; **best-mode**: over the items with a
+  unique most frequent response, 1 when the *first* guess is that mode;
+* **oot**: up to 10 guesses, their gold counts summed / H_i; **oot-mode**: 1 when the mode is among the guesses;
+* precision averages over the attempted items, recall over all scored items;
+* answers normalised as the scorer does (one apostrophe removed, hyphens read as spaces, ``non-x``/``non x`` ->
+  ``nonx``), plus lower-casing of both sides and the same normalisation of the mode (docs/design.md);
+* P@k: over the scored items, the share of the top-k substitutes in the gold set (any count), an item with fewer
+  than k guesses still dividing by k.
 
-P@k (the lexsub generation literature, e.g. Zhou et al. 2019; LexSubCon): over the scored
-items, the fraction of the top-k generated substitutes that are in the gold set (any gold
-count), averaged over items; an item with fewer than k guesses still divides by k.
 All scores are percentages, as the official scorer prints them.
 """
 
@@ -113,39 +106,27 @@ def score_lexsub(
     """
     oot = best if oot is None else oot
     ranked = oot if ranked is None else ranked
-    n_items = n_mode = 0
-    b_att = o_att = b_mode_att = o_mode_att = 0
-    b_sum = o_sum = 0.0
-    b_mode_hits = o_mode_hits = 0
-    p1 = p3 = 0.0
-    for key, raw in gold.items():
-        g = prepare_gold(raw)
-        if g is None:
-            continue
-        n_items += 1
-        n_mode += g.mode is not None
-        guesses = [normalize_answer(x) for x in best.get(key, ()) if x.strip()]
-        if guesses:
-            b_att += 1
-            b_sum += sum(g.counts.get(x, 0) for x in guesses) / len(guesses) / g.total
-            if g.mode is not None:
-                b_mode_att += 1
-                b_mode_hits += guesses[0] == g.mode
-        oguesses = [normalize_answer(x) for x in oot.get(key, ()) if x.strip()][:oot_k]
-        if oguesses:
-            o_att += 1
-            o_sum += sum(g.counts.get(x, 0) for x in oguesses) / g.total
-            if g.mode is not None:
-                o_mode_att += 1
-                o_mode_hits += g.mode in oguesses
-        rguesses = [normalize_answer(x) for x in ranked.get(key, ()) if x.strip()]
-        p1 += sum(x in g.counts for x in rguesses[:1]) / 1.0
-        p3 += sum(x in g.counts for x in rguesses[:3]) / 3.0
+    items = [(g, _answers(best, key), _answers(oot, key)[:oot_k], _answers(ranked, key))
+             for key, raw in gold.items() if (g := prepare_gold(raw)) is not None]
+    best_tried = [(g, guesses) for g, guesses, _, _ in items if guesses]
+    oot_tried = [(g, guesses) for g, _, guesses, _ in items if guesses]
+    best_sum = sum(sum(g.counts.get(x, 0) for x in guesses) / len(guesses) / g.total for g, guesses in best_tried)
+    oot_sum = sum(sum(g.counts.get(x, 0) for x in guesses) / g.total for g, guesses in oot_tried)
+    best_mode = [guesses[0] == g.mode for g, guesses in best_tried if g.mode is not None]
+    oot_mode = [g.mode in guesses for g, guesses in oot_tried if g.mode is not None]
+    n, n_mode = len(items), sum(g.mode is not None for g, *_ in items)
+    p1 = sum(sum(x in g.counts for x in ranked_guesses[:1]) / 1.0 for g, _, _, ranked_guesses in items)
+    p3 = sum(sum(x in g.counts for x in ranked_guesses[:3]) / 3.0 for g, _, _, ranked_guesses in items)
     return LexSubScores(
-        best_p=_pct(b_sum, b_att), best_r=_pct(b_sum, n_items),
-        best_mode_p=_pct(b_mode_hits, b_mode_att), best_mode_r=_pct(b_mode_hits, n_mode),
-        oot_p=_pct(o_sum, o_att), oot_r=_pct(o_sum, n_items),
-        oot_mode_p=_pct(o_mode_hits, o_mode_att), oot_mode_r=_pct(o_mode_hits, n_mode),
-        p_at_1=_pct(p1, n_items), p_at_3=_pct(p3, n_items),
-        n_items=n_items, n_attempted=b_att, n_mode=n_mode,
+        best_p=_pct(best_sum, len(best_tried)), best_r=_pct(best_sum, n),
+        best_mode_p=_pct(sum(best_mode), len(best_mode)), best_mode_r=_pct(sum(best_mode), n_mode),
+        oot_p=_pct(oot_sum, len(oot_tried)), oot_r=_pct(oot_sum, n),
+        oot_mode_p=_pct(sum(oot_mode), len(oot_mode)), oot_mode_r=_pct(sum(oot_mode), n_mode),
+        p_at_1=_pct(p1, n), p_at_3=_pct(p3, n),
+        n_items=n, n_attempted=len(best_tried), n_mode=n_mode,
     )
+
+
+def _answers(answers: Mapping[tuple[str, str], Sequence[str]], key: tuple[str, str]) -> list[str]:
+    """An item's answers, normalised as the scorer does (blank ones dropped)."""
+    return [normalize_answer(x) for x in answers.get(key, ()) if x.strip()]

@@ -1,9 +1,7 @@
 """Unsupervised QNLI: ROC AUC of cosine(question, sentence) against the entailment labels (GLUE dev).
 
-No classifier is trained: a good encoder should place a question closer to a sentence that answers
-it than to one that does not, so cosine similarity alone ranks the pairs. AUC is computed as the
-Mann-Whitney statistic (probability that a random positive pair outranks a random negative one, ties
-counting one half); the ROC curve is written as a PNG when a plot folder is given.
+No classifier is trained: cosine similarity alone ranks the pairs; AUC is the Mann-Whitney statistic (ties count
+one half). The ROC curve is written as a PNG when a plot folder is given.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import numpy as np
 from mirrorbert.data.strings import read_text_lines
 from mirrorbert.errors import UserError
 from mirrorbert.evaluation import datasets
-from mirrorbert.evaluation.sts import TaskMetrics, TextEncoder, pair_similarities
+from mirrorbert.evaluation.sts import TaskMetrics, TextEncoder, pair_similarities, pyplot_figure, save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -82,24 +80,14 @@ def roc_curve_points(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray
 
 def plot_roc(fpr: np.ndarray, tpr: np.ndarray, auc: float, path: str | Path, title: str = "QNLI dev") -> Path:
     """Write the ROC curve PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    fig, ax = pyplot_figure(figsize=(4.5, 4.5))
     ax.plot(fpr, tpr, label=f"cosine (AUC = {auc * 100:.2f})")
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=0.8, label="chance")
     ax.set_xlabel("false positive rate")
     ax.set_ylabel("true positive rate")
     ax.set_title(f"{title}: ROC of cosine(question, sentence)")
     ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def evaluate_qnli(

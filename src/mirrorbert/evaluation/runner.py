@@ -43,17 +43,20 @@ DEFAULT_TASKS: tuple[str, ...] = tuple(TASKS)
 PLOTTING_TASKS = frozenset({"qnli", "isotropy"})
 
 
+def _task_module(name: str) -> Any:
+    return importlib.import_module(TASKS[name].split(":")[0])
+
+
 def get_task(name: str) -> Callable[..., Mapping[str, float]]:
     """The callable of a task name."""
     if name not in TASKS:
         raise UserError(f"unknown task {name!r}; known: {', '.join(TASKS)}")
-    module_name, func_name = TASKS[name].split(":")
-    return getattr(importlib.import_module(module_name), func_name)
+    return getattr(_task_module(name), TASKS[name].split(":")[1])
 
 
 def task_settings(name: str) -> type | None:
     """The dataclass a task takes its options in (its module's ``SETTINGS``), or None: options as keywords."""
-    return getattr(importlib.import_module(TASKS[name].split(":")[0]), "SETTINGS", None)
+    return getattr(_task_module(name), "SETTINGS", None)
 
 
 def parse_tasks(tasks: str | Iterable[str] | None) -> list[str]:
@@ -79,9 +82,6 @@ def check_task_options(options: Mapping[str, Mapping[str, Any]]) -> None:
         raise UserError(f"--option: options given for unknown task(s): {', '.join(unknown)}; tasks: {', '.join(TASKS)}")
     for task, values in options.items():
         params = inspect.signature(get_task(task)).parameters
-        # `**_` is how tasks ignore the runner's common keywords; any other **kwargs takes anything
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD and n != "_" for n, p in params.items()):
-            continue
         accepted = [n for n, p in list(params.items())[2:] if n != "settings"
                     and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
         settings = task_settings(task)
@@ -91,7 +91,7 @@ def check_task_options(options: Mapping[str, Mapping[str, Any]]) -> None:
             if key not in accepted:
                 raise UserError(f"--option {task}.{key}: the {task} task has no option {key!r} "
                                 f"(its options: {', '.join(accepted)})")
-        check = getattr(importlib.import_module(TASKS[task].split(":")[0]), "check_options", None)
+        check = getattr(_task_module(task), "check_options", None)
         if check is not None:  # the values, where the task module can tell (set names, languages, pairs)
             check(**values)
 
@@ -135,7 +135,7 @@ class EvaluationResult:
         }
 
     def to_json(self) -> str:
-        return jsonio.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=_json_default)
+        return jsonio.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=str)
 
     def table(self) -> str:
         """Plain-text table for the screen: task, metric, split, value x100 (counts stay in the JSON)."""
@@ -165,9 +165,9 @@ class EvaluationResult:
         out = [f"# Evaluation of `{self.model}`", ""]
         out += [f"- data directory: `{self.data_dir}`", f"- date: {self.created}", "- values x100, two decimals", ""]
         out += ["## Summary", "", "| task | status | primary |", "|---|---|---|"]
-        for t, o in self.outcomes.items():
-            prim = format_value("primary", o.metrics["primary"]) if o.status == "ok" and "primary" in o.metrics else "-"
-            out.append(f"| {t} | {o.status} | {prim} |")
+        primary = self.primary()
+        out += [f"| {t} | {o.status} | {format_value('primary', primary[t]) if t in primary else '-'} |"
+                for t, o in self.outcomes.items()]
         out.append("")
         for t, o in self.outcomes.items():
             out += [f"## {t}", ""]
@@ -191,12 +191,6 @@ class EvaluationResult:
         return "\n".join(out)
 
 
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "item"):
-        return obj.item()
-    return str(obj)
-
-
 def _one_line(text: str, limit: int) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -216,20 +210,13 @@ def _ordered_metrics(metrics: Mapping[str, float]) -> list[tuple[str, float]]:
 
 
 def check_eval_data(root: str | Path, tasks: Iterable[str]) -> None:
-    """The selected tasks' files checked before any model loads: UTF-8 (datasets.check_eval_files), and the
-    gold scores of the STS and word-similarity sets, read as the tasks read them (small files): a NaN,
-    infinite or out-of-range score is refused here, in one line naming the file and line, not after the model
-    loaded and other tasks ran."""
+    """The selected tasks' files checked before any model loads: UTF-8, and the gold scores of the STS and
+    word-similarity sets read as the tasks read them (a NaN, infinite or out-of-range score is one error naming
+    the file and line)."""
     wanted = set(tasks)
     datasets.check_eval_files(root, wanted)
-    if "sts" in wanted:
-        from mirrorbert.evaluation.sts import check_gold_files as check_sts
-
-        check_sts(root)
-    if "wordsim" in wanted:
-        from mirrorbert.evaluation.wordsim import check_gold_files as check_wordsim
-
-        check_wordsim(root)
+    for task in sorted(wanted & {"sts", "wordsim"}):
+        _task_module(task).check_gold_files(root)
 
 
 def _as_float_dict(task: str, result: Mapping[str, Any]) -> dict[str, float]:
@@ -258,7 +245,6 @@ def evaluate(
     reference_encoder: Any = None,
     model_name: str | None = None,
     show_progress: bool = False,
-    raise_errors: bool = False,
 ) -> EvaluationResult:
     """Run ``tasks`` on ``encoder`` with the sets in ``data_dir`` (or ``$MIRRORBERT_DATA``).
 
@@ -267,7 +253,6 @@ def evaluate(
     ``task_options`` maps a task name to its options (keywords of its callable, or its ``SETTINGS`` fields);
     ``reference_encoder`` is the "before" model for the isotropy plot. Plots go to ``plot_dir``
     (default: ``<report stem>_files`` beside the report; none without a report or plot_dir).
-    ``raise_errors`` re-raises unexpected task failures instead of recording them (for debugging).
     Every file goes through the write policy (``mirrorbert.safeguards.writes``): an existing ``output``, ``report``
     or plot folder is replaced only with ``overwrite`` (a plot folder only when mirrorbert wrote it).
     """
@@ -290,13 +275,12 @@ def evaluate(
     with contextlib.ExitStack() as stack:  # plots are drawn in a temporary folder, renamed into place at the end
         tmp_plots = None if plot_dir is None else stack.enter_context(
             atomic_output_dir(plot_dir, overwrite=overwrite, kind="plots", keep_empty=False))
-        run = _TaskRun(root, tmp_plots, batch_size, show_progress, reference_encoder, model_name, raise_errors)
+        run = _TaskRun(root, tmp_plots, batch_size, show_progress, reference_encoder, model_name)
         outcomes = {name: _run_task(encoder, name, options.get(name, {}), run) for name in names}
     if tmp_plots is not None:  # artifacts point into the final folder, named as the caller named it
         final = str(Path(plot_dir))
         for outcome in outcomes.values():
-            outcome.artifacts = {k: v.replace(str(tmp_plots), final, 1) if isinstance(v, str) else v
-                                 for k, v in outcome.artifacts.items()}
+            outcome.artifacts = {k: v.replace(str(tmp_plots), final, 1) for k, v in outcome.artifacts.items()}
     result = EvaluationResult(model=model_name or type(encoder).__name__, data_dir=str(root), outcomes=outcomes)
     _write_result(result, output, report, overwrite)
     return result
@@ -325,7 +309,6 @@ class _TaskRun:
     show_progress: bool
     reference_encoder: Any
     model_name: str | None
-    raise_errors: bool
 
     def task_kwargs(self, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
         """The keywords of one task's call: the run's own, then the user's options (those of a task's
@@ -372,18 +355,12 @@ def _run_task(encoder: Any, name: str, options: Mapping[str, Any], run: _TaskRun
     except DatasetMissing as exc:
         logger.warning("%s skipped: %s", name, exc)
         outcome = TaskOutcome(name, "skipped", message=str(exc))
-    except ModuleNotFoundError as exc:
-        if run.raise_errors:
-            raise
-        logger.error("%s not available: %s", name, exc)
-        outcome = TaskOutcome(name, "error", message=f"task module not available: {exc}")
     except Exception as exc:  # one broken task must not lose the others' results
-        if run.raise_errors:
-            raise
-        if isinstance(exc, UserError):
+        if isinstance(exc, (UserError, ModuleNotFoundError)):
             logger.error("%s failed: %s", name, exc)
         else:
             logger.exception("%s failed", name)
-        outcome = TaskOutcome(name, "error", message=f"{type(exc).__name__}: {exc}")
+        what = "task module not available" if isinstance(exc, ModuleNotFoundError) else type(exc).__name__
+        outcome = TaskOutcome(name, "error", message=f"{what}: {exc}")
     outcome.seconds = time.perf_counter() - start
     return outcome

@@ -1,29 +1,17 @@
-"""Word similarity: Spearman x100 of the cosine between the two words' embeddings against gold scores.
+"""Word similarity: Spearman of the cosine between the two words' embeddings against gold scores.
 
-Each word is embedded alone (the encoder sees the bare word string, as in the Mirror-BERT paper).
-A pair is *covered* when both words get a non-zero vector; static-vector encoders return zeros for
-out-of-vocabulary words, so uncovered pairs are dropped and ``<set>_coverage`` = covered / total is
-reported (contextual encoders always cover everything).
-
-Sets: SimLex-999, WS-353 (all), MEN (3k), RW (Stanford), SimVerb-3500 and Multi-SimLex in every
-language of ``wordsim/multisimlex.tsv``. Multi-SimLex cells sometimes carry a translator's alternative
-in parentheses (``"käsi (käsivars)"``); only the main form before the parenthesis is used.
-
-Cross-lingual Multi-SimLex (``xmsimlex_<l1>-<l2>``): Multi-SimLex aligns the same concept pairs across
-languages (one row per pair ID), so for languages L1, L2 and pair ID i with words (a1, b1) in L1 and
-(a2, b2) in L2 we build the two cross-lingual pairs (a1, b2) and (a2, b1). Their gold score is the mean
-of the two monolingual gold scores of pair i, the construction of Camacho-Collados et al. (2015) used by
-Vulić et al. (2020) for the cross-lingual Multi-SimLex sets (both languages share the 0-6 scale).
-Pairs missing a word or a score in either language are left out. ``max_score_diff`` optionally drops
-IDs whose two monolingual scores differ by more than that amount (off by default).
+Each word is embedded alone. A pair is *covered* when both words get a non-zero vector (a static encoder gives an
+unknown word zeros): uncovered pairs are dropped and ``<set>_coverage`` is the share covered. Sets: SimLex-999,
+WS-353, MEN, RW, SimVerb-3500, Multi-SimLex per language (a cell's parenthesised alternative dropped) and
+cross-lingual Multi-SimLex ``xmsimlex_<l1>-<l2>`` (built as docs/design.md describes).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +20,11 @@ import numpy as np
 from mirrorbert.data.strings import read_text_lines
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import datasets
-from mirrorbert.evaluation.sts import TaskMetrics, TextEncoder, encode_unique, spearman, unit_rows
+from mirrorbert.evaluation.sts import PairSet, TaskMetrics, TextEncoder, encode_unique, paired_cosine, spearman
 
 logger = logging.getLogger(__name__)
 
-#: English sets: registry name -> loader kind.
-ENGLISH_SETS: dict[str, str] = {
-    "simlex999": "simlex",
-    "ws353": "plain",
-    "men": "plain",
-    "rw": "plain",
-    "simverb": "plain",
-}
-
+ENGLISH_SETS: tuple[str, ...] = ("simlex999", "ws353", "men", "rw", "simverb")
 #: Multi-SimLex column prefixes and ISO codes.
 MSIMLEX_LANGUAGES: dict[str, str] = {
     "en": "ENGLISH",
@@ -62,20 +42,28 @@ MSIMLEX_LANGUAGES: dict[str, str] = {
 }
 #: The eight Multi-SimLex languages of the Mirror-BERT paper's word-similarity table.
 PAPER_LANGUAGES: tuple[str, ...] = ("en", "fr", "et", "ar", "zh", "ru", "es", "pl")
+#: Published scales: SimLex-999, WS-353, RW and SimVerb 0-10, MEN 0-50, Multi-SimLex 0-6.
+SCORE_RANGES = {"simlex999": (0.0, 10.0), "ws353": (0.0, 10.0), "rw": (0.0, 10.0), "simverb": (0.0, 10.0),
+                "men": (0.0, 50.0), "multisimlex": (0.0, 6.0)}
 
 _PAREN = re.compile(r"\s*\(.*?\)\s*")
 
 
 @dataclass
-class WordPairs:
-    """Word pairs with gold scores."""
+class WordsimSettings:
+    """The task's options, each an `--option wordsim.KEY=VALUE`: ``sets`` among the English sets and ``multisimlex``
+    (default: all), Multi-SimLex ``languages`` (ISO codes or column names; default: every language of the file),
+    ``cross_lingual`` pairs like ``en-fr`` (a list or a comma string), ``max_score_diff``: leave out the Multi-SimLex
+    IDs whose two languages' scores differ by more (cross-lingual pairs only; default: none left out)."""
 
-    w1: list[str]
-    w2: list[str]
-    scores: np.ndarray
+    sets: Sequence[str] | None = None
+    languages: Sequence[str] | None = None
+    cross_lingual: Sequence[str] | str | None = None
+    max_score_diff: float | None = None
 
-    def __len__(self) -> int:
-        return len(self.w1)
+
+#: The runner passes a task's options as this dataclass (`settings=`) instead of as keywords.
+SETTINGS = WordsimSettings
 
 
 def clean_word(cell: str) -> str:
@@ -83,59 +71,37 @@ def clean_word(cell: str) -> str:
     return " ".join(_PAREN.sub(" ", cell).split())
 
 
-def _read_rows(path: Path) -> list[list[str]]:
-    return [line.split("\t") for line in read_text_lines(path)]
-
-
-#: Published scales: SimLex-999, WS-353, RW and SimVerb 0-10, MEN 0-50, Multi-SimLex 0-6.
-SCORE_RANGES = {"simlex999": (0.0, 10.0), "ws353": (0.0, 10.0), "rw": (0.0, 10.0), "simverb": (0.0, 10.0),
-                "men": (0.0, 50.0), "multisimlex": (0.0, 6.0)}
-
-
-def _float(value: str, path: Path, lineno: int, score_range: tuple[float, float] | None = None) -> float:
-    return datasets.gold_score(value, path, lineno, score_range)
-
-
-def load_word_pairs(path: str | Path, score_range: tuple[float, float] | None = None) -> WordPairs:
+def load_word_pairs(path: str | Path, score_range: tuple[float, float] | None = None) -> PairSet:
     """``w1 w2 score`` per line (TAB or spaces; eval-word-vectors layout), no header; scores finite (and in
     ``score_range`` when given)."""
     path = Path(path)
-    w1: list[str] = []
-    w2: list[str] = []
-    scores: list[float] = []
+    rows = []
     for lineno, line in enumerate(read_text_lines(path), start=1):
-        fields = line.split("\t") if "\t" in line else line.split()
-        fields = [x.strip() for x in fields]
+        fields = [x.strip() for x in (line.split("\t") if "\t" in line else line.split())]
         if not any(fields):
             continue
         if len(fields) < 3:
             raise UserError(f"{path}:{lineno}: expected 'w1 w2 score', got {len(fields)} field(s)")
-        w1.append(fields[0])
-        w2.append(fields[1])
-        scores.append(_float(fields[2], path, lineno, score_range))
-    return WordPairs(w1, w2, np.asarray(scores, dtype=np.float64))
+        rows.append((fields[0], fields[1], datasets.gold_score(fields[2], path, lineno, score_range)))
+    return PairSet.of(rows)
 
 
-def load_simlex(path: str | Path) -> WordPairs:
+def load_simlex(path: str | Path) -> PairSet:
     """Original SimLex-999.txt: header word1, word2, POS, SimLex999, ...; score from the SimLex999 column."""
     path = Path(path)
-    rows = _read_rows(path)
+    rows = [line.split("\t") for line in read_text_lines(path)]
     if not rows or "SimLex999" not in rows[0]:
         raise UserError(f"{path}:1: expected a header with a 'SimLex999' column")
-    header = rows[0]
-    i1, i2, iscore = header.index("word1"), header.index("word2"), header.index("SimLex999")
-    w1: list[str] = []
-    w2: list[str] = []
-    scores: list[float] = []
+    i1, i2, iscore = (rows[0].index(column) for column in ("word1", "word2", "SimLex999"))
+    pairs = []
     for lineno, row in enumerate(rows[1:], start=2):
         if not any(c.strip() for c in row):
             continue
         if len(row) <= max(i1, i2, iscore):
             raise UserError(f"{path}:{lineno}: too few fields ({len(row)})")
-        w1.append(row[i1].strip())
-        w2.append(row[i2].strip())
-        scores.append(_float(row[iscore], path, lineno, SCORE_RANGES["simlex999"]))
-    return WordPairs(w1, w2, np.asarray(scores, dtype=np.float64))
+        score = datasets.gold_score(row[iscore], path, lineno, SCORE_RANGES["simlex999"])
+        pairs.append((row[i1].strip(), row[i2].strip(), score))
+    return PairSet.of(pairs)
 
 
 def _lang_code(language: str) -> str:
@@ -155,7 +121,7 @@ def load_multisimlex(path: str | Path) -> dict[str, list[tuple[str, str, float] 
     is empty in some language gives None there.
     """
     path = Path(path)
-    rows = _read_rows(path)
+    rows = [line.split("\t") for line in read_text_lines(path)]
     if not rows:
         raise UserError(f"{path}: empty file")
     header = [h.strip() for h in rows[0]]
@@ -173,75 +139,61 @@ def load_multisimlex(path: str | Path) -> dict[str, list[tuple[str, str, float] 
                 entries.append(None)
                 continue
             a, b = clean_word(row[i1]), clean_word(row[i2])
-            entries.append((a, b, _float(row[i3], path, lineno, SCORE_RANGES["multisimlex"])) if a and b else None)
+            score = datasets.gold_score(row[i3], path, lineno, SCORE_RANGES["multisimlex"])
+            entries.append((a, b, score) if a and b else None)
         out[code] = entries
     if not out:
         raise UserError(f"{path}:1: no '<LANGUAGE>_1, <LANGUAGE>_2, <LANGUAGE>_score' columns found")
     return out
 
 
-def monolingual_pairs(table: dict[str, list[tuple[str, str, float] | None]], lang: str) -> WordPairs:
-    """Multi-SimLex pairs of one language."""
-    entries = [e for e in table[lang] if e is not None]
-    return WordPairs([e[0] for e in entries], [e[1] for e in entries], np.array([e[2] for e in entries]))
-
-
-def cross_lingual_pairs(
-    table: dict[str, list[tuple[str, str, float] | None]],
-    lang1: str,
-    lang2: str,
-    max_score_diff: float | None = None,
-) -> WordPairs:
+def cross_lingual_pairs(table: dict[str, list[tuple[str, str, float] | None]], lang1: str, lang2: str,
+                        max_score_diff: float | None = None) -> PairSet:
     """Cross-lingual pairs (a1, b2) and (a2, b1) per pair ID, gold = mean of the two languages' scores."""
-    w1: list[str] = []
-    w2: list[str] = []
-    scores: list[float] = []
+    rows = []
     for e1, e2 in zip(table[lang1], table[lang2]):
-        if e1 is None or e2 is None:
-            continue
-        if max_score_diff is not None and abs(e1[2] - e2[2]) > max_score_diff:
+        if e1 is None or e2 is None or (max_score_diff is not None and abs(e1[2] - e2[2]) > max_score_diff):
             continue
         gold = (e1[2] + e2[2]) / 2.0
-        w1 += [e1[0], e2[0]]
-        w2 += [e2[1], e1[1]]
-        scores += [gold, gold]
-    return WordPairs(w1, w2, np.asarray(scores, dtype=np.float64))
+        rows += [(e1[0], e2[1], gold), (e2[0], e1[1], gold)]
+    return PairSet.of(rows)
 
 
 def score_word_pairs(
-    encoder: TextEncoder, pairs: WordPairs, batch_size: int = 64, show_progress: bool = False
+    encoder: TextEncoder, pairs: PairSet, batch_size: int = 64, show_progress: bool = False
 ) -> tuple[float, float]:
     """(Spearman of cosine over covered pairs, coverage); each distinct word is encoded once."""
     if len(pairs) == 0:
         return float("nan"), 0.0
-    emb = encode_unique(encoder, pairs.w1 + pairs.w2, batch_size=batch_size, show_progress=show_progress)
+    emb = encode_unique(encoder, pairs.s1 + pairs.s2, batch_size=batch_size, show_progress=show_progress)
     norms = np.linalg.norm(emb, axis=1)
     a, b = emb[: len(pairs)], emb[len(pairs) :]
     covered = (norms[: len(pairs)] > 0) & (norms[len(pairs) :] > 0)
     coverage = float(covered.mean())
     if covered.sum() < 2:
         return float("nan"), coverage
-    sims = np.einsum("ij,ij->i", unit_rows(a[covered]), unit_rows(b[covered]))
-    return spearman(sims, pairs.scores[covered]), coverage
+    return spearman(paired_cosine(a[covered], b[covered]), pairs.scores[covered]), coverage
 
 
-def _load_english(name: str, path: Path) -> WordPairs:
-    if ENGLISH_SETS[name] == "simlex":
-        return load_simlex(path)
-    return load_word_pairs(path, SCORE_RANGES.get(name))
+def _load_english(name: str, path: Path) -> PairSet:
+    return load_simlex(path) if name == "simlex999" else load_word_pairs(path, SCORE_RANGES[name])
 
 
 def check_gold_files(data_dir: str | Path) -> None:
     """Every present word-similarity file read as the task reads it (gold scores checked), before any model
     loads."""
-    root = Path(data_dir)
-    for name in ENGLISH_SETS:
-        path = root / datasets.REGISTRY[name].folder / datasets.REGISTRY[name].files[0]
-        if path.is_file():
+    for name in (*ENGLISH_SETS, "multisimlex"):
+        path = Path(data_dir) / datasets.REGISTRY[name].folder / datasets.REGISTRY[name].files[0]
+        if path.is_file() and name == "multisimlex":
+            load_multisimlex(path)
+        elif path.is_file():
             _load_english(name, path)
-    path = root / datasets.REGISTRY["multisimlex"].folder / "multisimlex.tsv"
-    if path.is_file():
-        load_multisimlex(path)
+
+
+def _pair_specs(cross_lingual: Iterable[str] | str | None) -> list[str]:
+    """The cross-lingual pairs asked for, as a list (a comma string split)."""
+    specs = cross_lingual.split(",") if isinstance(cross_lingual, str) else list(cross_lingual or [])
+    return [spec for spec in specs if spec.strip()]
 
 
 def _parse_pair(spec: str) -> tuple[str, str]:
@@ -264,49 +216,32 @@ def check_options(sets: Iterable[str] | None = None, languages: Iterable[str] | 
             _lang_code(language)
     except UserError as exc:
         raise UserError(f"--wordsim-languages: {exc}") from None
-    if isinstance(cross_lingual, str):
-        cross_lingual = [p for p in cross_lingual.split(",") if p.strip()]
     try:
-        for pair in cross_lingual or []:
+        for pair in _pair_specs(cross_lingual):
             _parse_pair(pair)
     except UserError as exc:
         raise UserError(f"--xling-pairs: {exc}") from None
 
 
-def evaluate_wordsim(
-    encoder: TextEncoder,
-    data_dir: str | Path | None = None,
-    *,
-    sets: Iterable[str] | None = None,
-    languages: Iterable[str] | None = None,
-    cross_lingual: Iterable[str] | str | None = None,
-    max_score_diff: float | None = None,
-    batch_size: int = 256,
-    show_progress: bool = False,
-    **_: Any,
-) -> TaskMetrics:
-    """Word similarity task; ``primary`` = SimLex-999 (else Multi-SimLex English, else the first set run).
-
-    ``sets`` chooses among the English sets and ``multisimlex`` (default: all); ``languages`` the
-    Multi-SimLex languages (ISO codes or column names; default: every language in the file);
-    ``cross_lingual`` a list (or comma string) of pairs like ``en-fr``.
-    """
-    wanted = list(sets) if sets is not None else [*ENGLISH_SETS, "multisimlex"]
-    for name in wanted:
-        if name not in ENGLISH_SETS and name != "multisimlex":
-            raise UserError(f"unknown word-similarity set {name!r}; known: {', '.join([*ENGLISH_SETS, 'multisimlex'])}")
-    if isinstance(cross_lingual, str):
-        cross_lingual = [p for p in cross_lingual.split(",") if p.strip()]
-    xpairs = [_parse_pair(p) for p in (cross_lingual or [])]
+def evaluate_wordsim(encoder: TextEncoder, data_dir: str | Path | None = None, *,
+                     settings: WordsimSettings | None = None, batch_size: int = 256, show_progress: bool = False,
+                     **_: Any) -> TaskMetrics:
+    """Word similarity task (its options: ``WordsimSettings``); ``primary`` = SimLex-999, else Multi-SimLex
+    English, else the first set scored."""
+    settings = settings or WordsimSettings()
+    check_options(**asdict(settings))
+    wanted = list(settings.sets) if settings.sets is not None else [*ENGLISH_SETS, "multisimlex"]
+    xpairs = [_parse_pair(p) for p in _pair_specs(settings.cross_lingual)]
     scoring = _Scoring(encoder, batch_size, show_progress)
     for name in wanted:
-        if name != "multisimlex":
-            _score_english(scoring, data_dir, name)
+        folder = scoring.folder(data_dir, name) if name != "multisimlex" else None
+        if folder is not None:
+            scoring.record(name, _load_english(name, folder / datasets.REGISTRY[name].files[0]))
     if "multisimlex" in wanted or xpairs:
         monolingual = None if "multisimlex" in wanted else []  # None: every language of the file
-        if monolingual is None and languages is not None:
-            monolingual = [_lang_code(x) for x in languages]
-        _score_multisimlex(scoring, data_dir, monolingual, xpairs, max_score_diff)
+        if monolingual is None and settings.languages is not None:
+            monolingual = [_lang_code(x) for x in settings.languages]
+        _score_multisimlex(scoring, data_dir, monolingual, xpairs, settings.max_score_diff)
     return scoring.with_primary()
 
 
@@ -318,54 +253,45 @@ class _Scoring:
     batch_size: int
     show_progress: bool
     out: TaskMetrics = field(default_factory=TaskMetrics)
-    messages: list[str] = field(default_factory=list)
 
-    def record(self, key: str, pairs: WordPairs) -> None:
+    def folder(self, data_dir: str | Path | None, name: str) -> Path | None:
+        """The set's folder, or None with the reason it is skipped."""
+        try:
+            return datasets.require(data_dir, name)
+        except DatasetMissing as exc:
+            self.out.skipped[name] = str(exc)
+            return None
+
+    def record(self, key: str, pairs: PairSet) -> None:
         rho, cov = score_word_pairs(self.encoder, pairs, batch_size=self.batch_size, show_progress=self.show_progress)
         self.out[key] = rho
         self.out[f"{key}_coverage"] = cov
         if cov < 1.0:
             logger.info("%s: coverage %.4f (%d pairs)", key, cov, len(pairs))
 
-    def missing(self, name: str, exc: DatasetMissing) -> None:
-        self.out.skipped[name] = str(exc)
-        self.messages.append(str(exc))
-
     def with_primary(self) -> TaskMetrics:
         """The scores with ``primary``: SimLex-999, else Multi-SimLex English, else the first set scored."""
         out = self.out
         scored = [k for k in out if not k.endswith("_coverage")]
         if not scored:
-            raise DatasetMissing("no word-similarity set found: " +
-                                 " | ".join(self.messages or list(out.skipped.values())))
+            raise datasets.nothing_found("word-similarity set", list(out.skipped), list(out.skipped.values()))
         out["primary"] = next((out[key] for key in ("simlex999", "msimlex_en") if key in out), out[scored[0]])
         return out
-
-
-def _score_english(scoring: _Scoring, data_dir: str | Path | None, name: str) -> None:
-    try:
-        folder = datasets.require(data_dir, name)
-    except DatasetMissing as exc:
-        scoring.missing(name, exc)
-        return
-    scoring.record(name, _load_english(name, folder / datasets.REGISTRY[name].files[0]))
 
 
 def _score_multisimlex(scoring: _Scoring, data_dir: str | Path | None, monolingual: list[str] | None,
                        xpairs: list[tuple[str, str]], max_score_diff: float | None) -> None:
     """Multi-SimLex: the ``monolingual`` languages (None: every language of the file) and the cross-lingual
     pairs ``xpairs``."""
-    try:
-        folder = datasets.require(data_dir, "multisimlex")
-    except DatasetMissing as exc:
-        scoring.missing("multisimlex", exc)
+    folder = scoring.folder(data_dir, "multisimlex")
+    if folder is None:
         return
     table = load_multisimlex(folder / "multisimlex.tsv")
     for lang in list(table) if monolingual is None else monolingual:
         if lang not in table:
             scoring.out.skipped[f"msimlex_{lang}"] = f"language {lang} not in {folder / 'multisimlex.tsv'}"
             continue
-        scoring.record(f"msimlex_{lang}", monolingual_pairs(table, lang))
+        scoring.record(f"msimlex_{lang}", PairSet.of(e for e in table[lang] if e is not None))
     for l1, l2 in xpairs:
         absent = [x for x in (l1, l2) if x not in table]
         if absent:

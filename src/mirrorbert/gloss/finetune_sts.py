@@ -1,11 +1,6 @@
-"""Supervised STS-B fine-tuning (GR-BERT paper, supervised STS): Siamese cosine regression.
-
-Protocol: a Siamese encoder (one set of weights for both sentences, pooled vectors u, v) is
-trained to regress cos(u, v) onto the gold score scaled to [0, 1] (MSE, as Sentence-BERT's
-CosineSimilarityLoss) on all, 50% or 20% of STS-B train (seeded subsets, a new subset per
-seed), 4 epochs, batch 16, AdamW lr 2e-5 with 10% warmup and linear decay; the STS-B test
-Spearman correlation (x100) is averaged over 4 seeds, with the sample standard deviation.
-No model selection on dev: the model after the last epoch is scored, so test is seen once.
+"""Supervised STS-B fine-tuning (GR-BERT paper): a Siamese encoder regresses cos(u, v) onto the gold score scaled
+to [0, 1] (MSE, as Sentence-BERT's CosineSimilarityLoss) on seeded subsets of STS-B train; the model after the
+last epoch (no selection on dev) is scored by its STS-B test Spearman (x100), averaged over the seeds.
 """
 
 from __future__ import annotations
@@ -18,58 +13,35 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from mirrorbert.errors import UserError
-from mirrorbert.settings.typed import check_finite_numbers, check_types
+from mirrorbert.settings.fields import option
+from mirrorbert.settings.option_help import MODEL_POSITIONS
+from mirrorbert.settings.validation import Options
 
 logger = logging.getLogger(__name__)
 
 STREAM_SUBSET = 21
 
 
-@dataclass
-class FinetuneStsConfig:
-    model: str = ""
-    data_dir: str | None = None
-    pooling: str | None = None  # default: the model's saved pooling, else mean
-    fractions: tuple[float, ...] = (1.0, 0.5, 0.2)
-    seeds: tuple[int, ...] = (0, 1, 2, 3)
-    epochs: int = 4
-    batch_size: int = 16
-    lr: float = 2e-5
-    weight_decay: float = 0.01
-    warmup: float = 0.1
-    max_length: int = 128
-    device: str = "auto"
-    precision: str = "fp32"
-    eval_batch_size: int = 64
-    show_progress: bool = True
-    trust_remote_code: bool = False  # --trust-remote-code (safeguards/model_loading.py)
+@dataclass(kw_only=True)
+class FinetuneStsConfig(Options):
+    """Options of `mirrorbert finetune-sts`; each field is the CLI option of the same name (settings/fields.py)."""
 
-    def validate(self) -> None:
-        check_types(self)
-        if not self.model:
-            raise UserError("--model is required")
-        if not self.fractions or any(not 0.0 < f <= 1.0 for f in self.fractions):
-            raise UserError(f"--fractions must be in (0, 1], got {self.fractions}")
-        if not self.seeds:
-            raise UserError("--seeds: give at least one seed")
-        from mirrorbert.settings.seeds import check_seed
-
-        for seed in self.seeds:
-            check_seed(seed, "--seeds")
-        if self.epochs < 1 or self.batch_size < 2 or self.lr <= 0:
-            raise UserError("--epochs must be >= 1, --batch-size >= 2 and --lr > 0")
-        if not 0.0 <= self.warmup < 1.0:
-            raise UserError(f"--warmup must be in [0, 1), got {self.warmup}")
-        check_finite_numbers(self)
-        if self.weight_decay < 0:
-            raise UserError(f"--weight-decay must be >= 0, got {self.weight_decay}")
-        for name in ("max_length", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        from mirrorbert.runtime.device import check_device_and_precision  # torch: not at --help time
-
-        check_device_and_precision(self.device, self.precision)
+    model: str | None = option(None, shared="model", note="an MLM, a gloss-pretrain or train output", required=True)
+    data_dir: str | None = option(None, shared="data_dir", note="holding sts/STSBenchmark")
+    pooling: str | None = option(None, shared="pooling", note="mean where the model saved none")
+    fractions: tuple[float, ...] = option((1.0, 0.5, 0.2), help="training fractions", range="(0, 1]")
+    seeds: tuple[int, ...] = option((0, 1, 2, 3), shared="seeds")
+    epochs: int = option(4, shared="epochs")
+    batch_size: int = option(16, shared="batch_size", note="sentence pairs per step", range="[2, inf)")
+    lr: float = option(2e-5, shared="lr")
+    weight_decay: float = option(0.01, shared="weight_decay")
+    warmup: float = option(0.1, shared="warmup")
+    max_length: int = option(128, shared="max_length", note=MODEL_POSITIONS)
+    device: str = option("auto", shared="device")
+    precision: str = option("fp32", shared="precision")
+    eval_batch_size: int = option(64, shared="eval_batch_size")
+    show_progress: bool = option(True, shared="no_progress", flag="--no-progress")
+    trust_remote_code: bool = option(False, shared="trust_remote_code")
 
 
 @dataclass
@@ -173,8 +145,10 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
 def finetune_sts(cfg: FinetuneStsConfig) -> FinetuneStsResult:
     """All fractions x seeds; STS-B train and test come from ``<data_dir>/sts/STSBenchmark``."""
     from mirrorbert.evaluation.sts import load_set
+    from mirrorbert.runtime.device import check_device_and_precision
 
     cfg.validate()
+    check_device_and_precision(cfg.device, cfg.precision)
     train = load_set(cfg.data_dir, "stsb", "train")
     test = load_set(cfg.data_dir, "stsb", "test")
     result = FinetuneStsResult()
@@ -182,20 +156,6 @@ def finetune_sts(cfg: FinetuneStsConfig) -> FinetuneStsResult:
         for seed in cfg.seeds:
             result.runs.append(finetune_once(cfg, train, test, frac, seed))
     return result
-
-
-def parse_floats(text: str, option: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UserError(f"{option}: expected comma-separated numbers, got {text!r}") from None
-
-
-def parse_ints(text: str, option: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise UserError(f"{option}: expected comma-separated integers, got {text!r}") from None
 
 
 __all__ = ["FinetuneStsConfig", "FinetuneStsResult", "finetune_sts", "cosine_regression_loss", "subset_indices"]

@@ -7,6 +7,7 @@ import logging
 import os
 import random
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,9 +45,7 @@ class GlossMethod:
         from mirrorbert.training.optim import build_optimizer, build_scheduler
 
         self.cfg, self.model, self.tokenizer, self.plan = cfg, model, tokenizer, plan
-        self.train_t, self.held_t, self.train_enc, self.held_enc = data.train_t, data.held_t, data.train_enc, data.held_enc
-        self.inventory, self.masker, self.gloss_length = data.inventory, data.masker, data.gloss_length
-        self.fingerprint, self.per_epoch, self.total_steps = data.fingerprint, plan.batches_per_epoch, plan.total_steps
+        self.data, self.per_epoch, self.total_steps = data, plan.batches_per_epoch, plan.total_steps
         self.device, self.precision = run_ctx.device, run_ctx.precision
         self.warmup_steps = int(round(cfg.warmup * plan.total_steps))
         self.optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
@@ -73,12 +72,13 @@ class GlossMethod:
         from mirrorbert.runtime.randomness import derived_generator
 
         cfg, step = self.cfg, engine.step
+        generator = derived_generator(cfg.seed, STREAM_MASK, step)
         batch = collate(
-            [self.train_enc[i] for i in index], self.train_t, self.tokenizer,
-            inventory=self.inventory if cfg.hard_negatives else None,
+            [self.data.train_enc[i] for i in index], self.data.train_t, self.tokenizer,
+            inventory=self.data.inventory if cfg.hard_negatives else None,
             rng=random.Random(cfg.seed * 1_000_003 + STREAM_HARD * 7919 + step),
-            masker=self.masker, generator=derived_generator(cfg.seed, STREAM_MASK, step),
-            max_gloss_length=self.gloss_length,
+            masker=None if self.data.masker is None else partial(self.data.masker, generator=generator),
+            max_gloss_length=self.data.gloss_length,
         ).to(self.device)
         with autocast(self.device, self.precision):
             out = self.model(batch)
@@ -109,13 +109,12 @@ class GlossMethod:
 
     def record_eval(self, tag_epoch: int, step: int) -> None:
         from mirrorbert.gloss.model import gloss_matching_accuracy
-        from mirrorbert.runtime.device import autocast
 
-        if not self.held_enc:
+        if not self.data.held_enc:
             return
-        res = gloss_matching_accuracy(self.model, self.tokenizer, self.held_t, self.held_enc, device=self.device,
-                                      batch_size=self.cfg.eval_batch_size, max_gloss_length=self.gloss_length,
-                                      autocast_ctx=lambda: autocast(self.device, self.precision))
+        res = gloss_matching_accuracy(self.model, self.tokenizer, self.data.held_t, self.data.held_enc,
+                                      batch_size=self.cfg.eval_batch_size, max_gloss_length=self.data.gloss_length,
+                                      precision=self.precision)
         if not res:
             return
         entry = {"epoch": tag_epoch, "step": step, **{k: round(float(v), 6) for k, v in res.items()}}
@@ -151,4 +150,4 @@ class GlossMethod:
                 "losses": self.losses.state()}
 
     def checkpoint_meta(self) -> dict[str, Any]:
-        return {"data_sha256": self.fingerprint, "arch": self.cfg.arch, "config": self.cfg.to_dict()}
+        return {"data_sha256": self.data.fingerprint, "arch": self.cfg.arch, "config": self.cfg.to_dict()}

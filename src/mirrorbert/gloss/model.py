@@ -1,19 +1,12 @@
-"""GR-BERT model: a masked LM (context encoder) plus a gloss encoder, in two architectures.
+"""GR-BERT model: a masked LM (context encoder) plus a gloss encoder (a copy of its transformer body), in two
+architectures. For a triplet (word, sentence s, gloss t) the target's sub-tokens are masked to give the context c;
+h_c and h_s are the means of the encoder's output over the target's positions in c and s, e_t the gloss
+encoder's first-token vector of t.
 
-For a triplet (word, sentence s, gloss t) the target word's sub-tokens are replaced by the
-mask token to give the context c. With the encoder output H:
-
-* ``h_c`` = mean of H(c) over the target's sub-token positions (what MLM predicts from),
-* ``h_s`` = mean of H(s) over the same positions (the word seen in full context),
-* ``e_t`` = the gloss encoder's first-token ([CLS] / ``<s>``) vector of the gloss.
-
-``mt`` (multitask): one context encoder; L = L_MLM(c) + lambda * L_GR(h_s, e).
-``sc`` (separate context encoders): enc1 sees c and learns MLM; enc2 sees s for gloss matching
-and also learns MLM on c (so it stays a usable MLM for p(x|s) at inference); the gloss
-query is h_s(enc2) - h_c(enc1), i.e. what seeing the word adds to what the context
-predicts. L = L_MLM1 + L_MLM2 + lambda * L_GR. Only enc2 is kept for inference.
-
-The gloss encoder starts as a copy of the same checkpoint's transformer body (no LM head).
+``mt``: one context encoder; L = L_MLM(c) + lambda * L_GR(h_s, e).
+``sc``: enc1 sees c and learns MLM; enc2 learns MLM on c too and sees s; the query is h_s(enc2) - h_c(enc1).
+L = L_MLM1 + L_MLM2 + lambda * L_GR. Only enc2 is kept for inference. L_GR is InfoNCE of the query against the
+glosses of the batch and one other gloss of the same word (cosine over tau = 0.05, as in the paper).
 """
 
 from __future__ import annotations
@@ -21,31 +14,78 @@ from __future__ import annotations
 import copy
 import logging
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from mirrorbert.errors import UserError
 from mirrorbert.encoder.masked_lm import (mlm_forward, require_fast_tokenizer, span_mean,
                                          span_token_positions)
-from mirrorbert.gloss.losses import (
-    DEFAULT_TAU,
-    IGNORE_INDEX,
-    cosine_logits,
-    gloss_candidates,
-    gloss_infonce,
-    masked_lm_loss,
-    pick_hard_negative,
-)
 from mirrorbert.gloss.triplets import Triplet
+from mirrorbert.mlm.masking import IGNORE_INDEX
 
 logger = logging.getLogger(__name__)
 
-ARCHS = ("mt", "sc")
 DEFAULT_LAMBDA = 2.0
+DEFAULT_TAU = 0.05
+
+
+# --------------------------------------------------------------------------- losses
+def cosine_logits(queries: torch.Tensor, candidates: torch.Tensor, tau: float = DEFAULT_TAU) -> torch.Tensor:
+    """``cos(q_i, e_j) / tau`` for all pairs: [B, d] x [G, d] -> [B, G], computed in float32."""
+    q = F.normalize(queries.float(), dim=-1)
+    e = F.normalize(candidates.float(), dim=-1)
+    return q @ e.T / tau
+
+
+def gloss_infonce(
+    queries: torch.Tensor,
+    glosses: torch.Tensor,
+    targets: torch.Tensor,
+    tau: float = DEFAULT_TAU,
+) -> torch.Tensor:
+    """InfoNCE of each query against all gloss embeddings; ``targets[i]`` indexes its gloss. ``glosses`` holds
+    every distinct gloss of the batch (positives and hard negatives), so the other rows are the negatives."""
+    return F.cross_entropy(cosine_logits(queries, glosses, tau), targets.long())
+
+
+def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over positions whose label is not -100 (0 when there are none); ``logits`` [..., V]
+    aligned with ``labels`` [...], or gathered at the labelled positions ([N, V] with ``labels`` [N])."""
+    logits = logits.reshape(-1, logits.shape[-1]).float()
+    labels = labels.reshape(-1)
+    keep = labels != IGNORE_INDEX
+    if not bool(keep.any()):
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits[keep], labels[keep].long())
+
+
+def gloss_candidates(positives: Sequence[str], hard_negatives: Sequence[str | None]) -> tuple[list[str], list[int]]:
+    """Distinct glosses of a batch (each encoded once, so a shared gloss is never a negative of itself) and each
+    triplet's target index among them."""
+    index: dict[str, int] = {}
+    candidates: list[str] = []
+
+    def add(g: str) -> int:
+        if g not in index:
+            index[g] = len(candidates)
+            candidates.append(g)
+        return index[g]
+
+    targets = [add(g) for g in positives]
+    for g in hard_negatives:
+        if g is not None:
+            add(g)
+    return candidates, targets
+
+
+def pick_hard_negative(word: str, gloss: str, inventory: Mapping[str, Sequence[str]], rng: random.Random) -> str | None:
+    """A random other gloss of ``word`` (None when the word has a single gloss)."""
+    others = [g for g in inventory.get(word.lower(), ()) if g != gloss]
+    return rng.choice(others) if others else None
 
 
 # --------------------------------------------------------------------------- tokenisation
@@ -103,17 +143,15 @@ def collate(
     encoded: Sequence[EncodedTriplet],
     triplets: Sequence[Triplet],
     tokenizer,
+    *,
     inventory: Mapping[str, Sequence[str]] | None = None,
     rng: random.Random | None = None,
     masker=None,
-    generator: torch.Generator | None = None,
     max_gloss_length: int = 64,
 ) -> GlossBatch:
-    """Build a batch: mask targets, optionally add random MLM masking, encode distinct glosses.
-
-    ``inventory`` (word -> its glosses) supplies one hard negative per triplet; ``masker`` (a
-    :class:`mirrorbert.mlm.masking.MlmMasker`) adds ordinary 80/10/10 masking of other tokens.
-    """
+    """Build a batch: mask targets, optionally add random MLM masking, encode distinct glosses. ``inventory``
+    (word -> its glosses) supplies one hard negative per triplet, drawn from ``rng``; ``masker`` (`(ids, attention)
+    -> (corrupted, labels)`, an `MlmMasker` with its generator) adds 80/10/10 masking of the other tokens."""
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     length = max(len(e.input_ids) for e in encoded)
     n = len(encoded)
@@ -128,7 +166,7 @@ def collate(
     context[tmask] = tokenizer.mask_token_id
     labels = torch.where(tmask, full, torch.full_like(full, IGNORE_INDEX))
     if masker is not None:
-        corrupted, extra = masker(context, att, generator=generator)
+        corrupted, extra = masker(context, att)
         context = torch.where(tmask, context, corrupted)
         labels = torch.where(tmask, labels, extra)
 
@@ -154,7 +192,6 @@ class GROutput:
     gr: torch.Tensor
     mlm2: torch.Tensor | None = None
     accuracy: float = 0.0  # in-batch gloss-matching accuracy
-    logs: dict = field(default_factory=dict)
 
 
 class GlossRegularizedMLM(nn.Module):
@@ -163,12 +200,8 @@ class GlossRegularizedMLM(nn.Module):
     def __init__(self, context: nn.Module, gloss_encoder: nn.Module, arch: str = "mt",
                  context2: nn.Module | None = None, lam: float = DEFAULT_LAMBDA, tau: float = DEFAULT_TAU):
         super().__init__()
-        if arch not in ARCHS:
-            raise UserError(f"--arch must be one of {', '.join(ARCHS)}, got {arch!r}")
         if arch == "sc" and context2 is None:
             raise ValueError("arch 'sc' needs a second context encoder")
-        if tau <= 0:
-            raise UserError(f"--tau must be > 0, got {tau}")
         self.arch = arch
         self.context = context  # mt: the model; sc: enc1 (masked context only)
         self.context2 = context2 if arch == "sc" else None  # sc: enc2 (kept for inference)
@@ -200,14 +233,14 @@ class GlossRegularizedMLM(nn.Module):
         """First-token vectors of the gloss texts: e_t."""
         return self.gloss_encoder(input_ids=ids, attention_mask=attention).last_hidden_state[:, 0]
 
-    def queries(self, batch: GlossBatch) -> torch.Tensor:
-        """The gloss-matching query per triplet, without any MLM loss (for evaluation)."""
-        hs_model = self.context2 if self.arch == "sc" else self.context
-        hidden_s, _ = mlm_forward(hs_model, batch.full_ids, batch.attention_mask)
+    def queries(self, batch: GlossBatch, hidden_c: torch.Tensor | None = None) -> torch.Tensor:
+        """The gloss-matching query per triplet (`hidden_c`: enc1's output on the context, when computed already)."""
+        hidden_s, _ = mlm_forward(self.inference_model, batch.full_ids, batch.attention_mask)
         h_s = span_mean(hidden_s, batch.target_mask)
         if self.arch == "mt":
             return h_s
-        hidden_c, _ = mlm_forward(self.context, batch.context_ids, batch.attention_mask)
+        if hidden_c is None:
+            hidden_c, _ = mlm_forward(self.context, batch.context_ids, batch.attention_mask)
         return h_s - span_mean(hidden_c, batch.target_mask)
 
     def forward(self, batch: GlossBatch) -> GROutput:
@@ -216,14 +249,10 @@ class GlossRegularizedMLM(nn.Module):
         hidden_c, logits_c = mlm_forward(self.context, batch.context_ids, batch.attention_mask, predict)
         mlm1 = masked_lm_loss(logits_c, labels)
         mlm2 = None
-        if self.arch == "mt":
-            hidden_s, _ = mlm_forward(self.context, batch.full_ids, batch.attention_mask)
-            query = span_mean(hidden_s, batch.target_mask)
-        else:
+        if self.arch == "sc":
             _, logits_c2 = mlm_forward(self.context2, batch.context_ids, batch.attention_mask, predict)
             mlm2 = masked_lm_loss(logits_c2, labels)
-            hidden_s, _ = mlm_forward(self.context2, batch.full_ids, batch.attention_mask)
-            query = span_mean(hidden_s, batch.target_mask) - span_mean(hidden_c, batch.target_mask)
+        query = self.queries(batch, hidden_c)
         glosses = self.encode_glosses(batch.gloss_ids, batch.gloss_attention)
         gr = gloss_infonce(query, glosses, batch.targets, self.tau)
         loss = mlm1 + (mlm2 if mlm2 is not None else 0.0) + self.lam * gr
@@ -238,60 +267,44 @@ def gloss_matching_accuracy(
     tokenizer,
     triplets: Sequence[Triplet],
     encoded: Sequence[EncodedTriplet],
-    device: torch.device | str = "cpu",
+    *,
     batch_size: int = 64,
     max_gloss_length: int = 64,
-    autocast_ctx=None,
+    precision: str = "fp32",
 ) -> dict[str, float]:
-    """Held-out gloss matching: pick each triplet's gloss by cosine to its query.
+    """Held-out gloss matching on the model's device: pick each triplet's gloss by cosine to its query.
+    ``accuracy``: among all distinct glosses of the held-out triplets (what the loss trains); ``accuracy_word``:
+    among the glosses the same word has in the held-out set, over triplets whose word has at least two."""
+    from mirrorbert.runtime.device import autocast
 
-    ``accuracy``: among all distinct glosses of the held-out triplets (what the loss trains);
-    ``accuracy_word``: among the glosses the same word has in the held-out set, over triplets
-    whose word has at least two (a word-sense-disambiguation view).
-    """
-    import contextlib
-
-    ctx = autocast_ctx or contextlib.nullcontext
+    device = next(model.parameters()).device
+    glosses, gold = gloss_candidates([triplets[e.index].gloss for e in encoded], [])
     was_training = model.training
     model.eval()
     try:
-        glosses: list[str] = []
-        gindex: dict[str, int] = {}
-        for e in encoded:
-            g = triplets[e.index].gloss
-            if g not in gindex:
-                gindex[g] = len(glosses)
-                glosses.append(g)
-        gvecs = []
+        gvecs, queries = [], []
         for b in range(0, len(glosses), batch_size):
             enc = tokenizer(glosses[b:b + batch_size], truncation=True, max_length=max_gloss_length,
                             padding=True, return_tensors="pt").to(device)
-            with ctx():
-                gvecs.append(model.encode_glosses(enc["input_ids"], enc["attention_mask"]).float())
-        gmat = torch.cat(gvecs) if gvecs else torch.zeros(0, 1)
-        queries = []
+            with autocast(device, precision):
+                gvecs.append(model.encode_glosses(enc["input_ids"], enc["attention_mask"]).float().cpu())
         for b in range(0, len(encoded), batch_size):
-            chunk = encoded[b:b + batch_size]
-            batch = collate(chunk, triplets, tokenizer, inventory=None, max_gloss_length=8).to(device)
-            with ctx():
-                queries.append(model.queries(batch).float())
-        qmat = torch.cat(queries) if queries else torch.zeros(0, 1)
-        sims = cosine_logits(qmat, gmat, 1.0).cpu()
-        gold = torch.tensor([gindex[triplets[e.index].gloss] for e in encoded])
-        acc = (sims.argmax(-1) == gold).float().mean().item() if len(encoded) else 0.0
-        # Per-word: restrict candidates to the word's glosses seen in the held-out set.
-        by_word: dict[str, set[int]] = {}
-        for e in encoded:
-            by_word.setdefault(triplets[e.index].word.lower(), set()).add(gindex[triplets[e.index].gloss])
-        hits, total = 0, 0
-        for i, e in enumerate(encoded):
-            cands = sorted(by_word[triplets[e.index].word.lower()])
-            if len(cands) < 2:
-                continue
-            best = cands[int(sims[i, cands].argmax())]
-            hits += int(best == int(gold[i]))
-            total += 1
-        return {"accuracy": acc, "accuracy_word": hits / total if total else float("nan"),
-                "n": float(len(encoded)), "n_glosses": float(len(glosses)), "n_word": float(total)}
+            batch = collate(encoded[b:b + batch_size], triplets, tokenizer, max_gloss_length=8).to(device)
+            with autocast(device, precision):
+                queries.append(model.queries(batch).float().cpu())
     finally:
         model.train(was_training)
+    gmat = torch.cat(gvecs) if gvecs else torch.zeros(0, 1)
+    sims = cosine_logits(torch.cat(queries) if queries else torch.zeros(0, 1), gmat, 1.0)
+    acc = (sims.argmax(-1) == torch.tensor(gold)).float().mean().item() if len(encoded) else 0.0
+    by_word: dict[str, set[int]] = {}  # per word: the candidates are its glosses seen in the held-out set
+    for e, g in zip(encoded, gold):
+        by_word.setdefault(triplets[e.index].word.lower(), set()).add(g)
+    hits, total = 0, 0
+    for i, (e, g) in enumerate(zip(encoded, gold)):
+        cands = sorted(by_word[triplets[e.index].word.lower()])
+        if len(cands) >= 2:
+            hits += int(cands[int(sims[i, cands].argmax())] == g)
+            total += 1
+    return {"accuracy": acc, "accuracy_word": hits / total if total else float("nan"),
+            "n": float(len(encoded)), "n_glosses": float(len(glosses)), "n_word": float(total)}

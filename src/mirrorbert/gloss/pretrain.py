@@ -1,13 +1,7 @@
-"""GR-BERT pre-training: MLM + gloss regulariser on (word, sentence, gloss) triplets.
-
-Optimisation follows the paper: AdamW (lr 2e-5), 10% linear warmup then linear decay,
-batches of triplets (paper: 48), several epochs; after every epoch the gloss-matching
-accuracy on the held-out triplets is measured and the best epoch's model is kept (`method.py`).
-The run itself (guard, seed, resume, engine, atomic output) is the one lifecycle of `training/run.py`,
-shared with ``mirrorbert train``.
-
-The output is the inference MLM only (``mt``: the single encoder; ``sc``: enc2) as a
-Hugging Face ``*ForMaskedLM`` folder with its tokenizer, plus ``gr_training.json``.
+"""GR-BERT pre-training: MLM + gloss regulariser on (word, sentence, gloss) triplets, through the one run lifecycle
+(`training/run.py`): AdamW, linear warmup and decay, the held-out gloss-matching accuracy after every epoch and
+the best epoch's model kept (`method.py`). The output is the inference MLM only (``mt``: the single encoder;
+``sc``: enc2) as a Hugging Face ``*ForMaskedLM`` folder with its tokenizer, plus ``gr_training.json``.
 """
 
 from __future__ import annotations
@@ -110,14 +104,11 @@ class GlossRecipe(Recipe):
             raise UserError(f"--resume {resume.path}: checkpoint was written with --arch {resume.meta.get('arch')}")
 
     def build(self, run_ctx: RunContext) -> GlossMethod:
-        from mirrorbert.encoder.architectures import prepare_model, usable_precision
+        from mirrorbert.encoder.architectures import usable_precision
 
         cfg = self.cfg
         tokenizer, model, data = self._model_and_data(run_ctx)
-        for part in (model.context, model.context2, model.gloss_encoder):
-            if part is not None:
-                prepare_model(part)
-        run_ctx.precision = usable_precision(model.context, run_ctx.precision)
+        run_ctx.precision = usable_precision(model.context, run_ctx.precision, run_ctx.device)
         plan = contrastive_plan(len(data.train_enc), cfg.batch_size, cfg.seed, STREAM_ORDER, cfg.steps, cfg.epochs)
         return GlossMethod(cfg, model, tokenizer, data, plan, run_ctx)
 
@@ -141,10 +132,10 @@ class GlossRecipe(Recipe):
             raise UserError(f"only {len(train_enc)} usable training triplets: need at least 2")
         masker = None
         if cfg.mlm_prob > 0:
-            from mirrorbert.mlm.masking import MaskingConfig, MlmMasker
+            from mirrorbert.mlm.masking import MlmMasker
 
             vocab = model.context.get_input_embeddings().weight.shape[0]
-            masker = MlmMasker.from_tokenizer(tokenizer, MaskingConfig(mlm_probability=cfg.mlm_prob), vocab_size=vocab)
+            masker = MlmMasker.from_tokenizer(tokenizer, probability=cfg.mlm_prob, vocab_size=vocab)
         return tokenizer, model, GlossData(self.train_t, self.held_t, train_enc, held_enc, self.inventory, masker,
                                            gloss_length, self.fingerprint)
 
@@ -155,13 +146,12 @@ class GlossRecipe(Recipe):
         method.losses.restore(extra, f"--resume {resume.path}")
         best_dir = method.ckpt_root / "best-model"
         if method.best is not None and best_dir.is_dir():
-            from mirrorbert.safeguards.model_loading import load_model
+            from mirrorbert.mlm.models import load_mlm
             from mirrorbert.training.checkpoints import checkpoint_folder
 
-            checkpoint_folder(method.ckpt_root, "--checkpoint-dir").subfolder("best-model")  # never a link out
-            method.best_state = cpu_state(load_model(best_dir, "AutoModelForMaskedLM",
-                                                     option=f"--resume {resume.path}:",
-                                                     trust_remote_code=self.cfg.trust_remote_code))
+            best = checkpoint_folder(method.ckpt_root, "--checkpoint-dir").subfolder("best-model")  # never a link out
+            method.best_state = cpu_state(load_mlm(str(best.root), f"--resume {resume.path}:",
+                                                   self.cfg.trust_remote_code))
 
     def before_run(self, method: GlossMethod, engine) -> None:
         if engine.step == 0 and not method.history:

@@ -1,10 +1,6 @@
-"""(word, sentence, gloss) triplets for gloss-regularised pre-training.
-
-A triplet says: in ``sentence``, the occurrence of ``word`` at characters
-``[start, end)`` means ``gloss``. The span is what lets the model mask exactly the target's
-sub-tokens, so every loader must recover it: WordNet examples are matched against the
-synset's lemmas with morphy-style inflection (``ran`` for *run*, ``looked after`` for
-*look_after*); TSV files are matched the same way with generic English inflection rules.
+"""(word, sentence, gloss) triplets for gloss-regularised pre-training: in ``sentence``, ``word`` at characters
+``[start, end)`` means ``gloss``. Every loader finds the span (so the model can mask exactly the target's
+sub-tokens) with morphy-style inflection: ``ran`` for *run*, ``looked after`` for *look_after*.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ from mirrorbert.data.wordnet import POS_FILES, WordNet, candidate_base_forms
 
 logger = logging.getLogger(__name__)
 
-# Word tokens for matching: letters/digits, with inner hyphens, apostrophes and dots
-# ("well-known", "o'clock", "U.S"); a trailing possessive "'s" is split off below.
+# word tokens: letters/digits with inner hyphens, apostrophes and dots ("well-known", "o'clock", "U.S")
 _TOKEN = re.compile(r"[^\W_]+(?:[-'’.][^\W_]+)*", re.UNICODE)
 _POSSESSIVE = re.compile(r"['’]s$", re.IGNORECASE)
 
@@ -71,12 +66,9 @@ def find_target_span(
     pos: str | Iterable[str] = tuple(POS_FILES),
     exceptions: dict[str, dict[str, tuple[str, ...]]] | None = None,
 ) -> tuple[int, int] | None:
-    """Character span of the first occurrence of ``lemma`` (possibly inflected) in ``sentence``.
-
-    A token sequence matches when each token, or the whole sequence joined with ``_``, has
-    the corresponding lemma part among its morphy base-form hypotheses for one of the POS
-    (``pos`` may be one letter or several). Exact matches are preferred over inflected ones.
-    """
+    """Character span of the first occurrence of ``lemma`` (possibly inflected) in ``sentence``: a token sequence
+    matches when each token, or the sequence joined with ``_``, has the lemma's part among its morphy base forms for
+    one of the POS (one letter or several). Exact matches are preferred over inflected ones."""
     parts = _lemma_parts(lemma)
     if not parts:
         return None
@@ -117,11 +109,8 @@ def find_target_span(
 
 
 def build_wordnet_triplets(wn: WordNet, show_progress: bool = False) -> list[Triplet]:
-    """One triplet per (synset, lemma, example) where the example contains the lemma.
-
-    The gloss is the synset's definition (without its examples). Lemmas are returned with
-    spaces instead of WordNet's underscores.
-    """
+    """One triplet per (synset, lemma, example) where the example contains the lemma; the gloss is the synset's
+    definition, the lemma written with spaces instead of WordNet's underscores."""
     from mirrorbert.reporting.progress import progress_bar
 
     out: list[Triplet] = []
@@ -183,13 +172,9 @@ def split_holdout(triplets: Sequence[Triplet], fraction: float = 0.05, seed: int
 
 
 def load_triplets_tsv(path: str | os.PathLike, wn: WordNet | None = None) -> list[Triplet]:
-    """Read ``word TAB sentence TAB gloss`` lines (blank lines and ``#`` comments skipped).
-
-    The target's span is found by :func:`find_target_span` (any POS; with ``wn`` its
-    exception lists help with irregular forms). Malformed lines raise a one-line
-    :class:`UserError` naming the file and line; a line whose word cannot be found in its
-    sentence is an error too, since the model could not know which tokens to mask.
-    """
+    """Read ``word TAB sentence TAB gloss`` lines (blank lines and ``#`` comments skipped); the target's span is
+    found by `find_target_span` (any POS; ``wn``'s exception lists help with irregular forms). A malformed line,
+    or one whose word is not in its sentence, is a one-line `UserError` naming the file and line."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"triplet file not found: {p}")

@@ -1,24 +1,12 @@
-"""A mirrorbert encoder as an MTEB model: `mteb.evaluate(MirrorBertMTEB("path/to/model"), tasks)`.
-
-    import mteb
-    from mirrorbert.integrations.mteb import MirrorBertMTEB
+"""A mirrorbert encoder as an MTEB model (mteb >= 2.0, `pip install "mirrorbert[mteb]"`; docs/guide/mteb.md):
 
     model = MirrorBertMTEB("runs/mirror-bert", batch_size=64)   # a folder, a hub id or a loaded `Encoder`
     results = mteb.evaluate(model, mteb.get_tasks(tasks=["STSBenchmark"]), cache=mteb.ResultCache("mteb-results"))
 
-`MirrorBertMTEB` follows `mteb.models.EncoderProtocol` (mteb >= 2.0; `pip install "mirrorbert[mteb]"`):
-`encode` reads the texts of mteb's DataLoader batches (`batch["text"]`) and returns one float32 numpy row per
-text, in order; `similarity` and `similarity_pairwise` are cosine (what Mirror-BERT trains for), as torch
-tensors like sentence-transformers'; `mteb_model_meta` describes the model. Mirror-BERT models use no
-prompts, so `prompt_type` (query/document) changes nothing.
-
-The metadata's `revision` is, unless given, a hash of the weights, pooling and maximum length
-(`weights-<12 hex digits>`): mteb files results under name and revision and by default skips a task whose
-results it already holds, so a retrained model saved in the same folder must not reuse the old scores.
-The name is a hub id as it is, otherwise `mirrorbert/<folder name>`; `adapted_from` is the base model
-recorded in the folder's mirrorbert.json.
-
-Only this module imports mteb, and only when metadata is asked for; `import mirrorbert` never does.
+`encode` returns one float32 row per text of mteb's batches, in order; `similarity` and `similarity_pairwise`
+are cosine; the metadata's `revision` is, unless given, `weights-<12 hex>`, a hash of the weights, pooling and
+maximum length (a model retrained into the same folder gets a new one). Only this module imports mteb, and only
+for the metadata.
 """
 
 from __future__ import annotations
@@ -39,14 +27,6 @@ if TYPE_CHECKING:
 REVISION_PREFIX = "weights-"
 
 
-def _import_mteb():
-    try:
-        import mteb
-    except ImportError:
-        raise UserError('this needs mteb: pip install "mirrorbert[mteb]"') from None
-    return mteb
-
-
 def weights_revision(encoder: "Encoder") -> str:
     """`weights-<12 hex>`: a hash of what the vectors depend on (weights, pooling, maximum length)."""
     digest = hashlib.sha256(f"pooling={encoder.pooling};max_length={encoder.max_length}".encode())
@@ -63,43 +43,24 @@ def weights_revision(encoder: "Encoder") -> str:
 
 
 def _as_matrix(x: Any) -> torch.Tensor:
-    """A float32 2-D tensor from a numpy array, a tensor or a list of rows (mteb passes all three)."""
+    """Unit-length float32 rows from a numpy array, a tensor or a list of rows (mteb passes all three)."""
     if isinstance(x, (list, tuple)):
         rows = [v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)) for v in x]
         x = torch.stack([r.reshape(-1) for r in rows]) if rows else torch.empty((0, 0))
     elif not isinstance(x, torch.Tensor):
         x = torch.as_tensor(np.asarray(x))
     x = x.float()
-    return x.unsqueeze(0) if x.ndim == 1 else x
-
-
-def cosine_matrix(a: Any, b: Any) -> torch.Tensor:
-    """[len(a), len(b)] cosine similarities; zero vectors have cosine 0 with everything."""
-    a, b = _as_matrix(a), _as_matrix(b)
-    b = b.to(a.device)
-    return torch.nn.functional.normalize(a, dim=-1) @ torch.nn.functional.normalize(b, dim=-1).T
-
-
-def cosine_pairwise(a: Any, b: Any) -> torch.Tensor:
-    """[n] cosine of row i of a with row i of b."""
-    a, b = _as_matrix(a), _as_matrix(b)
-    if a.shape != b.shape:
-        raise UserError(f"similarity_pairwise: shapes {tuple(a.shape)} and {tuple(b.shape)} differ")
-    b = b.to(a.device)
-    return (torch.nn.functional.normalize(a, dim=-1) * torch.nn.functional.normalize(b, dim=-1)).sum(-1)
+    return torch.nn.functional.normalize(x.unsqueeze(0) if x.ndim == 1 else x, dim=-1)
 
 
 class MirrorBertMTEB:
     """A mirrorbert `Encoder` behind mteb's encoder protocol.
 
-    model: an `Encoder`, or what `Encoder.load` reads (a mirrorbert, sentence-transformers or plain Hugging
-    Face folder; a hub id); `pooling`, `max_length` and `device` are passed to `Encoder.load` (an `Encoder`
-    given is moved to `device`). A model that ships its own Python code is refused by name; load it with
-    `Encoder.load(..., trust_remote_code=True)` and pass the `Encoder`, so running its code is decided where
-    the model is loaded. batch_size: texts per forward pass (None: mteb's `encode_kwargs` batch
-    size, else 64). normalize: unit-length vectors (None: the model's default; cosine scores do not
-    change, mteb's euclidean/manhattan ones do). precision: compute precision, auto | fp32 | bf16 | fp16.
-    name, revision: override the metadata's (see the module's docstring).
+    model: an `Encoder`, or what `Encoder.load` reads, with `pooling`, `max_length` and `device` (an `Encoder`
+    given is moved to `device`); a model that ships its own code is refused (pass an `Encoder` loaded with
+    `trust_remote_code=True`). batch_size: texts per forward pass (None: mteb's `encode_kwargs` batch size,
+    else 64). normalize: unit-length vectors (None: the model's default). precision: auto | fp32 | bf16 | fp16.
+    name, revision: override the metadata's.
     """
 
     def __init__(self, model: "Encoder | str | os.PathLike", revision: str | None = None, *,
@@ -174,12 +135,16 @@ class MirrorBertMTEB:
 
     # ------------------------------------------------------------------ similarity
     def similarity(self, embeddings1, embeddings2) -> torch.Tensor:
-        """[n1, n2] cosine similarity matrix (1-D inputs count as one row)."""
-        return cosine_matrix(embeddings1, embeddings2)
+        """[n1, n2] cosine similarity matrix (1-D inputs count as one row; a zero vector has cosine 0)."""
+        a, b = _as_matrix(embeddings1), _as_matrix(embeddings2)
+        return a @ b.to(a.device).T
 
     def similarity_pairwise(self, embeddings1, embeddings2) -> torch.Tensor:
         """[n] cosine of each row of embeddings1 with the same row of embeddings2."""
-        return cosine_pairwise(embeddings1, embeddings2)
+        a, b = _as_matrix(embeddings1), _as_matrix(embeddings2)
+        if a.shape != b.shape:
+            raise UserError(f"similarity_pairwise: shapes {tuple(a.shape)} and {tuple(b.shape)} differ")
+        return (a * b.to(a.device)).sum(-1)
 
     # ------------------------------------------------------------------ metadata
     @property
@@ -212,12 +177,13 @@ class MirrorBertMTEB:
     def base_model(self) -> str | None:
         """The model this one was trained from (mirrorbert.json `base_model`), by hub id or folder name."""
         from mirrorbert.publish.model_card import public_name
-        from mirrorbert.safeguards.model_folder import vet_model_folder
+        from mirrorbert.safeguards.confined import ConfinedFolder
 
         folder = self._local_folder()
-        if folder is None:
+        confined = ConfinedFolder(folder, "model", "model folder") if folder is not None else None
+        if confined is None or not confined.exists("mirrorbert.json"):
             return None
-        info = vet_model_folder(folder).get("mirrorbert.json")
+        info = confined.read_json("mirrorbert.json")
         base = info.get("base_model") if isinstance(info, dict) else None
         if not base:
             return None
@@ -225,8 +191,10 @@ class MirrorBertMTEB:
         return None if base == public_name(folder) else base
 
     def _build_meta(self):
-        _import_mteb()
-        from mteb.models import ModelMeta
+        try:
+            from mteb.models import ModelMeta
+        except ImportError:
+            raise UserError('this needs mteb: pip install "mirrorbert[mteb]"') from None
 
         encoder = self.encoder
         n_parameters = sum(p.numel() for p in encoder.model.parameters())

@@ -8,18 +8,15 @@
     collator = MirrorBertDataCollator(model, mask_span=5)      # the second view: a 5-character span masked
     trainer = SentenceTransformerTrainer(model=model, train_dataset=dataset, loss=loss, data_collator=collator)
 
-What each piece does and why it is ours: sentence-transformers has no loss that makes the positive from the
-anchor itself (SimCSE-style `MultipleNegativesRankingLoss` on duplicated columns counts each string's own
-copy among the negatives' side and masks nothing). `MirrorBertLoss` embeds the two views of every string
-(with dropout on, as in training mode) and calls the very loss object of `mirrorbert train`
-(`mirrorbert.mirror.loss.MirrorInfoNCE`: InfoNCE over the 2B views, the anchor excluded from its denominator,
-or `MirrorMultiSimilarity`), gathering the views of every process first when the trainer runs on several
-(differentiable all-gather); it adds sentence-transformers' calling convention, not another loss. With one text
-column and no collator the two views differ by dropout alone; `MirrorBertDataCollator` adds the masked second
-view as the authors ran it (one span of `mask_span` characters replaced by the tokenizer's mask token, strings
-of at most `mask_min_chars` characters left whole), drawn from `seed` and the batch number (and, in DataLoader
-workers, the worker's seed, so workers and epochs draw apart) so a rerun masks the same way and every epoch
-draws anew; `mask_unit="token"` masks tokens instead, as `--mask-unit token` does.
+`MirrorBertLoss` embeds the two views of every string (with dropout on, as in training mode) and calls the very
+loss object of `mirrorbert train` (`mirrorbert.mirror.loss`: InfoNCE over the 2B views, or multi-similarity),
+gathering the views of every process first when the trainer runs on several (differentiable all-gather). With
+one text column and no collator the two views differ by dropout alone; `MirrorBertDataCollator` adds the masked
+second view as the authors ran it (one span of `mask_span` characters replaced by the tokenizer's mask token,
+strings of at most `mask_min_chars` characters left whole; `mask_unit="token"` masks tokens instead, as
+`--mask-unit token` does), drawn from `seed`, the batch number and, in DataLoader workers, the worker's seed, so
+a rerun masks the same way and every batch, worker and epoch draws anew. The defaults are `mirrorbert train
+--preset sentence`'s.
 """
 
 from __future__ import annotations
@@ -29,22 +26,17 @@ from typing import Any, Iterable
 import torch
 
 from mirrorbert.errors import UserError
+from mirrorbert.mirror.config import TrainConfig
 from mirrorbert.mirror.loss import build_loss
 from mirrorbert.runtime.randomness import derived_generator
 from mirrorbert.settings.choices import MASK_UNITS
-from mirrorbert.mirror.views import char_span_starts, mask_chars, special_token_ids
+from mirrorbert.mirror.views import char_starts_from_draws, mask_chars, special_token_ids
 from mirrorbert.mirror.views import mask_span as mask_span_ids
+from mirrorbert.publish.model_card import CITATION
 
 STREAM_ST_MASK = 7  # the collator's own random stream (runtime.randomness.derived_generator)
+SENTENCE = TrainConfig(preset="sentence")
 MIRROR_SUFFIX = "_mirror"
-
-
-def _import_sentence_transformers():
-    try:
-        import sentence_transformers
-    except ImportError:
-        raise UserError('this needs sentence-transformers: pip install "mirrorbert[st]"') from None
-    return sentence_transformers
 
 
 class MirrorBertLoss(torch.nn.Module):
@@ -52,7 +44,8 @@ class MirrorBertLoss(torch.nn.Module):
     `MirrorBertDataCollator`): `loss` names the loss object of `mirrorbert.mirror.loss` ("infonce":
     `MirrorInfoNCE(temperature)`, "ms": `MirrorMultiSimilarity()`), called on the gathered [2B, d] views."""
 
-    def __init__(self, model, temperature: float = 0.04, loss: str = "infonce", gather_across_devices: bool = True):
+    def __init__(self, model, temperature: float = SENTENCE.temperature, loss: str = SENTENCE.loss,
+                 gather_across_devices: bool = True):
         super().__init__()
         self.loss = build_loss(loss, temperature)  # the settings are checked there, before any training
         self.model = model
@@ -83,26 +76,18 @@ class MirrorBertLoss(torch.nn.Module):
 
     @property
     def citation(self) -> str:
-        return MIRROR_BERT_BIBTEX
+        return CITATION
 
 
-def MirrorBertDataCollator(model, mask_span: int = 5, mask_min_chars: int = 30, seed: int = 42,
-                           mask_unit: str = "char", **kwargs):
-    """A `SentenceTransformerDataCollator` that adds each string's masked copy as a second column.
-
-    `model` is the SentenceTransformer (its tokenizer's mask token is used); other keywords go to the
-    sentence-transformers collator. The masks are drawn from `seed` and the batch number (in DataLoader workers
-    also from the worker's seed, which differs per worker and per epoch). `mask_unit="char"`
-    masks `mask_span` characters (strings of at most `mask_min_chars` left whole), as the authors ran the paper;
-    `"token"` masks `mask_span` consecutive non-special tokens of strings with more than that many.
-    """
-    st = _import_sentence_transformers()
-    base = getattr(st, "SentenceTransformerDataCollator", None)
-    if base is None:
-        try:  # sentence-transformers >= 6 (the old module path still works there, with a DeprecationWarning)
-            from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator as base
-        except ImportError:  # older layouts
-            from sentence_transformers.data_collator import SentenceTransformerDataCollator as base
+def MirrorBertDataCollator(model, mask_span: int = SENTENCE.mask_span, mask_min_chars: int = SENTENCE.mask_min_chars,
+                           seed: int = SENTENCE.seed, mask_unit: str = SENTENCE.mask_unit, **kwargs):
+    """A `SentenceTransformerDataCollator` that adds each string's masked copy as a second column (see the
+    module's docstring); `model` is the SentenceTransformer, other keywords go to the sentence-transformers
+    collator. `mask_unit="token"` masks `mask_span` consecutive non-special tokens of strings with more."""
+    try:
+        from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator as base
+    except ImportError:
+        raise UserError('this needs sentence-transformers: pip install "mirrorbert[st]"') from None
     if not isinstance(mask_span, int) or isinstance(mask_span, bool) or mask_span < 0:
         raise UserError(f"mask_span: must be an integer >= 0, not {mask_span!r}")
     if mask_unit not in MASK_UNITS:
@@ -129,18 +114,15 @@ def MirrorBertDataCollator(model, mask_span: int = 5, mask_min_chars: int = 30, 
 
         def masked_token_ids(self, ids: torch.Tensor) -> torch.Tensor:
             """Token unit: `mask_span` consecutive non-special tokens of each padded row replaced by the mask id."""
-            generator = self._next_generator()
+            draws = torch.rand(len(ids), generator=self._next_generator()).tolist()
             special = special_token_ids(model.tokenizer)
-            rows = [mask_span_ids(row, mask_span, model.tokenizer.mask_token_id, special, generator)
-                    for row in ids.tolist()]
+            rows = [mask_span_ids(row, mask_span, model.tokenizer.mask_token_id, special, u)
+                    for row, u in zip(ids.tolist(), draws)]
             return torch.tensor(rows, dtype=ids.dtype)
 
         def _next_generator(self) -> torch.Generator:
-            """The generator of the next batch: from `seed` and the batch number, and inside a DataLoader
-            worker also from the worker's own seed. Each worker holds a copy of this collator, so a batch
-            counter alone would repeat the same draws in every worker (and, as workers are re-made each
-            epoch, in every epoch); the worker seed differs per worker and per epoch and follows the main
-            process's seed, so a rerun still masks the same way."""
+            """The generator of the next batch: from `seed`, the batch number and, inside a DataLoader worker
+            (each holds its own copy of this collator), the worker's seed, which differs per worker and epoch."""
             stream = [STREAM_ST_MASK, self._batches]
             worker = torch.utils.data.get_worker_info()
             if worker is not None:
@@ -150,26 +132,14 @@ def MirrorBertDataCollator(model, mask_span: int = 5, mask_min_chars: int = 30, 
 
         def masked_copies(self, strings: list[str]) -> list[str]:
             """Char unit: the second views of one batch; each call is the next batch's draw."""
-            generator = self._next_generator()
-            starts = char_span_starts(strings, mask_span, mask_min_chars, generator)
+            draws = torch.rand(len(strings), generator=self._next_generator()).tolist()
+            starts = char_starts_from_draws(strings, mask_span, mask_min_chars, draws)
             return [s if start is None else mask_chars(s, start, mask_span, mask_token)
                     for s, start in zip(strings, starts)]
 
-    preprocess = getattr(model, "preprocess", None) or getattr(model, "tokenize")
-    try:
-        collator = _Collator(preprocess, **kwargs)
-    except TypeError:  # sentence-transformers 3-5 name it tokenize_fn
-        collator = _Collator(tokenize_fn=model.tokenize, **kwargs)
+    collator = _Collator(model.preprocess, **kwargs)
     collator._batches = 0
     return collator
 
-
-MIRROR_BERT_BIBTEX = """@inproceedings{liu-etal-2021-fast,
-    title = "Fast, Effective, and Self-Supervised: Transforming Masked Language Models into Universal Lexical and Sentence Encoders",
-    author = "Liu, Fangyu and Vuli{\\'c}, Ivan and Korhonen, Anna and Collier, Nigel",
-    booktitle = "Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing",
-    year = "2021",
-    pages = "1442--1459",
-}"""
 
 __all__ = ["MirrorBertDataCollator", "MirrorBertLoss"]

@@ -1,11 +1,6 @@
-"""After training: did the embeddings collapse? One line with the likely cause and the fix, if so.
-
-A collapsed encoder maps every string to nearly the same vector (mean pairwise cosine near 1): the
-contrastive loss could not separate the views. On a small or briefly pre-trained MLM the usual cause is a
-learning rate too low to move it (the paper's 2e-5 is set for a 110M-parameter BERT; the 11M-parameter
-reference MLM stays collapsed there and needs 5e-4, docs/results/README.md); on a BERT-base-size model a
-learning rate far above the paper's. The advice follows the model's size and the lr it was trained at.
-The numbers are recorded in mirrorbert.json (its `training` record, key `collapse`) either way.
+"""After training: did the embeddings collapse (every string mapped to nearly the same vector: mean pairwise cosine
+near 1)? One warning line with the likely fix, if so, or if the loss did not fall; the numbers are recorded in
+mirrorbert.json (its `training` record, key `collapse`) either way.
 """
 
 from __future__ import annotations
@@ -32,18 +27,22 @@ def mean_pairwise_cosine(vectors: np.ndarray) -> float:
     return float((sims.sum() - np.trace(sims)) / (n * (n - 1)))
 
 
-#: below this many parameters an MLM counts as small: the paper's lr 2e-5 (for a 110M-parameter BERT) barely moves
-#: it, and lr 5e-4 is what lifted the 11M-parameter reference MLM (docs/results/README.md, the quickstart's setting)
+#: below this many parameters a raw MLM counts as small: the paper's lr (set for a 110M-parameter BERT) barely moves it
 SMALL_MODEL_PARAMETERS = 50_000_000
-SMALL_MODEL_LR = 5e-4
+SMALL_MODEL_LR = 5e-4  # what lifts the quickstart's 11M-parameter reference MLM
 PAPER_LR = 2e-5
 
 
-def collapse_advice(lr: float | None, parameters: int | None, pooling: str | None = None) -> str:
-    """The fix to suggest for a collapsed space, in the direction the evidence points for this model and lr."""
+def collapse_advice(lr: float | None, parameters: int | None, pooling: str | None = None, *,
+                    raw_mlm: bool = True) -> str:
+    """The fix to suggest for a collapsed space, for the lr trained at, the model's size and whether training
+    started from a raw (never-tuned) MLM: a higher lr helps only a small raw MLM, never an already-tuned encoder."""
     tips = []
     small = parameters is not None and parameters < SMALL_MODEL_PARAMETERS
-    if small and (lr is None or lr < SMALL_MODEL_LR):
+    if not raw_mlm:
+        tips.append(f"a lower --lr (the paper's {PAPER_LR:g} or less) or fewer steps (this model was already tuned as "
+                    f"a sentence encoder; a higher lr helps only a raw MLM)")
+    elif small and (lr is None or lr < SMALL_MODEL_LR):
         tips.append(f"a higher --lr: this is a small model ({parameters / 1e6:.0f}M parameters), which the paper's "
                     f"2e-5 (set for a 110M-parameter BERT) barely moves; --lr {SMALL_MODEL_LR:g} is what the "
                     f"quickstart uses on its 11M-parameter reference MLM")
@@ -62,11 +61,10 @@ def collapse_advice(lr: float | None, parameters: int | None, pooling: str | Non
     return "; try " + ", or ".join(tips)
 
 
-def check_collapse(encoder, strings: Sequence[str], first_loss: float | None, last_loss: float | None,
-                   steps: int, seed: int = 0, lr: float | None = None, pooling: str | None = None) -> dict[str, Any]:
-    """Measure, warn in one line when collapsed or stuck, and return what to record."""
-    # indices, not the strings: `strings` may be the token store's (a million strings, decoded on access);
-    # random.sample picks the same positions from range(n) as from a list of n
+def check_collapse(encoder, strings: Sequence[str], first_loss: float | None, last_loss: float | None, steps: int, *,
+                   seed: int = 0, advice: str | None = None) -> dict[str, Any]:
+    """Measure, warn in one line when collapsed (with `advice`, default: `collapse_advice` knowing nothing of the
+    run) or stuck, and return what to record. `strings` is only indexed (it may be the token store's)."""
     picks = range(len(strings)) if len(strings) <= SAMPLE else random.Random(seed).sample(range(len(strings)), SAMPLE)
     sample = [strings[i] for i in picks]
     report: dict[str, Any] = {"sample": len(sample), "threshold": COLLAPSE_COSINE}
@@ -77,11 +75,10 @@ def check_collapse(encoder, strings: Sequence[str], first_loss: float | None, la
              and last_loss >= STUCK_LOSS_SHARE * first_loss)
     report.update(collapsed=collapsed, loss_stuck=bool(stuck), first_loss=first_loss, last_loss=last_loss)
     if collapsed:
-        model = getattr(encoder, "model", None)
-        parameters = sum(p.numel() for p in model.parameters()) if model is not None else None
+        advice = collapse_advice(None, None) if advice is None else advice
         logger.warning("the embeddings collapsed: %d training strings have a mean pairwise cosine of %.4f "
                        "(> %.2f), so the model barely tells them apart%s", len(sample),
-                       report["mean_pairwise_cosine"], COLLAPSE_COSINE, collapse_advice(lr, parameters, pooling))
+                       report["mean_pairwise_cosine"], COLLAPSE_COSINE, advice)
     elif stuck:
         logger.warning("the loss did not fall: %.4f at the first step, %.4f over the last epoch; likely cause: "
                        "the learning rate (try --lr 10x lower or higher) or too few steps", first_loss, last_loss)

@@ -1,11 +1,7 @@
-"""The Mirror-BERT losses over the 2B views of a batch, one class per loss: `MirrorInfoNCE` (paper eq. 1) and
-`MirrorMultiSimilarity` (SapBERT's multi-similarity loss).
-
-Each is a `torch.nn.Module` called on the full embedding matrix with rows [f(x_1)..f(x_B), f(xbar_1)..f(xbar_B)]
-(the two views in mirror order). The same objects serve `mirrorbert train` (`build_loss` picks one by its
-`--loss` name) and the sentence-transformers integration, which only gathers the views before calling one.
-Both are computed in at least fp32 with autocast switched off, whatever the training precision: at tau = 0.04
-a bf16 similarity matmul alone moves the InfoNCE loss by about 1e-2.
+"""The Mirror-BERT losses over the 2B views of a batch: `MirrorInfoNCE` (paper eq. 1) and `MirrorMultiSimilarity`
+(SapBERT's multi-similarity loss), each a module called on the rows [f(x_1)..f(x_B), f(xbar_1)..f(xbar_B)] and
+computed in at least fp32 with autocast off, whatever the training precision; `mirrorbert train` and the
+sentence-transformers integration call the same objects.
 """
 
 from __future__ import annotations
@@ -19,9 +15,6 @@ import torch.nn.functional as F
 
 from mirrorbert.errors import UserError
 from mirrorbert.settings.choices import LOSSES
-
-# SapBERT (Liu et al. 2021) settings of the multi-similarity loss and its online triplet miner.
-MS_ALPHA, MS_BETA, MS_BASE, MS_MINER_MARGIN = 1.0, 60.0, 0.5, 0.2
 
 
 @contextlib.contextmanager
@@ -50,12 +43,9 @@ def _positive_finite(value: Any, name: str) -> float:
 
 
 class MirrorInfoNCE(torch.nn.Module):
-    """InfoNCE over the 2B views (paper eq. 1).
-
-    For each of the 2B anchors the positive is its mirror view (i <-> i+B) and the negatives are the
-    other 2B-2 views (both views of every other string); the anchor itself is excluded from the
-    denominator. Similarity is cosine / temperature; the loss is the mean over all 2B anchors.
-    """
+    """InfoNCE over the 2B views (paper eq. 1): for each anchor the positive is its mirror view (i <-> i+B), the
+    negatives the other 2B-2 views, the anchor excluded from the denominator; cosine / temperature, mean over
+    all 2B anchors."""
 
     name = "infonce"
 
@@ -78,25 +68,15 @@ class MirrorInfoNCE(torch.nn.Module):
 class MirrorMultiSimilarity(torch.nn.Module):
     """Multi-similarity loss (Wang et al. 2019) on triplets mined online, as SapBERT trains.
 
-    The two views of a string are the only positives of each other; every other view is a negative.
-    Mining keeps the triplets (a, p, n) with d(a, n) - d(a, p) <= margin, d the Euclidean distance of the
-    unit vectors (pytorch-metric-learning's TripletMarginMiner, type "all", with its default distance, as
-    SapBERT uses it); the loss then uses the cosines of the pairs (a, p) and (a, n) of those triplets:
-    per anchor (1/alpha) log(1 + sum_p e^{-alpha (cos - base)}) + (1/beta) log(1 + sum_n e^{beta (cos - base)}),
-    averaged over all 2B anchors; zero (with zero gradients) when nothing is mined.
-    Written here rather than taken from pytorch-metric-learning: with one positive per anchor the miner
-    reduces to O(B^2) masks instead of the library's O(B^3) triplet list, and the library stays a
-    test-only dependency. (One deliberate difference: the library returns zero when exactly one triplet
-    is mined; here that triplet counts.)
+    The two views of a string are the only positives of each other; every other view is a negative. Mining keeps
+    the triplets (a, p, n) with d(a, n) - d(a, p) <= margin, d the Euclidean distance of the unit vectors
+    (pytorch-metric-learning's TripletMarginMiner, type "all"); per anchor the loss is (1/alpha) log(1 + sum_p
+    e^{-alpha (cos - base)}) + (1/beta) log(1 + sum_n e^{beta (cos - base)}) over the mined pairs, averaged over
+    all 2B anchors; zero (with zero gradients) when nothing is mined. Unlike the library, one mined triplet counts.
     """
 
     name = "ms"
-
-    def __init__(self, alpha: float = MS_ALPHA, beta: float = MS_BETA, base: float = MS_BASE,
-                 margin: float = MS_MINER_MARGIN):
-        super().__init__()
-        self.alpha, self.beta = _positive_finite(alpha, "alpha"), _positive_finite(beta, "beta")
-        self.base, self.margin = float(base), float(margin)
+    alpha, beta, base, margin = 1.0, 60.0, 0.5, 0.2  # SapBERT's (Liu et al. 2021), loss and miner
 
     def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
         with full_precision(embeddings) as emb:
@@ -129,11 +109,8 @@ class MirrorMultiSimilarity(torch.nn.Module):
 
 
 def build_loss(name: str, temperature: float) -> MirrorInfoNCE | MirrorMultiSimilarity:
-    """The loss named by `--loss`, as the object training calls on the [2B, d] embeddings.
-
-    `temperature` is InfoNCE's (checked whichever loss is named); the multi-similarity loss has its own fixed
-    SapBERT constants.
-    """
+    """The loss named by `--loss`, called on the [2B, d] embeddings; `temperature` is InfoNCE's (checked whichever
+    loss is named), the multi-similarity loss has SapBERT's fixed constants."""
     _positive_finite(temperature, "temperature")
     if name == MirrorInfoNCE.name:
         return MirrorInfoNCE(temperature)

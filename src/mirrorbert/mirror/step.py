@@ -1,9 +1,5 @@
 """The Mirror-BERT step: a batch's two views, embedded with dropout on, InfoNCE over the pair, one update.
-
-`MirrorMethod` is what `mirror.train` hands the training engine: the epoch's batches (index lists in a seeded
-order) and `train_step`, which reads the batch's token ids from the store and makes its second views (each a
-function of seed, epoch and string only, `mirror.views.SecondViews`); the engine owns the loop, checkpoints
-and preemption.
+`MirrorMethod` is what `mirror.train` hands the training engine: the epoch's batches and `train_step`.
 """
 
 from __future__ import annotations
@@ -35,9 +31,7 @@ PREFETCH = 2  # batches made ahead of the step on an accelerator: enough to hide
 
 
 def prefetch_depth(device: torch.device) -> int:
-    """Batches whose views are made ahead in a thread: on a GPU the CPU waits for the step anyway, so masking
-    there is free; on a CPU the thread would take the cores the step needs, so it runs inline
-    (benchmarks/train_scale.py measures both)."""
+    """Batches whose views are made ahead in a thread: `PREFETCH` on an accelerator, none on a CPU."""
     return PREFETCH if device.type != "cpu" else 0
 
 
@@ -46,14 +40,12 @@ def mirror_plan(cfg: TrainConfig, n_strings: int) -> BatchPlan:
     return contrastive_plan(n_strings, cfg.batch_size, cfg.seed, STREAM_ORDER, cfg.steps, cfg.epochs)
 
 
-def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]], controlled_dropout: bool,
-                device: torch.device, precision: str) -> torch.Tensor:
-    """Rows [f(x_1)..f(x_B), f(xbar_1)..f(xbar_B)]; normally one forward pass over both views.
-
-    With controlled dropout the views run as two passes that replay the same random state, so every
-    dropout (and drophead) mask is identical for x and x-bar: f(x) = f(x-bar) when the inputs are equal.
-    """
-    with autocast(device, precision):
+def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]], *, precision: str,
+                controlled_dropout: bool = False) -> torch.Tensor:
+    """Rows [f(x_1)..f(x_B), f(xbar_1)..f(xbar_B)] in `precision` on the encoder's device; normally one forward pass
+    over both views. With controlled dropout the views run as two passes that replay the same random state, so
+    every dropout (and drophead) mask is identical for x and x-bar."""
+    with autocast(encoder.device, precision):
         if controlled_dropout:
             with replay_rng():
                 a = encoder.embed(first)
@@ -62,21 +54,17 @@ def embed_views(encoder: Encoder, first: list[list[int]], second: list[list[int]
         return encoder.embed(first + second)
 
 
-def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], loss_fn,
-                     device: torch.device, precision: str, *, controlled_dropout: bool = False,
-                     gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+def mirror_step_loss(encoder: Encoder, first: list[list[int]], second: list[list[int]], loss_fn, *, precision: str,
+                     controlled_dropout: bool = False, gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
                      grad_cache_chunk: int | None = None) -> torch.Tensor:
-    """Loss of one batch: `loss_fn` (mirror/loss.py) over the [2B, d] embeddings of both views.
-
-    `gather` turns this process's rows into the global batch's (several processes), so the loss is eq. 1
-    over the global batch. With `grad_cache_chunk` the views are embedded that many at a time with cached
-    gradients (training/gradcache.py): same loss and gradients at the activation memory of one chunk.
-    """
+    """Loss of one batch: `loss_fn` (mirror/loss.py) over the [2B, d] embeddings of both views; `gather` turns
+    this process's rows into the global batch's; with `grad_cache_chunk` the views are embedded that many at a
+    time with cached gradients (training/gradcache.py: the same loss and gradients)."""
     if grad_cache_chunk:
-        embeddings = cached_embeddings(lambda chunk: embed_views(encoder, chunk, [], False, device, precision),
+        embeddings = cached_embeddings(lambda chunk: embed_views(encoder, chunk, [], precision=precision),
                                        first + second, grad_cache_chunk)
     else:
-        embeddings = embed_views(encoder, first, second, controlled_dropout, device, precision)
+        embeddings = embed_views(encoder, first, second, precision=precision, controlled_dropout=controlled_dropout)
     if gather is not None:
         embeddings = gather(embeddings)
     return loss_fn(embeddings)
@@ -97,17 +85,14 @@ class MirrorMethod:
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule, cfg.warmup_steps, plan.total_steps)
         self.scaler = make_grad_scaler(self.device, self.precision)
         self.metrics = MetricLogger(cfg.log_dir if self.dist.is_main else None)
-        self.epoch, self.next_batch, self.epoch_done = 0, 0, False
+        self.epoch, self.next_batch = 0, 0
         self.losses = LossRecord(plan.batches_per_epoch)  # the reported means, carried through checkpoints
         self.seen_strings, self.seen_tokens, self.start = 0, 0, time.time()
         self.step_log: list[tuple[float, int, int]] = []
 
     def batches(self):
-        """Per batch (string indices, epoch, both views); on an accelerator made `PREFETCH` batches ahead in a
-        thread, so that reading the ids and masking (re-tokenising, for character spans) overlap the steps
-        (`prefetch_depth`); `self.epoch` / `next_batch` (set on resume) say where to start. The views are
-        functions of (seed, epoch, string), so making them early changes nothing; the "mask" phase is the time
-        the step waits for them (all of their making, inline)."""
+        """Per batch (string indices, epoch, both views) from `self.epoch` / `next_batch` on, made `prefetch_depth`
+        batches ahead in a thread; the "mask" phase is the time the step waits for them."""
         depth = prefetch_depth(self.device)
         views = self.views.for_thread() if depth else self.views
         made = prefetch(self._batches_with_views(views), depth, name="mirror-views")
@@ -135,7 +120,7 @@ class MirrorMethod:
         self.views.stats.add(*counts)  # the views may have been made ahead: counted now that the batch is trained
         self.dist.seed_step(self.cfg.seed, engine.step)
         loss = mirror_step_loss(self.encoder, self.dist.shard(first), self.dist.shard(second), self.loss_fn,
-                                self.device, self.precision, controlled_dropout=self.cfg.controlled_dropout,
+                                precision=self.precision, controlled_dropout=self.cfg.controlled_dropout,
                                 gather=lambda rows: self.dist.gather_views(rows, len(index)),
                                 grad_cache_chunk=self.cfg.grad_cache_chunk)
         engine.check_finite(loss)
@@ -145,7 +130,8 @@ class MirrorMethod:
         self.seen_strings, self.seen_tokens = self.seen_strings + len(index), self.seen_tokens + tokens
         self.step_log.append((time.perf_counter() - started, len(index), tokens))
         self.next_batch += 1
-        return {"loss": f"{self.losses.last:.4f}", "strings_s": f"{self.seen_strings / self.elapsed():.1f}"}
+        # the loss the run reports (training/loss_record.py): the mean of the last steps, not one (maybe short) batch
+        return {"loss": f"{self.losses.final:.4f}", "strings_s": f"{self.seen_strings / self.elapsed():.1f}"}
 
     def after_step(self, step: int) -> bool:
         if step % self.cfg.log_every == 0 or step == self.plan.total_steps:

@@ -1,15 +1,14 @@
 """`train()`: a Mirror-BERT run as a `Recipe` of the one run lifecycle (training/run.py): its strings, model and
-second views, its resume checks, its saved model. The step itself (two views, InfoNCE, one update) is
-`mirror.step`."""
+second views, its resume checks, `--eval-after` (the evaluation package imported only when asked for), its saved
+model. The step itself (two views, InfoNCE, one update) is `mirror.step`."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.data.readers import chunked
@@ -17,12 +16,13 @@ from mirrorbert.data.strings import TrainingStrings, strings_for_config
 from mirrorbert.data.token_store import CHUNK, StoreStrings, TokenStore, open_token_store, store_key
 from mirrorbert.encoder.architectures import usable_precision
 from mirrorbert.encoder.dropout import DropHead, dropout_overrides
-from mirrorbert.encoder.model import Encoder
+from mirrorbert.encoder.model import MIRRORBERT_JSON, Encoder
 from mirrorbert.encoder.packing import packing_flag
+from mirrorbert.encoder.pooling import pooling_from_sentence_transformers
+from mirrorbert.encoder.source import ModelHandle, open_model
 from mirrorbert.errors import UserError
-from mirrorbert.mirror.collapse import check_collapse
+from mirrorbert.mirror.collapse import check_collapse, collapse_advice
 from mirrorbert.mirror.config import TrainConfig, resolve_pooling
-from mirrorbert.mirror.eval_after import check_eval_after, evaluate_after_training
 from mirrorbert.mirror.step import MirrorMethod, embed_views, mirror_plan
 from mirrorbert.mirror.views import SecondViews, note_tokenless
 from mirrorbert.publish.model_card import CARD_SETTINGS
@@ -30,8 +30,7 @@ from mirrorbert.reporting.metrics import library_versions
 from mirrorbert.runtime.device import compile_model, enable_gradient_checkpointing, peak_memory_bytes
 from mirrorbert.runtime.distributed import sharded_encoding
 from mirrorbert.runtime.randomness import replay_rng
-from mirrorbert.safeguards.preflight import inspect_model
-from mirrorbert.settings.fields import card_names
+from mirrorbert.settings.fields import names_with
 from mirrorbert.training.run import GuardedPaths, Recipe, RunContext, run
 
 logger = logging.getLogger(__name__)
@@ -53,18 +52,40 @@ class TrainResult:
     last_batch_loss: float | None = None  # one batch, possibly an epoch's short last one: not a run's measure
 
 
-def load_model_config(name: str, cfg: TrainConfig | None = None):
-    """The model's config, after the cheap checks (tokenizer, max length, mask token) of `preflight`."""
-    config, _ = inspect_model(name, max_length=cfg.max_length if cfg else None,
-                              need_mask=bool(cfg and cfg.mask_span > 0),
-                              trust_remote_code=bool(cfg and cfg.trust_remote_code))
-    return config
+def open_start_model(cfg: TrainConfig) -> ModelHandle:
+    """The model to start from, opened and checked with what this run asks of it (max length, a mask token)."""
+    handle = open_model(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    try:
+        handle.check_max_length(cfg.max_length)
+        if cfg.mask_span > 0:
+            handle.need_mask()
+        handle.warn_if_decoder()
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def start_pooling(cfg: TrainConfig, start: ModelHandle) -> str:
+    """The pooling to train with: `--pooling` when given; else a sentence-transformers model's saved pooling (said in
+    one info line); else the preset's (sentence: mean for BERT-family models, [CLS] otherwise) or the default."""
+    saved = None if cfg.pooling_given else pooling_from_sentence_transformers(start.files)[0]
+    if saved is None:
+        return resolve_pooling(cfg.pooling, start.config().model_type)
+    logger.info("pooling: %s, as the sentence-transformers model %s was saved with (--pooling changes it)", saved,
+                cfg.model)
+    return saved
+
+
+def _training_record(start: ModelHandle) -> bool:
+    """Whether the start model's mirrorbert.json records a training run (it was tuned by mirrorbert)."""
+    info = start.json(MIRRORBERT_JSON, {})
+    return isinstance(info, dict) and bool(info.get("training"))
 
 
 def train(cfg: TrainConfig, strings: TrainingStrings | None = None) -> TrainResult:
     """Run Mirror-BERT tuning as configured and write the model to `cfg.output` (`cfg` checked itself when made)."""
-    if not cfg.output:
-        raise UserError("--output is required: the folder to write the trained model to")
+    cfg.validate()  # every required option given (`output= is required`), before anything is read
     return run(MirrorRecipe(cfg, strings))
 
 
@@ -79,7 +100,7 @@ class MirrorRecipe(Recipe):
         self.strings = strings
         self.eval_tasks = check_eval_after(cfg.eval_after, cfg.data_dir)
         self.encoder: Encoder | None = None
-        self.pooling, self.drophead, self.compiled = "cls", None, False
+        self.pooling, self.drophead, self.compiled, self.raw_mlm = "cls", None, False, True
 
     def guarded_paths(self) -> GuardedPaths:
         cfg = self.cfg
@@ -104,10 +125,10 @@ class MirrorRecipe(Recipe):
     def build(self, run_ctx: RunContext) -> MirrorMethod:
         cfg = self.cfg
         encoder, views = self._encoder_and_views(run_ctx)
-        run_ctx.precision = usable_precision(encoder.model, run_ctx.precision)
+        run_ctx.precision = usable_precision(encoder.model, run_ctx.precision, run_ctx.device)
         with run_ctx.timer.phase("compile"):
             self.compiled = cfg.compile and compile_model(encoder.model, warm_up=lambda: _compile_warm_up(
-                encoder, views.store.token_ids([0, 1]), run_ctx.device, run_ctx.precision))
+                encoder, views.store.token_ids([0, 1]), run_ctx.precision))
         plan = mirror_plan(cfg, len(views.store))
         if plan.batch_size < cfg.batch_size:
             logger.warning("--batch-size %d is larger than the data (%d strings): using %d", cfg.batch_size,
@@ -117,12 +138,19 @@ class MirrorRecipe(Recipe):
     def _encoder_and_views(self, run_ctx: RunContext) -> tuple[Encoder, SecondViews]:
         """The encoder to train (from the checkpoint when resuming) and the second-view masker over the token store."""
         cfg, resume = self.cfg, run_ctx.resume
-        with run_ctx.timer.phase("load"):
-            base_config = load_model_config(cfg.model, cfg)
-            self.pooling = resolve_pooling(cfg.pooling, base_config.model_type)
-            encoder = Encoder.load(resume.model_dir if resume else cfg.model, pooling=self.pooling,
-                                   device=str(run_ctx.device), config_overrides=dropout_overrides(base_config, cfg.dropout),
-                                   trust_remote_code=cfg.trust_remote_code, cli=True)  # TrainConfig names options
+        with run_ctx.timer.phase("load"), open_start_model(cfg) as start:
+            base_config = start.config()
+            self.pooling = start_pooling(cfg, start)
+            self.raw_mlm = start.json("modules.json") is None and not _training_record(start)
+            overrides = dropout_overrides(base_config, cfg.dropout)
+            if resume is None:
+                encoder = Encoder.from_handle(start, pooling=self.pooling, device=str(run_ctx.device),
+                                              config_overrides=overrides)
+            else:
+                with open_model(resume.model_dir, option=f"--resume {resume.path}:",
+                                trust_remote_code=cfg.trust_remote_code) as saved:
+                    encoder = Encoder.from_handle(saved, pooling=self.pooling, device=str(run_ctx.device),
+                                                  config_overrides=overrides)
         encoder.packing = packing_flag(cfg.packing)
         encoder.train()
         self.encoder = encoder
@@ -159,9 +187,10 @@ class MirrorRecipe(Recipe):
         cfg, encoder, wall = self.cfg, self.encoder, run_ctx.wall()
         info = _run_info(self, method, outcome.steps, wall)
         encoder.eval()
+        advice = collapse_advice(cfg.lr, sum(p.numel() for p in encoder.model.parameters()), self.pooling,
+                                 raw_mlm=self.raw_mlm)
         info["collapse"] = check_collapse(encoder, self.strings.strings, method.losses.first,
-                                          method.losses.mean_last_epoch, outcome.steps, cfg.seed, lr=cfg.lr,
-                                          pooling=self.pooling)
+                                          method.losses.mean_last_epoch, outcome.steps, seed=cfg.seed, advice=advice)
         if self.eval_tasks:
             with sharded_encoding(run_ctx.dist), run_ctx.timer.phase("eval"):  # every rank shares the encoding
                 info["eval_after"] = evaluate_after_training(encoder, self.eval_tasks, cfg.data_dir)
@@ -179,10 +208,38 @@ class MirrorRecipe(Recipe):
                            info=info, step_log=method.step_log, **_loss_extras(method))
 
 
-def _compile_warm_up(encoder: Encoder, sample: list[list[int]], device: torch.device, precision: str) -> None:
+def check_eval_after(tasks: str | Iterable[str] | None, data_dir: str | None) -> list[str]:
+    """Validated task names (empty when none asked); fails before training on unknown tasks or data dir."""
+    if tasks is None or (isinstance(tasks, str) and not tasks.strip()):
+        return []
+    from mirrorbert.evaluation import datasets
+    from mirrorbert.evaluation.runner import parse_tasks
+
+    try:
+        names = parse_tasks(tasks)
+        datasets.resolve_data_dir(data_dir)
+    except UserError as exc:
+        raise UserError(f"--eval-after: {str(exc).removeprefix('--tasks: ')}") from None
+    return names
+
+
+def evaluate_after_training(encoder, tasks: list[str], data_dir: str | None, batch_size: int = 64) -> dict[str, Any]:
+    """Run the evaluation suite on the trained encoder: flat metrics ``{"task/metric": value}`` and statuses."""
+    from mirrorbert.evaluation import evaluate
+
+    result = evaluate(encoder, tasks, data_dir, batch_size=batch_size, model_name=str(encoder.source))
+    metrics = {f"{task}/{key}": value for task, outcome in result.outcomes.items() for key, value in outcome.metrics.items()}
+    not_run = {task: f"{o.status}: {o.message}" for task, o in result.outcomes.items() if o.status != "ok"}
+    for task, message in not_run.items():
+        logger.warning("--eval-after %s: %s", task, message)
+    return {"tasks": list(tasks), "data_dir": result.data_dir, "scale": "fractions (x100 in the card)",
+            "metrics": metrics, "not_run": not_run}
+
+
+def _compile_warm_up(encoder: Encoder, sample: list[list[int]], precision: str) -> None:
     """One forward and backward so torch.compile compiles (or fails) now; no trace in RNG or gradients."""
     with replay_rng():
-        embed_views(encoder, sample, sample, False, device, precision).float().sum().backward()
+        embed_views(encoder, sample, sample, precision=precision).float().sum().backward()
     encoder.zero_grad(set_to_none=True)
 
 
@@ -220,7 +277,7 @@ def _run_info(recipe: MirrorRecipe, method: MirrorMethod, steps: int, wall: floa
     return {
         "method": "mirror-bert",
         "config": {**cfg.to_dict(), "pooling": recipe.pooling, "batch_size": method.plan.batch_size},
-        CARD_SETTINGS: list(card_names(type(cfg))),  # the settings the model card shows, in order
+        CARD_SETTINGS: list(names_with(type(cfg), "card")),  # the settings the model card shows, in order
         "data": recipe.strings.summary(),
         "seed": cfg.seed,
         "steps": steps,

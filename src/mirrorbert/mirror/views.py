@@ -1,10 +1,5 @@
-"""The two views (x, x-bar) of each string: tokenisation and random span masking.
-
-Views differ through (a) a masked span in the second view (K characters replaced by one mask token, as the
-authors ran the paper; or K tokens, our variant) and (b) dropout, which is set via
-the model config for any HF encoder, optionally extended with per-example attention-head dropout
-(drophead, `mirrorbert.encoder.dropout`). Controlled dropout (identical masks for both views) is handled by the trainer by replaying
-the RNG state, which works for any architecture without touching its modules.
+"""The second view x-bar of each string: a random span masked (K characters replaced by one mask token, as the
+authors ran the paper, or K tokens, our variant); the two views then differ by dropout too (the encoder's).
 """
 
 from __future__ import annotations
@@ -12,8 +7,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Sequence
-
-import torch
 
 from mirrorbert.errors import UserError
 from mirrorbert.runtime.randomness import index_uniforms, uniform_choice
@@ -30,28 +23,9 @@ def tokenize_once(tokenizer, strings: Sequence[str], max_length: int) -> list[li
     return [list(ids) for ids in encoded["input_ids"]]
 
 
-def drop_tokenless(tokenizer, strings, token_ids: list[list[int]]) -> list[list[int]]:
-    """Strings that tokenise to nothing but special tokens (only control characters, zero-width spaces, ...)
-    are dropped like blank lines, with a count in a warning: trained on, they would be one and the same
-    `[CLS] [SEP]` input under many labels. `strings.strings` is filtered in place; fewer than 2 left is an error."""
-    special = special_token_ids(tokenizer)
-    empty = [i for i, ids in enumerate(token_ids) if all(t in special for t in ids)]
-    if not empty:
-        return token_ids
-    logger.warning("%s: %d string(s) give no tokens (only control or zero-width characters, e.g. %r) and are "
-                   "skipped", strings.source, len(empty), strings.strings[empty[0]][:40])
-    dropped = set(empty)
-    strings.strings = [s for i, s in enumerate(strings.strings) if i not in dropped]
-    strings.n_blank += len(empty)
-    if len(strings.strings) < 2:
-        raise UserError(f"{strings.source}: needs at least 2 distinct strings that give tokens, found "
-                        f"{len(strings.strings)}")
-    return [ids for i, ids in enumerate(token_ids) if i not in dropped]
-
-
 def note_tokenless(strings, dropped: int, example: str | None, kept: int) -> None:
-    """The store's side of `drop_tokenless`: the same warning and count for the strings its build dropped
-    (`strings.n_blank` grows by them), and the same error when fewer than 2 strings are left."""
+    """Strings that give no tokens but special ones (only control or zero-width characters) were left out of the
+    store: a warning with their count (`strings.n_blank` grows by it); fewer than 2 strings left is an error."""
     if dropped:
         logger.warning("%s: %d string(s) give no tokens (only control or zero-width characters, e.g. %r) and are "
                        "skipped", strings.source, dropped, example)
@@ -62,12 +36,6 @@ def note_tokenless(strings, dropped: int, example: str | None, kept: int) -> Non
 
 def special_token_ids(tokenizer) -> set[int]:
     return {int(i) for i in tokenizer.all_special_ids}
-
-
-def require_mask_token(tokenizer) -> int:
-    if tokenizer.mask_token_id is None:
-        raise UserError("--mask-span: this tokenizer has no mask token; use --mask-span 0")
-    return int(tokenizer.mask_token_id)
 
 
 # ----------------------------------------------------------------------------- span masking
@@ -84,43 +52,22 @@ def valid_span_starts(ids: Sequence[int], k: int, special: set[int]) -> list[int
     return starts
 
 
-def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], generator: torch.Generator,
-              starts: Sequence[int] | None = None) -> list[int]:
-    """Replace k consecutive non-special tokens by the mask token; start uniform over valid starts.
-
-    `starts`: `valid_span_starts(ids, k, special)` when the caller has it already (it does not depend on
-    the draw). `SecondViews` draws per string from (seed, epoch, index) instead of a generator.
-    """
-    starts = valid_span_starts(ids, k, special) if starts is None else starts
+def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], draw: float) -> list[int]:
+    """`ids` with k consecutive non-special tokens replaced by the mask token, the start picked by a uniform `draw`
+    in [0, 1) among the valid starts; unchanged when there is none."""
+    starts = valid_span_starts(ids, k, special)
     out = list(ids)
-    if not starts:
-        return out
-    start = starts[int(torch.randint(len(starts), (1,), generator=generator))]
-    out[start:start + k] = [mask_id] * k
+    if starts:
+        start = starts[uniform_choice(draw, len(starts))]
+        out[start:start + k] = [mask_id] * k
     return out
 
 
 # ----------------------------------------------------------------------------- character span masking
-def char_span_starts(strings: Sequence[str], k: int, min_chars: int, generator: torch.Generator) -> list[int | None]:
-    """Start of the masked k-character span of each string; None where the string stays unmasked.
-
-    A string is masked when it is longer than both min_chars and k; the start is uniform over all
-    len - k + 1 valid starts (one draw per masked string, in order, so a seeded generator replays it).
-    """
-    if k <= 0:
-        return [None] * len(strings)
-    starts: list[int | None] = []
-    for text in strings:
-        if len(text) <= max(min_chars, k):
-            starts.append(None)
-        else:
-            starts.append(int(torch.randint(len(text) - k + 1, (1,), generator=generator)))
-    return starts
-
-
 def char_starts_from_draws(texts: Sequence[str], k: int, min_chars: int, draws: Sequence[float]) -> list[int | None]:
-    """`char_span_starts` with one given uniform draw per string (`index_uniforms`) instead of a generator:
-    a string longer than both min_chars and k starts its span at draw * (len - k + 1), rounded down."""
+    """Start of the masked k-character span of each string, from one uniform draw in [0, 1) per string; None where
+    the string stays unmasked. A string longer than both min_chars and k starts its span at draw * (len - k + 1),
+    rounded down (uniform over the starts)."""
     return [uniform_choice(float(u), len(text) - k + 1) if k > 0 and len(text) > max(min_chars, k) else None
             for text, u in zip(texts, draws)]
 
@@ -155,29 +102,23 @@ class MaskingStats:
 
 
 class SecondViews:
-    """The second view x-bar of a batch's strings, made when the batch is trained: `views_for(indices, seed, epoch)`.
+    """The second views of a batch's strings, made when the batch is trained: `views_for(indices, seed, epoch)`.
 
-    Which span string i hides in epoch e depends only on (seed, epoch, i): one uniform draw per string from
-    `index_uniforms(seed, (STREAM_MASK, epoch), [i])`, where i is the string's row in the training data (the
-    deduplicated strings, strings without tokens dropped: the rows the epoch's order permutes). Not on the batch
-    it falls in, its place there, the batch size or the number of processes; so no epoch is drawn up front, and a
-    resumed run makes the views the uninterrupted one made.
-
-    unit "char" (the authors' procedure): a string longer than both min_chars and k has a k-character span,
-    its start uniform over the len - k + 1 starts, replaced by one mask token of the model's own tokenizer; the
-    batch's masked strings are tokenised again (fast tokenizer, same max_length). A masked string counts as
-    many destroyed tokens as original tokens whose character span (offset mapping, computed for the batch's
-    masked strings only) overlaps the masked characters.
-    unit "token" (our variant): k consecutive real tokens become k mask tokens, the start uniform over the
-    valid starts (`valid_span_starts`); a string with k or fewer real tokens stays unmasked.
-    `stats` sums what masking did over every batch made.
+    The span string i (its row in the training data) hides in epoch e depends only on (seed, e, i), one uniform draw
+    from `index_uniforms(seed, (STREAM_MASK, e), [i])`: not on its batch, the batch size or the processes.
+    unit "char": a string longer than both min_chars and k gets one mask token of the model's own tokenizer for a
+    k-character span and is tokenised again; it counts as many destroyed tokens as original tokens the span
+    overlaps. unit "token": k consecutive real tokens become k mask tokens; a string with k or fewer stays
+    unmasked. `stats` sums what masking did over every batch made.
     """
 
     def __init__(self, tokenizer, store, unit: str, k: int, min_chars: int, max_length: int):
         self.tokenizer, self.store = tokenizer, store  # store: data.token_store.TokenStore or ListStore
         self.unit, self.k, self.min_chars, self.max_length = unit, k, min_chars, max_length
         self.special = special_token_ids(tokenizer)
-        self.mask_id = require_mask_token(tokenizer) if k > 0 else None
+        if k > 0 and tokenizer.mask_token_id is None:
+            raise UserError("--mask-span: this tokenizer has no mask token; use --mask-span 0")
+        self.mask_id = int(tokenizer.mask_token_id) if k > 0 else None
         self.stats = MaskingStats()
         if k > 0 and unit == "char" and not getattr(tokenizer, "is_fast", False):
             raise UserError("--mask-unit char needs a fast tokenizer (offsets of tokens); use --mask-unit token")
@@ -226,7 +167,8 @@ class SecondViews:
             return [list(ids) for ids in first], (len(first), 0, real, 0)
         draws = index_uniforms(seed, (STREAM_MASK, epoch), indices)
         if self.unit == "token":
-            views, masked = self._token_views(first, draws)
+            views = [mask_span(ids, self.k, self.mask_id, self.special, float(u)) for ids, u in zip(first, draws)]
+            masked = sum(view != list(ids) for view, ids in zip(views, first))
             return views, (len(first), masked, real, self.k * masked)
         views, hit_strings, destroyed = self._char_views(indices, first, draws)
         return views, (len(first), hit_strings, real, destroyed)
@@ -240,17 +182,6 @@ class SecondViews:
         if self.k > 0 and self.unit == "char":  # the only views that tokenise
             twin.tokenizer = copy.deepcopy(self.tokenizer)
         return twin
-
-    def _token_views(self, first: Sequence[Sequence[int]], draws) -> tuple[list[list[int]], int]:
-        views, masked = [], 0
-        for ids, u in zip(first, draws):
-            view, starts = list(ids), valid_span_starts(ids, self.k, self.special)
-            if starts:
-                start = starts[uniform_choice(float(u), len(starts))]
-                view[start:start + self.k] = [self.mask_id] * self.k
-                masked += 1
-            views.append(view)
-        return views, masked
 
     def _char_views(self, indices: Sequence[int], first: Sequence[Sequence[int]], draws):
         """Mask characters, tokenise the masked strings again; count the original tokens the spans overlap."""

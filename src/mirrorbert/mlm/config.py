@@ -1,15 +1,15 @@
-"""Options of MLM pre-training (`mirrorbert pretrain-mlm`): one typed dataclass, checked once; no torch import."""
+"""Options of MLM pre-training (`mirrorbert pretrain-mlm`): one typed dataclass, checked from its fields' facts
+when made (settings/validation.py); no torch import."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from mirrorbert.errors import UserError
 from mirrorbert.settings.fields import option, redeclare
+from mirrorbert.settings.option_help import COUNT
 from mirrorbert.settings.run_options import RunOptions
-from mirrorbert.settings.seeds import SEED_RULE, seed_ok
 
 # Data-order settings: a checkpoint can only be resumed when all of these are unchanged.
 RESUME_KEYS = ("seq_length", "batch_size", "grad_accum", "seed", "mlm_probability", "whole_word_mask", "eval_fraction")
@@ -32,10 +32,12 @@ class PretrainConfig(RunOptions):
     tokenizer: str | None = option(None, help="tokenizer folder (required with --architecture; default with --model: "
                                               "the model's)", group="output", resume_safe=True)
     # data and objective
-    seq_length: int = option(128, help="tokens per packed sequence, specials included", group="data")
-    mlm_probability: float = option(0.15, help="fraction of tokens to predict", group="data")
+    seq_length: int = option(128, help="tokens per packed sequence, specials included", range="[8, inf)",
+                             group="data")
+    mlm_probability: float = option(0.15, help="fraction of tokens to predict", range="(0, 1)", group="data")
     whole_word_mask: bool = option(False, help="select whole words instead of sub-word tokens", group="data")
-    eval_fraction: float = option(0.01, help="fraction of documents held out for evaluation", group="data")
+    eval_fraction: float = option(0.01, help="fraction of documents held out for evaluation", range="[0, 1)",
+                                  group="data")
     cache_dir: str | None = option(None, help="where the tokenised corpus is kept",
                                    unset="~/.cache/mirrorbert/mlm-corpus", group="data", resume_safe=True)
     # optimisation
@@ -46,62 +48,42 @@ class PretrainConfig(RunOptions):
                                       unset="6% of the steps, at most 10,000", group="optimisation")
     max_grad_norm: float | None = option(1.0, shared="max_grad_norm", group="optimisation")
     batch_size: int = option(128, shared="batch_size", note="sequences per forward pass", group="optimisation")
-    grad_accum: int = option(1, help="forward passes per optimiser step", group="optimisation")
-    max_tokens: int | None = option(None, help="budget: stop after this many training tokens", group="optimisation",
-                                    resume_safe=True)
+    grad_accum: int = option(1, help="forward passes per optimiser step", range=COUNT, group="optimisation")
+    max_tokens: int | None = option(None, help="budget: stop after this many training tokens", range=COUNT,
+                                    group="optimisation", excludes=("epochs",), resume_safe=True)
     epochs: float | None = option(None, shared="epochs", note="a budget, fractions allowed",
-                                  unset="1 when no budget is given", group="optimisation", resume_safe=True)
+                                  unset="1 when no budget is given", range="(0, inf)", group="optimisation",
+                                  resume_safe=True)
     # hardware and bookkeeping
-    eval_every: int = option(500, help="held-out evaluation every N steps", group="hardware", resume_safe=True)
-    eval_sequences: int = option(256, help="held-out sequences per evaluation", group="hardware", resume_safe=True)
+    eval_every: int = option(500, help="held-out evaluation every N steps", range=COUNT, group="hardware",
+                             resume_safe=True)
+    eval_sequences: int = option(256, help="held-out sequences per evaluation", range=COUNT, group="hardware",
+                                 resume_safe=True)
     stop_after_steps: int | None = option(None, help="run only N more steps of the budget now, checkpoint and exit "
-                                                     "(resume later)", group="hardware", resume_safe=True)
+                                                     "(resume later)", range=COUNT, group="hardware", resume_safe=True)
     prefetch_batches: int = option(4, help="batches made ahead of the step in a background thread; 0: in the step's "
-                                           "own thread", group="hardware", resume_safe=True)
-    output: str | None = redeclare(RunOptions, "output", note="the model's folder", required=True)
+                                           "own thread", range="[0, inf)", group="hardware", resume_safe=True)
+    output: str | None = redeclare(RunOptions, "output", note="the model's folder")
     precision: str = redeclare(RunOptions, "precision", default="fp32")
     save_every: int = redeclare(RunOptions, "save_every", note="0: only on interrupt")
     log_every: int = redeclare(RunOptions, "log_every", default=50)
 
+    def rules(self) -> None:
+        if self.model is not None and self.architecture is not None:
+            raise UserError(self._one_start())
+        if self.architecture is not None and self.tokenizer is None:
+            raise UserError(f"pre-training from scratch ({self.say('architecture')}) needs {self.say('tokenizer')}")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.model is None and self.architecture is None:
+            raise UserError(self._one_start())
+
+    def _one_start(self) -> str:
+        return (f"give exactly one of {self.say('model')} (continue pre-training an MLM) or "
+                f"{self.say('architecture')} (from scratch)")
+
     def resolved_cache_dir(self) -> Path:
-        if self.cache_dir:
-            return Path(self.cache_dir)
-        base = os.environ.get("MIRRORBERT_CACHE") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mirrorbert"
-        )
-        return Path(base) / "mlm-corpus"
+        from mirrorbert.data.token_cache import cache_root
 
-
-def validate(cfg: PretrainConfig) -> None:
-    from mirrorbert.settings.typed import check_types
-
-    check_types(cfg)
-    def check(ok: bool, option: str, message: str) -> None:
-        if not ok:
-            raise UserError(f"--{option}: {message}")
-
-    check(bool(cfg.corpus), "corpus", "give at least one corpus file (UTF-8 text, one sentence per line)")
-    check(bool(cfg.output), "output", "required: the folder to write the pre-trained model to")
-    check(seed_ok(cfg.seed), "seed", f"{SEED_RULE}, not {cfg.seed!r}")
-    check((cfg.model is None) != (cfg.architecture is None), "model",
-          "give exactly one of --model (continue pre-training an MLM) or --architecture (from scratch)")
-    check(cfg.architecture is None or cfg.tokenizer is not None, "tokenizer",
-          "pre-training from scratch (--architecture) needs --tokenizer DIR")
-    check(cfg.max_tokens is None or cfg.epochs is None, "max-tokens", "give --max-tokens or --epochs, not both")
-    check(cfg.max_tokens is None or cfg.max_tokens >= 1, "max-tokens", "must be >= 1")
-    check(cfg.epochs is None or cfg.epochs > 0, "epochs", "must be > 0")
-    check(cfg.seq_length >= 8, "seq-length", "must be at least 8")
-    check(cfg.lr is None or cfg.lr > 0, "lr", "must be a positive number")
-    check(cfg.weight_decay >= 0, "weight-decay", "must be >= 0")
-    check(cfg.warmup_steps is None or cfg.warmup_steps >= 0, "warmup-steps", "must be >= 0")
-    check(cfg.max_grad_norm is None or cfg.max_grad_norm > 0, "max-grad-norm", "must be positive")
-    for key in ("batch_size", "grad_accum", "eval_every", "eval_sequences", "keep_checkpoints", "log_every"):
-        check(getattr(cfg, key) >= 1, key.replace("_", "-"), "must be an integer >= 1")
-    check(cfg.save_every >= 0, "save-every", "must be >= 0")
-    check(cfg.stop_after_steps is None or cfg.stop_after_steps >= 1, "stop-after-steps", "must be >= 1")
-    check(0 <= cfg.eval_fraction < 1, "eval-fraction", "must be in [0, 1)")
-    check(cfg.threads is None or cfg.threads >= 1, "threads", "must be >= 1")
-    check(cfg.prefetch_batches >= 0, "prefetch-batches", "must be >= 0")
-    from mirrorbert.mlm.masking import MaskingConfig
-
-    MaskingConfig(mlm_probability=cfg.mlm_probability)  # raises UserError on a bad value
+        return Path(self.cache_dir) if self.cache_dir else cache_root() / "mlm-corpus"

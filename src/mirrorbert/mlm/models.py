@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mirrorbert.errors import UserError, first_line
-from mirrorbert.safeguards.preflight import check_max_length, inspect_model, weights_load_error
+from mirrorbert.errors import UserError
+from mirrorbert.safeguards.preflight import check_max_length
 
 # Named sizes of Turc et al. (2019), "Well-Read Students Learn Better"; heads = hidden / 64.
 ARCHITECTURES: dict[str, dict[str, int]] = {
@@ -20,24 +20,18 @@ ARCHITECTURE_POSITIONS = 512
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
-    from mirrorbert.safeguards.model_loading import load_tokenizer as load_tokenizer_checked
+    """The tokenizer of a tokenizer folder (`--tokenizer`), checked like a model's."""
+    from mirrorbert.encoder.source import open_model
 
-    if not Path(path).exists():
-        raise UserError(f"--tokenizer {path}: no such folder")
-    try:
-        return load_tokenizer_checked(path, trust_remote_code=trust_remote_code, option="--tokenizer")
-    except UserError:
-        raise
-    except (OSError, ValueError) as exc:
-        first = first_line(exc)
-        raise UserError(f"--tokenizer {path}: cannot load a tokenizer from this folder: {first}") from None
+    with open_model(path, option="--tokenizer", trust_remote_code=trust_remote_code, need_config=False) as handle:
+        return handle.tokenizer()
 
 
 def architecture_config(architecture: str, tokenizer, seq_length: int):
     """A fresh config for a named size or a config JSON file, sized to the tokenizer's vocabulary."""
     from transformers import BertConfig
 
-    from mirrorbert.safeguards.model_loading import config_for_model
+    from mirrorbert.encoder.source import config_for_model
 
     if architecture in ARCHITECTURES:
         size = ARCHITECTURES[architecture]
@@ -74,55 +68,44 @@ def architecture_config(architecture: str, tokenizer, seq_length: int):
     return config
 
 
-def build_model(cfg):
-    """(model, tokenizer, description) for a fresh architecture or a pretrained MLM."""
-    from mirrorbert.safeguards.model_loading import load_model, model_from_config
+def build_model(cfg, resume_model: str | None = None, resume_option: str = "--resume"):
+    """(model, tokenizer, description) for a fresh architecture or a pretrained MLM; when resuming, the model
+    is the checkpoint's (`resume_model`), opened and prepared as any other."""
+    from mirrorbert.encoder.source import fresh_model, open_model
 
+    trust = cfg.trust_remote_code
     if cfg.architecture is not None:
-        tokenizer = load_tokenizer(cfg.tokenizer, cfg.trust_remote_code)
+        tokenizer = load_tokenizer(cfg.tokenizer, trust)
         config = architecture_config(cfg.architecture, tokenizer, cfg.seq_length)
+        description = f"{cfg.architecture} (from scratch)"
+        if resume_model is not None:
+            return load_mlm(resume_model, resume_option, trust), tokenizer, description
         try:
-            model = model_from_config(config, "AutoModelForMaskedLM", trust_remote_code=cfg.trust_remote_code,
-                                      option=f"--architecture {cfg.architecture}")
+            model = fresh_model(config, "AutoModelForMaskedLM", trust_remote_code=trust,
+                                option=f"--architecture {cfg.architecture}")
         except UserError:
             raise
         except ValueError as exc:
             raise UserError(f"--architecture {cfg.architecture}: no masked-LM head for this config ({exc})") from None
-        return model, tokenizer, f"{cfg.architecture} (from scratch)"
-    from mirrorbert.safeguards.preflight import check_model_reachable, model_load_error
-
-    name = cfg.model
-    if Path(name).is_dir() and not (Path(name) / "config.json").exists():
-        raise UserError(f"--model {name}: folder has no config.json (not a Hugging Face model folder)")
-    # config, tokenizer, weight-file headers and --seq-length first: cheap, and before the weights load
-    config, _ = inspect_model(name, max_length=cfg.seq_length, max_length_option="--seq-length", need_mask=True,
-                              mask_option="--model", tokenizer_source=cfg.tokenizer,
-                              trust_remote_code=cfg.trust_remote_code)
-    from mirrorbert.encoder.architectures import check_supported
-
-    check_supported(config, name)
-    check_model_reachable(name, cfg.trust_remote_code)
-    try:
-        model = load_model(name, "AutoModelForMaskedLM", trust_remote_code=cfg.trust_remote_code)
-        tokenizer = load_tokenizer(cfg.tokenizer, cfg.trust_remote_code) if cfg.tokenizer else \
-            _auto_tokenizer(name, cfg.trust_remote_code)
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001  damaged weights raise safetensors' own error type
-        error = weights_load_error(name, exc) or (
-            model_load_error(name, exc) if isinstance(exc, (OSError, ValueError)) else None)
-        if error is None:
-            raise
-        raise error from None
+        return model, tokenizer, description
+    with open_model(cfg.model, trust_remote_code=trust, need_tokenizer=cfg.tokenizer is None) as start:
+        start.check_max_length(cfg.seq_length, "--seq-length")
+        tokenizer = load_tokenizer(cfg.tokenizer, trust) if cfg.tokenizer else start.tokenizer()
+        if tokenizer.mask_token_id is None:
+            raise UserError(f"--model: the tokenizer of {cfg.model} has no mask token; masking needs one "
+                            "([MASK] or <mask>)")
+        start.warn_if_decoder()
+        model = load_mlm(resume_model, resume_option, trust) if resume_model else start.load("AutoModelForMaskedLM")
     embeddings = model.get_input_embeddings().weight.shape[0]
     if len(tokenizer) > embeddings:
-        raise UserError(
-            f"--tokenizer: {len(tokenizer)} tokens but the model {name} has only {embeddings} embeddings"
-        )
-    return model, tokenizer, name
+        raise UserError(f"--tokenizer: {len(tokenizer)} tokens but the model {cfg.model} has only {embeddings} "
+                        "embeddings")
+    return model, tokenizer, cfg.model
 
 
-def _auto_tokenizer(name: str, trust_remote_code: bool = False):
-    from mirrorbert.safeguards.model_loading import load_tokenizer as load_tokenizer_checked
+def load_mlm(folder: str, option: str, trust_remote_code: bool):
+    """The masked LM saved in `folder` (a checkpoint's, or a best model), opened, checked and prepared."""
+    from mirrorbert.encoder.source import open_model
 
-    return load_tokenizer_checked(name, trust_remote_code=trust_remote_code)
+    with open_model(folder, option=option, trust_remote_code=trust_remote_code, need_tokenizer=False) as saved:
+        return saved.load("AutoModelForMaskedLM")

@@ -1,12 +1,6 @@
-"""Masked-language-model pre-training, from scratch or continued from any HF masked LM.
-
-The corpus is tokenised once into memory-mapped token streams (`corpus.py`); batches are packed
-windows of `seq_length` tokens, corrupted by `masking.py` in a background thread (`method.py`). The run
-itself (guard, seed, resume, engine, atomic output) is the one lifecycle of `training/run.py`, so
-`pretrain-mlm` behaves like `mirrorbert train`.
-
-Exact resume: the data position and every mask are pure functions of (seed, step), the optimiser,
-scheduler and RNG state live in the checkpoint, so N steps + resume N steps equals 2N steps.
+"""Masked-language-model pre-training, from scratch or continued from any HF masked LM, through the one run
+lifecycle (`training/run.py`). Exact resume: the data position and every mask are functions of (seed, step), so N
+steps and a resume of N more equal 2N steps.
 """
 
 from __future__ import annotations
@@ -18,14 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mirrorbert.data.token_stream import check_corpus_files, prepare_corpus
 from mirrorbert.errors import UserError
-from mirrorbert.mlm.config import RESUME_KEYS, PretrainConfig, validate
-from mirrorbert.mlm.corpus import check_corpus_files, prepare_corpus
-from mirrorbert.mlm.masking import MaskingConfig, MlmMasker
-from mirrorbert.mlm.method import MlmData, MlmMethod, mlm_loss
+from mirrorbert.mlm.config import RESUME_KEYS, PretrainConfig
+from mirrorbert.mlm.masking import MlmMasker
+from mirrorbert.mlm.method import STREAM_ORDER, MlmData, MlmMethod, mlm_loss, windows
 from mirrorbert.mlm.models import ARCHITECTURES, build_model
 from mirrorbert.reporting.metrics import library_versions
-from mirrorbert.safeguards.preflight import max_positions
 from mirrorbert.safeguards.writes import write_json_atomic
 from mirrorbert.training.plan import BatchPlan
 from mirrorbert.training.run import GuardedPaths, Recipe, RunContext, run
@@ -56,7 +49,7 @@ class PretrainResult:
 
 def pretrain(cfg: PretrainConfig) -> PretrainResult:
     """Run MLM pre-training as configured and write an HF `*ForMaskedLM` folder to `cfg.output`."""
-    validate(cfg)
+    cfg.validate()
     return run(MlmRecipe(cfg))
 
 
@@ -80,21 +73,17 @@ class MlmRecipe(Recipe):
         return {k: v for k, v in saved.items() if k not in RESUME_KEYS}  # RESUME_KEYS have their own message
 
     def build(self, run_ctx: RunContext) -> MlmMethod:
-        from mirrorbert.encoder.architectures import prepare_model, usable_precision
+        from mirrorbert.encoder.architectures import usable_precision
 
         cfg, resume = self.cfg, run_ctx.resume
-        model, tokenizer, self.source, masker, self.corpus, data = _model_and_data(cfg)
-        run_ctx.precision = usable_precision(prepare_model(model), run_ctx.precision)
-        plan, self.lr, self.warmup = _budget(cfg, len(data.packed))
-        if resume is not None:  # weights come from the checkpoint; everything else was built identically
-            from mirrorbert.safeguards.model_loading import load_model
-
+        model, self.source, self.corpus, data = _model_and_data(cfg, resume)
+        run_ctx.precision = usable_precision(model, run_ctx.precision, run_ctx.device)
+        plan = _plan(cfg, len(data.packed))
+        if resume is not None:
             _check_resume(resume, cfg, data.corpus_key, plan.total_steps)
-            model = load_model(resume.model_dir, "AutoModelForMaskedLM", trust_remote_code=cfg.trust_remote_code,
-                               option=f"--resume {resume.path}:")
         model.to(run_ctx.device)
         model.train()
-        return MlmMethod(cfg, model, plan, data, run_ctx, self.lr, self.warmup)
+        return MlmMethod(cfg, model, plan, data, run_ctx)
 
     def restore(self, method: MlmMethod, extra: dict[str, Any], resume) -> None:
         method.restore(extra)
@@ -106,7 +95,7 @@ class MlmRecipe(Recipe):
         cfg, plan = self.cfg, method.plan
         logger.info("MLM pre-training %s: %d train sequences of %d tokens, %d steps of %d sequences (%d tokens), "
                     "lr %g, warmup %d, device %s, %s", self.source, plan.n, cfg.seq_length, plan.total_steps,
-                    cfg.batch_size * cfg.grad_accum, _tokens_per_step(cfg), self.lr, self.warmup, method.device,
+                    cfg.batch_size * cfg.grad_accum, _tokens_per_step(cfg), method.lr, method.warmup, method.device,
                     method.precision)
 
     def close(self, method: MlmMethod) -> None:
@@ -136,28 +125,23 @@ class MlmRecipe(Recipe):
         return result
 
 
-def _model_and_data(cfg: PretrainConfig):
-    """The starting model and tokenizer, the masker, and the corpus packed into train and held-out windows."""
-    model, tokenizer, source = build_model(cfg)
-    if tokenizer.mask_token_id is None:
-        raise UserError(f"tokenizer of {source} has no mask token; MLM pre-training needs one ([MASK] or <mask>)")
-    limit = max_positions(model.config)
-    if limit is not None and cfg.seq_length > limit:
-        raise UserError(f"--seq-length {cfg.seq_length}: the model takes at most {limit} positions")
-    masker = MlmMasker.from_tokenizer(
-        tokenizer, MaskingConfig(mlm_probability=cfg.mlm_probability, whole_word=cfg.whole_word_mask),
-        vocab_size=model.get_input_embeddings().weight.shape[0],
-    )
-    corpus = prepare_corpus(cfg.corpus, tokenizer, cfg.resolved_cache_dir(), cfg.eval_fraction,
+def _model_and_data(cfg: PretrainConfig, resume=None):
+    """The model (the checkpoint's when resuming) and tokenizer, the masker, and the corpus packed into train and
+    held-out windows."""
+    model, tokenizer, source = build_model(cfg, resume.model_dir if resume is not None else None,
+                                           f"--resume {resume.path}:" if resume is not None else "--resume")
+    masker = MlmMasker.from_tokenizer(tokenizer, probability=cfg.mlm_probability, whole_word=cfg.whole_word_mask,
+                                      vocab_size=model.get_input_embeddings().weight.shape[0])
+    corpus = prepare_corpus(cfg.corpus, tokenizer, cfg.cache_dir, cfg.eval_fraction,
                             show_progress=cfg.show_progress)
-    packed = corpus.packed("train", cfg.seq_length)
+    packed = windows(corpus, "train", cfg.seq_length)
     if len(packed) == 0:
         raise UserError("--corpus: every document went to the held-out slice; lower --eval-fraction")
-    eval_packed = corpus.packed("eval", cfg.seq_length) if corpus.n_tokens("eval") else None
+    eval_packed = windows(corpus, "eval", cfg.seq_length) if corpus.n_tokens("eval") else None
     if eval_packed is None:
         logger.warning("the held-out slice is empty (corpus too small for --eval-fraction %s): no evaluation",
                        cfg.eval_fraction)
-    return model, tokenizer, source, masker, corpus, MlmData(tokenizer, packed, eval_packed, masker, corpus.meta["key"])
+    return model, source, corpus, MlmData(tokenizer, packed, eval_packed, masker, corpus.meta["corpus_key"])
 
 
 def _run_info(recipe: MlmRecipe, method: MlmMethod, result: PretrainResult) -> dict[str, Any]:
@@ -166,7 +150,7 @@ def _run_info(recipe: MlmRecipe, method: MlmMethod, result: PretrainResult) -> d
     return {
         "method": "mlm-pretraining",
         "source": recipe.source,
-        "config": {**cfg.to_dict(), "lr": recipe.lr, "warmup_steps": recipe.warmup},
+        "config": {**cfg.to_dict(), "lr": method.lr, "warmup_steps": method.warmup},
         "corpus": {"files": corpus.meta["sources"], "train_tokens": corpus.n_tokens("train"),
                    "eval_tokens": corpus.n_tokens("eval"), "train_sequences": len(packed),
                    "eval_sequences": len(eval_packed) if eval_packed is not None else 0},
@@ -206,17 +190,15 @@ def _tokens_per_step(cfg: PretrainConfig) -> int:
     return cfg.batch_size * cfg.grad_accum * cfg.seq_length
 
 
-def _budget(cfg: PretrainConfig, n_sequences: int) -> tuple[BatchPlan, float, int]:
-    """The plan with its total steps (from --max-tokens or --epochs), the warmup and the peak lr."""
-    plan = BatchPlan(n_sequences, cfg.batch_size, cfg.seed, keep_short_last=True)
+def _plan(cfg: PretrainConfig, n_sequences: int) -> BatchPlan:
+    """The plan with its total steps: from --max-tokens, else from --epochs (1 when no budget is given)."""
+    plan = BatchPlan(n_sequences, cfg.batch_size, cfg.seed, STREAM_ORDER, keep_short_last=True)
     if cfg.max_tokens is not None:
         plan.total_steps = max(1, math.ceil(cfg.max_tokens / _tokens_per_step(cfg)))
     else:
         epochs = cfg.epochs if cfg.epochs is not None else 1.0
         plan.total_steps = max(1, math.ceil(math.ceil(epochs * plan.batches_per_epoch) / cfg.grad_accum))
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else min(10_000, round(0.06 * plan.total_steps))
-    lr = cfg.lr if cfg.lr is not None else (5e-4 if cfg.architecture else 5e-5)
-    return plan, lr, warmup
+    return plan
 
 
 def _result(method: MlmMethod, step: int, wall: float) -> PretrainResult:
@@ -232,4 +214,4 @@ def _result(method: MlmMethod, step: int, wall: float) -> PretrainResult:
     )
 
 
-__all__ = ["ARCHITECTURES", "INFO_FILE", "PretrainConfig", "PretrainResult", "pretrain", "mlm_loss", "validate"]
+__all__ = ["ARCHITECTURES", "INFO_FILE", "PretrainConfig", "PretrainResult", "pretrain", "mlm_loss"]

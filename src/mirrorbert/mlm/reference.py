@@ -1,17 +1,7 @@
-"""The quickstart's offline fallback: a small reference MLM pre-trained here within a time budget.
-
-Where the default model (bert-base-uncased) cannot be downloaded, ``./scripts/quickstart.sh`` still runs
-its main job on a model it can have: a BERT pre-trained from scratch on the offline reference corpus
-(``scripts/build_reference_corpus.py``; GCIDE is used when installed, skipped otherwise). The token budget
-is sized to the machine: a few calibration steps measure tokens/s, and the run gets the tokens that fit
-in what is left of the time budget (default 10 minutes). The model is cached under the work folder, so
-a second quickstart reuses it.
-
-    python -m mirrorbert.cli.reference_mlm --model bert-base-uncased --data-dir ../shared/data \
-        --work runs/quickstart-reference-mlm --corpus-script scripts/build_reference_corpus.py
-    # prints the model to use (the default if reachable, else the reference MLM's folder)
-
-(the command line is in `mirrorbert.cli.reference_mlm`; this module is the library part)
+"""The quickstart's offline fallback: where the default model cannot be downloaded, a small BERT pre-trained here
+from scratch on the offline reference corpus (`scripts/build_reference_corpus.py`) within a time budget: a few
+calibration steps measure tokens/s, and the run gets the tokens that fit in what is left. The model is cached
+under the work folder. The command line is `mirrorbert.cli.reference_mlm`.
 """
 
 from __future__ import annotations
@@ -63,7 +53,7 @@ def script_corpus_builder(script: Path, data_dir: Path) -> Callable[[Path], None
             cmd.append("--skip-gcide")
         corpus.parent.mkdir(parents=True, exist_ok=True)
         logger.info("building the offline reference corpus %s", corpus)
-        # Its table goes to stdout (its last line names a failure); its progress lines and errors to our stderr as they come.
+        # its table goes to stdout (the last line names a failure), its progress and errors to our stderr
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         if done.returncode != 0:
             raise UserError(f"building the reference corpus failed (exit status {done.returncode}; its error is "
@@ -96,7 +86,7 @@ def ensure_reference_mlm(work: Path, data_dir: Path, build_corpus: Callable[[Pat
                   overwrite=True)
     step_tokens = plan.batch_size * plan.seq_length
     calibration = work / "calibration"
-    # The calibration run also tokenises the corpus into the cache the real run reuses.
+    # the calibration run also fills the token cache the real run reuses
     cal = pretrain(PretrainConfig(output=str(calibration), max_tokens=step_tokens * plan.calibration_steps, **common))
     remove_tree(calibration)
     rate = max(cal.tokens_per_s, 1.0)

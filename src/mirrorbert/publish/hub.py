@@ -1,27 +1,13 @@
 """Publishing a model on the Hugging Face Hub: `mirrorbert push`, `train --push-to-hub` (a saved folder) and
 `push_encoder` (an encoder in memory, saved into a temporary folder first).
 
-What goes up is the saved folder as transformers and sentence-transformers read it (weights, config,
-tokenizer, `modules.json` and the pooling config), `mirrorbert.json` and the model card, and nothing of
-mirrorbert's own bookkeeping: the write policy's marker (`.mirrorbert-output`), locks and temporaries (every
-dot-file), checkpoints (`step-N/`, `best-model/`) and folders that are outputs of their own. The card is
-rendered again for the repo (its usage snippets then load the repo id) unless it was edited since mirrorbert
-wrote it; an edited card goes up as it is.
-
-Nothing leaves the machine that mirrorbert cannot show came from inside the folder. This module is that
-boundary: the folder is listed without following a link, and a symlink anywhere in what would go up, a
-hard link (a file with more than one name: another may lie outside), a FIFO, socket or device is refused,
-naming it; each listed file is then opened one folder at a time from the model folder without following a
-link and copied from that descriptor only if it is the very file listed (same device and inode). The card
-is rendered from the folder's own files, read through `ConfinedFolder`: a module folder named in
-modules.json that leads out is refused, and no path written in mirrorbert.json is ever opened.
-
-A dry run writes exactly the files that would be uploaded into a folder, through the write policy, and
-touches no network. The real push stages the same files (hard links where possible) in a temporary folder
-beside the model and calls `HfApi.create_repo(exist_ok=True)` and `HfApi.upload_folder`; a network or Hub
-error becomes one `UserError` line naming the repo.
-
-Nothing here imports torch or transformers: `mirrorbert push` never loads the model.
+What goes up is the saved folder as transformers and sentence-transformers read it, `mirrorbert.json` and the
+model card (rendered again for the repo unless edited since mirrorbert wrote it), never mirrorbert's
+bookkeeping: dot-files (marker, locks, temporaries), checkpoints (`step-N/`, `best-model/`), nested outputs.
+A symlink, a hard link, a FIFO, socket or device in what would go up is refused, naming it; each file is copied
+from a descriptor opened without following a link and checked to be the very file listed. The card is written
+from the folder's own files only. A dry run writes exactly the files that would be uploaded, through the write
+policy, and touches no network; a network or Hub error is one `UserError` line naming the repo. No torch import.
 """
 
 from __future__ import annotations
@@ -39,19 +25,17 @@ from typing import Any, BinaryIO, Iterator
 from mirrorbert.errors import UserError, first_line
 from mirrorbert.publish.model_card import CARD_FILE
 from mirrorbert.safeguards.confined import ConfinedFolder
-from mirrorbert.safeguards.readback import describe_kind
+from mirrorbert.safeguards.readback import describe_kind, opening
 from mirrorbert.safeguards.writes import MARKER, remove_tree
 
 DEFAULT_COMMIT_MESSAGE = "Upload a sentence encoder trained with mirrorbert"
-# The Hub's rules for one part of a repo id (huggingface_hub.utils.validate_repo_id): 1 to 96 of
-# [A-Za-z0-9_.-], starting and ending with a letter, digit or underscore; no "--" or ".."; not ending ".git".
+# one part of a repo id, by the Hub's rules (huggingface_hub.utils.validate_repo_id)
 _REPO_PART = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?")
 MIRRORBERT_JSON = "mirrorbert.json"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
                    "sentencepiece.bpe.model")
-# Checkpoint folders a training output may hold (training/checkpoints.py): never part of the published model.
 CHECKPOINT_DIR = re.compile(r"^(step-\d+|best-model)$")
 MARKER_LIMIT = 64 << 20  # the write policy's marker lists each file of the folder with its digest
 
@@ -78,8 +62,7 @@ def check_repo_id(repo_id: Any, option: str = "--repo") -> str:
     return text
 
 
-# The JSON files the card is written from, besides mirrorbert.json and each module's config.json: checked with
-# the folder, so that a damaged one is refused before anything is written or sent.
+# the card's other sources besides mirrorbert.json and the module configs, checked with the folder
 CARD_SOURCES = ("sentence_bert_config.json", "config_sentence_transformers.json")
 
 
@@ -186,10 +169,11 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEX
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
-def _checked_fds(model: ConfinedFolder, rel: str, listed: os.stat_result) -> list[int]:
-    """Descriptors of the model folder, of each folder on the way to the listed file `rel` and of the file,
-    opened one at a time without following a link; the file checked on its descriptor to be the very file
-    that was listed (same device and inode, regular, one link). Anything else is refused, naming `rel`."""
+@contextlib.contextmanager
+def open_listed(model: ConfinedFolder, rel: str, listed: os.stat_result) -> Iterator[list[int]]:
+    """Descriptors of the model folder, of each folder on the way to the listed file `rel` and of the file (last),
+    opened one at a time without following a link and closed on exit; the file checked on its descriptor to be the
+    very file that was listed (same device and inode, regular, one link). Anything else is refused, naming `rel`."""
     changed = model.refuse(rel, f"changed since the folder was listed (replaced, or a link swapped in); "
                                 f"{PUBLISHED}")
     fds: list[int] = []
@@ -205,20 +189,7 @@ def _checked_fds(model: ConfinedFolder, rel: str, listed: os.stat_result) -> lis
         if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and os.path.samestat(st, listed)):
             raise changed
         os.set_blocking(fds[-1], True)
-        return fds
-    except BaseException:
-        for fd in reversed(fds):
-            os.close(fd)
-        raise
-
-
-@contextlib.contextmanager
-def open_listed(model: ConfinedFolder, rel: str, listed: os.stat_result) -> Iterator[tuple[int, int, str]]:
-    """(descriptor of the file, descriptor of its folder, its name) of the listed file `rel`, checked as
-    `_checked_fds` does: what is copied is what was checked."""
-    fds = _checked_fds(model, rel, listed)
-    try:
-        yield fds[-1], fds[-2], rel.rsplit("/", 1)[-1]
+        yield fds
     finally:
         for fd in reversed(fds):
             os.close(fd)
@@ -248,13 +219,10 @@ class PublishedFolder(ConfinedFolder):
         if rel not in self.listing:
             raise self.refuse(name, "is not one of the files that go up (the card is written from those only)",
                               named_in)
-        fds = _checked_fds(self.top, rel, self.listing[rel])
-        for fd in fds[:-1]:
-            os.close(fd)
-        if limit is not None and os.fstat(fds[-1]).st_size > limit:
-            os.close(fds[-1])
-            raise self.refuse(name, f"more than the {limit} bytes such a file may hold", named_in)
-        return fds[-1]
+        with open_listed(self.top, rel, self.listing[rel]) as fds:
+            if limit is not None and os.fstat(fds[-1]).st_size > limit:
+                raise self.refuse(name, f"more than the {limit} bytes such a file may hold", named_in)
+            return os.dup(fds[-1])
 
 
 def _new_file(target: Path) -> BinaryIO:
@@ -287,10 +255,6 @@ class Upload:
     card_note: str = ""
 
     @property
-    def folder(self) -> Path:
-        return self.model.given
-
-    @property
     def files(self) -> list[str]:
         return sorted({*self.listing, *([CARD_FILE] if self.card is not None else [])})
 
@@ -310,26 +274,23 @@ class Upload:
                 with _new_file(target) as out:
                     out.write(self.card.encode("utf-8"))
                 continue
-            with open_listed(self.model, rel, self.listing[rel]) as (fd, dir_fd, name):
-                if link and _link_checked(fd, dir_fd, name, target):
+            with open_listed(self.model, rel, self.listing[rel]) as fds:
+                if link and _link_checked(fds[-1], fds[-2], rel.rsplit("/", 1)[-1], target):
                     continue
-                with _new_file(target) as out, os.fdopen(os.dup(fd), "rb") as src:
+                with _new_file(target) as out, os.fdopen(os.dup(fds[-1]), "rb") as src:
                     shutil.copyfileobj(src, out, 1 << 20)
 
     def record(self) -> dict[str, Any]:
-        return {"repo": self.repo_id, "model": str(self.folder), "files": self.files, "bytes": self.bytes,
+        return {"repo": self.repo_id, "model": str(self.model.given), "files": self.files, "bytes": self.bytes,
                 "card": self.card_note}
 
 
-def _card_digest(model: ConfinedFolder, listing: dict[str, os.stat_result]) -> list | None:
+def _card_digest(view: PublishedFolder) -> list:
     """[size, sha256] of the folder's listed README.md, as the write policy's marker records it."""
     from mirrorbert.safeguards.readback import stream_sha256
 
-    if CARD_FILE not in listing:
-        return None
-    with open_listed(model, CARD_FILE, listing[CARD_FILE]) as (fd, _, _):
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            return [os.fstat(fd).st_size, stream_sha256(fh)]
+    with os.fdopen(view.open(CARD_FILE), "rb") as fh:
+        return [os.fstat(fh.fileno()).st_size, stream_sha256(fh)]
 
 
 def _recorded_card_digest(model: ConfinedFolder) -> list | None:
@@ -351,16 +312,17 @@ def plan_upload(folder: str | Path | ConfinedFolder, repo_id: str, render_card: 
     The card is rendered from the folder's own files only (mirrorbert.json, modules.json, module configs)."""
     model = folder if isinstance(folder, ConfinedFolder) else ConfinedFolder(folder, option, kind="model folder")
     listing = list_upload(model)
-    if render_card is None:
-        recorded = _recorded_card_digest(model) if CARD_FILE in listing else None
-        render_card = CARD_FILE not in listing or (recorded is not None and _card_digest(model, listing) == recorded)
-        note = ("written for the repo from mirrorbert.json" if CARD_FILE not in listing else
-                "rendered for the repo" if render_card else
-                "uploaded as it is (edited since mirrorbert wrote it, or written by another tool)")
-    else:
+    view = PublishedFolder.of(model, model, listing)
+    if render_card is not None:
         note = "rendered for the repo" if render_card else "uploaded as it is"
-    card = _render_card(PublishedFolder.of(model, model, listing), repo_id) if render_card else None
-    return Upload(model, repo_id, listing, card, note)
+    elif CARD_FILE not in listing:
+        render_card, note = True, "written for the repo from mirrorbert.json"
+    else:
+        recorded = _recorded_card_digest(model)
+        render_card = recorded is not None and _card_digest(view) == recorded
+        note = ("rendered for the repo" if render_card else
+                "uploaded as it is (edited since mirrorbert wrote it, or written by another tool)")
+    return Upload(model, repo_id, listing, _render_card(view, repo_id) if render_card else None, note)
 
 
 def _render_card(model: PublishedFolder, repo_id: str) -> str:
@@ -383,12 +345,8 @@ def _render_card(model: PublishedFolder, repo_id: str) -> str:
 def dry_run(folder: str | Path, repo_id: str, output: str | Path, overwrite: bool = False, *,
             model_option: str = "--model", repo_option: str = "--repo", output_option: str = "--output",
             render_card: bool | None = None) -> dict[str, Any]:
-    """Write into `output` exactly the files a push of `folder` to `repo_id` would upload; no network.
-
-    `output` follows the write policy (refused inside the model folder, an existing folder only with
-    `overwrite` and only when mirrorbert wrote all of it); like every folder mirrorbert writes, it also gets
-    the policy's marker, which a push of it leaves out in turn.
-    """
+    """Write into `output` exactly the files a push of `folder` to `repo_id` would upload; no network. `output`
+    follows the write policy (an existing folder only with `overwrite` and only when mirrorbert wrote all of it)."""
     from mirrorbert.safeguards.writes import WritePlan, atomic_output_dir
 
     repo_id = check_repo_id(repo_id, repo_option)
@@ -401,22 +359,14 @@ def dry_run(folder: str | Path, repo_id: str, output: str | Path, overwrite: boo
 
 
 def _hub_errors() -> tuple[type[BaseException], ...]:
-    """What huggingface_hub raises when the Hub cannot be reached or refuses: its HTTP errors (httpx's or
-    requests', by version), offline mode and connection errors (ConnectionError), a missing token (OSError)."""
-    errors: list[type[BaseException]] = [OSError, TimeoutError, ValueError]
+    """What huggingface_hub raises when the Hub cannot be reached or refuses: OSError (requests' errors, offline
+    mode, a missing token), timeouts, ValueError, and from huggingface_hub 1.0 on httpx's HTTP errors."""
+    errors: tuple[type[BaseException], ...] = (OSError, TimeoutError, ValueError)
     try:
-        from huggingface_hub import errors as hub_errors
-
-        errors += [e for e in (getattr(hub_errors, "HTTPError", None),) if isinstance(e, type)]
-    except ImportError:  # pragma: no cover - older huggingface_hub
-        pass
-    try:
-        import requests
-
-        errors.append(requests.RequestException)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(errors)
+        from huggingface_hub.errors import HTTPError
+    except ImportError:  # pragma: no cover - its HTTP errors are requests' there (OSError)
+        return errors
+    return (*errors, HTTPError)
 
 
 def _staging_dir(folder: Path) -> Path:
@@ -432,26 +382,22 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
                 commit_message: str | None = None, model_option: str = "--model", repo_option: str = "--repo",
                 render_card: bool | None = None) -> dict[str, Any]:
     """Upload a saved model folder to the Hub repo `repo_id` (created when missing); returns what was sent.
-
     `private`: the visibility of a repo created now (None: the Hub's default; an existing repo keeps its own).
-    `token`: a Hub token (default: `HF_TOKEN` or the login saved by `hf auth login`).
-    """
+    `token`: a Hub token (default: `HF_TOKEN` or the login saved by `hf auth login`)."""
     repo_id = check_repo_id(repo_id, repo_option)
     model = open_model_folder(folder, model_option)
     upload = plan_upload(model, repo_id, render_card)
-    try:
-        from huggingface_hub import HfApi
-    except ImportError:  # pragma: no cover - transformers depends on it
-        raise UserError(f"{repo_option} {repo_id}: pushing needs the huggingface_hub package "
-                        f"(pip install huggingface_hub)") from None
+    from huggingface_hub import HfApi  # a dependency of transformers
+
     staging = _staging_dir(model.root)
     try:
         upload.write(staging, link=True)
         api = HfApi(token=token)
         try:
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-            commit = api.upload_folder(repo_id=repo_id, folder_path=str(staging), repo_type="model",
-                                       commit_message=commit_message or DEFAULT_COMMIT_MESSAGE)
+            with opening():  # the staging folder is the boundary's own: links to the files checked above
+                commit = api.upload_folder(repo_id=repo_id, folder_path=str(staging), repo_type="model",
+                                           commit_message=commit_message or DEFAULT_COMMIT_MESSAGE)
         except _hub_errors() as exc:
             raise UserError(f"{repo_option} {repo_id}: could not push to the Hugging Face Hub "
                             f"({type(exc).__name__}: {first_line(exc)}); check the network and the login "

@@ -1,23 +1,12 @@
-"""Model card (`README.md`) of every saved model.
-
-The card follows sentence-transformers' model card layout (YAML front matter; Model Details with the model
-description, sources and the full model architecture; Usage; Evaluation; Training Details; Framework Versions;
-Citation) and is written from the same facts as `mirrorbert.json`, so the two never disagree. The
-architecture is read from the folder's own `modules.json` and module configs (no model is loaded). The
-`--eval-after` scores come in as data (`meta["training"]["eval_after"]`, written by
-`mirrorbert.mirror.eval_after`); the card imports nothing of the evaluation package.
-
-A card goes out with the model (`mirrorbert push`), so it holds nothing from outside the folder: its files
-are read through `ConfinedFolder` (a module folder in modules.json that leads out is refused; for a push,
-`hub.PublishedFolder` narrows that to the files that go up, as they were listed), and a path written in
-mirrorbert.json (the base model, the data, the eval data, the output) is only ever named, by its last part,
+"""Model card (`README.md`) of every saved model, in sentence-transformers' layout, written from the same facts as
+`mirrorbert.json` (the `--eval-after` scores come in as data) and the folder's own `modules.json` and module
+configs, read through `ConfinedFolder`; a path recorded in mirrorbert.json is only named, by its last part,
 never opened.
 """
 
 from __future__ import annotations
 
 import re
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,10 +16,7 @@ from mirrorbert.reporting.scores import format_value
 if TYPE_CHECKING:
     from mirrorbert.safeguards.confined import ConfinedFolder
 
-logger = logging.getLogger(__name__)
-
 CARD_FILE = "README.md"
-# What the usage snippets load when the model has no name yet (saved without an output folder or repo).
 PLACEHOLDER_NAME = "path/to/model"
 CITATION = """@inproceedings{liu-etal-2021-fast,
     title = "Fast, Effective, and Self-Supervised: Transforming Masked Language Models into Universal Lexical and Sentence Encoders",
@@ -44,7 +30,6 @@ CITATION = """@inproceedings{liu-etal-2021-fast,
     doi = "10.18653/v1/2021.emnlp-main.109",
     pages = "1442--1459",
 }"""
-# GR-BERT, as the ACL Anthology records it (2022.findings-naacl.68), with its arXiv id.
 GR_BERT_CITATION = """@inproceedings{lin-etal-2022-improving,
     title = "Improving Contextual Representation with Gloss Regularized Pre-training",
     author = "Lin, Yu and An, Zhecheng and Wu, Peihao and Ma, Zejun",
@@ -72,13 +57,10 @@ POOLING_NAMES = {
     "mean": "the attention-masked mean of the last layer's token vectors",
     "first-last": "the attention-masked mean of the average of the first and the last layer's token vectors",
 }
-# The training record's list of the settings the card shows, in order: the trainer writes its config's `card`
-# fields there (settings.fields.card_names), so the card names no trainer's options itself.
+# the training record's key listing the settings the card shows, in order (settings.fields.names_with(..., "card"))
 CARD_SETTINGS = "card_settings"
-# Framework versions, as sentence-transformers' card names them (mirrorbert.json's `versions` keys).
 VERSION_NAMES = (("python", "Python"), ("mirrorbert", "mirrorbert"), ("sentence_transformers", "Sentence Transformers"),
                  ("transformers", "Transformers"), ("torch", "PyTorch"), ("tokenizers", "Tokenizers"))
-# The transformers snippet per pooling: the same vector as mirrorbert and sentence-transformers give.
 TRANSFORMERS_POOLING = {
     "cls": "vectors = out.last_hidden_state[:, 0]",
     "mean": ("mask = batch[\"attention_mask\"].unsqueeze(-1).float()\n"
@@ -98,11 +80,7 @@ def write_model_card(folder: str | Path, meta: dict[str, Any], name: str | None 
 
 
 def public_name(value: Any) -> str:
-    """What a card may say of a model, file or folder: a hub id as it is; a local path by its last part only.
-
-    A card travels with the model (hub, colleagues); the training machine's absolute paths (home folders,
-    cluster mounts) mean nothing there and leak where the model was made.
-    """
+    """What a card may say of a model, file or folder: a hub id as it is; a local path by its last part only."""
     text = str(value)
     if text.startswith(("/", "~", "./", "../")) or "\\" in text or _exists(text) or text.count("/") > 1:
         return re.split(r"[\\/]", text.rstrip("/\\"))[-1] or text
@@ -153,7 +131,7 @@ def render_model_card(meta: dict[str, Any], folder: str | Path | ConfinedFolder 
         "",
         f"# {_title(name, base, placeholder)}",
         "",
-        _summary(base, _is_hub_id(raw_base, base), method, dim),
+        _summary(raw_base, base, method, dim),
         "",
         "## Model Details",
         "",
@@ -185,7 +163,8 @@ def render_model_card(meta: dict[str, Any], folder: str | Path | ConfinedFolder 
     for paper, citation in CITATIONS.items():
         lines += ["", f"#### {paper}", "", "```bibtex", citation, "```"]
     lines.append("")
-    return "\n".join(lines)
+    # a name that is not UTF-8 (held with surrogates) shows its odd bytes escaped; mirrorbert.json keeps it exactly
+    return "\n".join(lines).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _title(name: str, base: str, placeholder: bool) -> str:
@@ -203,12 +182,12 @@ def _is_hub_id(raw: Any, shown: str) -> bool:
     return str(raw) == shown and bool(HUB_ID.fullmatch(shown)) and not _exists(shown)
 
 
-def _base_link(raw: Any, base: str) -> str:
-    return f"[{base}](https://huggingface.co/{base})" if _is_hub_id(raw, base) else f"`{base}` (a local model)"
+def _base_link(raw: Any, base: str, local: str = " (a local model)") -> str:
+    return f"[{base}](https://huggingface.co/{base})" if _is_hub_id(raw, base) else f"`{base}`{local}"
 
 
-def _summary(base: str, linked: bool, method: str | None, dim: Any) -> str:
-    source = f"[{base}](https://huggingface.co/{base})" if linked else f"`{base}`"
+def _summary(raw: Any, base: str, method: str | None, dim: Any) -> str:
+    source = _base_link(raw, base, local="")
     how = (f"finetuned from {source} with {METHOD_NAMES.get(method, method)} by mirrorbert" if method else
            f"saved by mirrorbert from {source} (no training recorded)")
     return (f"This is a [sentence-transformers](https://www.SBERT.net) model {how}. It maps words, phrases and "
@@ -216,18 +195,17 @@ def _summary(base: str, linked: bool, method: str | None, dim: Any) -> str:
 
 
 # ------------------------------------------------------------------------------------------ architecture
-def model_folder(folder: str | Path | ConfinedFolder, option: str = "--model") -> ConfinedFolder:
+def model_folder(folder: str | Path | ConfinedFolder) -> ConfinedFolder:
     """The card's reader of a model folder: every file it shows comes from inside the folder."""
     from mirrorbert.safeguards.confined import ConfinedFolder
 
-    return folder if isinstance(folder, ConfinedFolder) else ConfinedFolder(folder, option, kind="model folder")
+    return folder if isinstance(folder, ConfinedFolder) else ConfinedFolder(folder, "--model", kind="model folder")
 
 
 def model_architecture(folder: str | Path | ConfinedFolder) -> str | None:
-    """The model as sentence-transformers prints it (`print(SentenceTransformer(folder))`, in the layout of
-    its v3 to v5 releases), read from `modules.json` and the module configs; None if the folder has none.
-    A module folder that leads out of the model folder, or a file that is not a regular JSON file inside it,
-    is refused (`UserError`): the card never shows what lies outside the folder.
+    """The model as sentence-transformers prints it, read from `modules.json` and the module configs; None if
+    the folder has none. A module folder that leads out of the folder, or a file that is not a regular JSON file
+    inside it, is refused (`UserError`).
 
     >>> print(model_architecture("out"))
     SentenceTransformer(

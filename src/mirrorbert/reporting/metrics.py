@@ -34,16 +34,10 @@ class MetricLogger:
 def library_versions() -> dict[str, str]:
     import platform
 
+    import tokenizers
     import transformers
 
     from mirrorbert._version import __version__
 
-    versions = {"mirrorbert": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
-    versions["python"] = platform.python_version()
-    try:
-        import tokenizers
-
-        versions["tokenizers"] = tokenizers.__version__
-    except ImportError:
-        pass
-    return versions
+    return {"mirrorbert": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "tokenizers": tokenizers.__version__}

@@ -1,40 +1,15 @@
-"""Progress that is never silent: tqdm on a terminal; elsewhere one plain line through `logging` per interval.
-
-Why: a redirected stderr (nohup, `tail -f` of a log, job schedulers, CI) records every tqdm refresh as a new
-line, so a bar either floods the log or, slowed down, leaves minutes without a word. Off a terminal each loop
-therefore logs `desc: step/total unit (pct), rate, ETA, elapsed` every `MIRRORBERT_PROGRESS_INTERVAL`
-seconds (default 30), and a last line when a loop that logged finishes. Every long loop of the package calls
-`progress_bar`, so this one module decides how progress looks everywhere.
+"""Progress that is never silent: tqdm on a terminal; elsewhere one plain line through `logging` per interval
+(`MIRRORBERT_PROGRESS_INTERVAL`, default 30 s) and a last line when a loop that logged finishes. Every long loop
+of the package calls `progress_bar`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
-import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
-from mirrorbert.errors import UserError
-
-logger = logging.getLogger("mirrorbert.progress")
-
-INTERVAL_ENV = "MIRRORBERT_PROGRESS_INTERVAL"
-DEFAULT_INTERVAL_S = 30.0
-
-
-def progress_interval() -> float:
-    """Seconds between progress lines off a terminal: `MIRRORBERT_PROGRESS_INTERVAL`, else 30."""
-    raw = os.environ.get(INTERVAL_ENV, "").strip()
-    if not raw:
-        return DEFAULT_INTERVAL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise UserError(f"{INTERVAL_ENV}={raw!r}: expected a number of seconds > 0, e.g. 30")
-    return value
+from mirrorbert.reporting import heartbeat
+from mirrorbert.reporting.heartbeat import DEFAULT_INTERVAL_S, _duration, progress_interval, say, track
 
 
 def _stderr_is_tty() -> bool:
@@ -55,25 +30,17 @@ def _in_notebook() -> bool:
 
 
 def progress_bar(iterable: Iterable | None = None, *, show: bool = True, **kwargs: Any):
-    """A tqdm-like bar: tqdm on a terminal or in a notebook, `LogProgress` elsewhere, nothing unless `show`.
-
-    Takes tqdm's `total`, `initial`, `desc`, `unit`, `unit_scale`; gives `update`, `set_postfix`, `close`,
-    iteration and `with`.
-    """
+    """A tqdm-like bar (tqdm's `total`, `initial`, `desc`, `unit`, `unit_scale`; `update`, `set_postfix`, `close`,
+    iteration, `with`): tqdm on a terminal or in a notebook, `LogProgress` elsewhere, nothing unless `show`."""
     if show and not _stderr_is_tty() and not _in_notebook():
-        return LogProgress(iterable, interval=progress_interval(), **kwargs)
-    from tqdm.auto import tqdm
+        bar = LogProgress(iterable, interval=progress_interval(), **kwargs)
+    else:
+        from tqdm.auto import tqdm
 
-    return tqdm(iterable, disable=not show, **kwargs)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+        bar = tqdm(iterable, disable=not show, **kwargs)
+    if show:
+        track(bar)  # the heartbeat speaks for it inside a long step
+    return bar
 
 
 def _amount(value: float, scale: bool) -> str:
@@ -94,22 +61,18 @@ def _plural(unit: str) -> str:
 
 
 class LogProgress:
-    """Counts like tqdm and logs one line per `interval` seconds of `clock` (checked at each update).
-
-    The rate is the average since the bar was made (steps before `initial`, e.g. those of a resumed run,
-    are not counted in it), so a line reads the same whatever the interval.
-    """
+    """Counts like tqdm and `say`s one line per `interval` seconds of the heartbeat's `clock` (checked at each
+    update). The rate is the average since the bar was made (steps before `initial`, e.g. those of a resumed
+    run, are not counted in it)."""
 
     def __init__(self, iterable: Iterable | None = None, *, total: float | None = None, initial: float = 0,
                  desc: str | None = None, unit: str = "it", unit_scale: bool = False, interval: float = DEFAULT_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic, emit: Callable[[str], None] | None = None,
                  **_tqdm_only: Any) -> None:
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # type: ignore[arg-type]
         self.iterable, self.total, self.n, self.initial = iterable, total, initial, initial
-        self.desc, self.unit, self.unit_scale = desc or "progress", unit, unit_scale
-        self.interval, self.clock, self.emit = interval, clock, emit or _log_line
-        self.start = self.last_line = clock()
+        self.desc, self.unit, self.unit_scale, self.interval = desc or "progress", unit, unit_scale, interval
+        self.start = self.last_line = heartbeat.clock()
         self.lines, self.postfix, self.closed = 0, "", False
 
     def __iter__(self) -> Iterator:
@@ -130,26 +93,32 @@ class LogProgress:
 
     def update(self, n: float = 1) -> None:
         self.n += n
-        now = self.clock()
+        now = heartbeat.clock()
+        if self.total and self.n >= self.total:  # the last update: `close` writes the one line of the end
+            return
         if now - self.last_line >= self.interval:
             self.last_line = now
             self.lines += 1
-            self.emit(self.line(now))
+            say(self.line(now))
+
+    def beat(self, now: float) -> str:
+        """The line for the heartbeat, inside a long step (counted as this bar's line)."""
+        self.last_line = now
+        self.lines += 1
+        return self.line(now)
 
     def set_postfix(self, ordered_dict: dict | None = None, refresh: bool = True, **kwargs: Any) -> None:
         items = {**(ordered_dict or {}), **kwargs}
         self.postfix = ", ".join(f"{k}={v}" for k, v in items.items())
 
-    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
-        self.desc = desc or self.desc
-
     def close(self) -> None:
-        """A last line, only for a loop that logged before: a short loop stays silent."""
+        """A last line, for a loop that logged before or ran past an interval since: a short loop stays silent."""
         if self.closed:
             return
         self.closed = True
-        if self.lines:
-            self.emit(self.line(self.clock(), done=True))
+        now = heartbeat.clock()
+        if self.lines or now - self.last_line >= self.interval:
+            say(self.line(now, done=True))
 
     def line(self, now: float, done: bool = False) -> str:
         elapsed = max(now - self.start, 0.0)
@@ -169,10 +138,4 @@ class LogProgress:
         return ", ".join(parts)
 
 
-def _log_line(line: str) -> None:
-    """Through `logging` (the CLI's handler puts a time in front); straight to stderr where nothing is set up,
-    so a script run under nohup still shows its progress."""
-    if logger.hasHandlers():
-        logger.info(line)
-    else:
-        print(line, file=sys.stderr, flush=True)
+__all__ = ["LogProgress", "progress_bar"]

@@ -1,11 +1,6 @@
-"""Wall time per phase of a command (start-up, load, tokenise, mask, steps, save, ...), for diagnostics.
-
-`PhaseTimer.phase(name)` is a context manager that adds the block's wall time to `name`; phases nest and
-time is exclusive (a `mask` block inside `steps` counts for `mask` only), so the phases of one run add up
-to its wall time without double counting. What the command line does before the trainer starts (the
-process start-up up to `main`, reading the strings) is recorded with `mark_main` and `pending_phase`
-and taken over by the next `PhaseTimer`. Standard library only: the command line imports this module.
-"""
+"""Wall time per phase of a command: `PhaseTimer.phase(name)` adds the block's time to `name`, exclusive of nested
+phases (so they add up to the run's wall time); `mark_main` and `pending_phase` record what comes before the
+trainer's timer, which takes it over. Each open phase is an `activity` of the heartbeat. Standard library only."""
 
 from __future__ import annotations
 
@@ -14,15 +9,15 @@ import os
 import time
 from typing import Iterator
 
+from mirrorbert.reporting.heartbeat import DOING, activity
+
 _pending: dict[str, float] = {}  # phases recorded before a timer exists (command line), taken by the next one
 _process_started: float | None = None  # perf_counter() value at process start, where it can be known
 
 
 def process_age() -> float | None:
-    """Seconds since this process started (interpreter start-up and imports included); None where unknown.
-
-    Linux: /proc/self/stat's start time (clock ticks after boot) against /proc/uptime, so a 10 ms resolution.
-    """
+    """Seconds since this process started (interpreter start-up and imports included, from /proc: Linux only);
+    None where unknown."""
     try:
         with open("/proc/self/stat", encoding="ascii") as f:
             stat = f.read()
@@ -48,7 +43,8 @@ def pending_phase(name: str) -> Iterator[None]:
     """Time a block that runs before the trainer's timer exists (e.g. the command line reading the data)."""
     start = time.perf_counter()
     try:
-        yield
+        with activity(DOING.get(name, f"in phase {name}")):
+            yield
     finally:
         _pending[name] = _pending.get(name, 0.0) + time.perf_counter() - start
 
@@ -68,21 +64,18 @@ class PhaseTimer:
         frame = [time.perf_counter(), 0.0]
         self._stack.append(frame)
         try:
-            yield
+            with activity(DOING.get(name, f"in phase {name}")):  # what the heartbeat says meanwhile
+                yield
         finally:
             self._stack.pop()
             spent = time.perf_counter() - frame[0]
-            self.add(name, spent - frame[1])
+            self.seconds[name] = self.seconds.get(name, 0.0) + spent - frame[1]
             if self._stack:
                 self._stack[-1][1] += spent
 
-    def add(self, name: str, seconds: float) -> None:
-        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
-
     def report(self) -> dict[str, float]:
-        """Seconds per phase, plus `total` (since the process started when `mark_main` knew it, else since
-        this timer was made plus the phases recorded before it) and `other` (total minus the named phases:
-        option parsing, logging, the gaps between phases)."""
+        """Seconds per phase, plus `total` (since the process started where `mark_main` knew it, else since this
+        timer was made plus the phases recorded before it) and `other` (the rest of `total`)."""
         named = sum(self.seconds.values())
         if _process_started is not None and "startup" in self.seconds:
             total = time.perf_counter() - _process_started

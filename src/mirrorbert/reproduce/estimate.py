@@ -1,13 +1,9 @@
-"""Per-cell time estimates of `mirrorbert reproduce`: measured throughput on this machine x the cell's work.
+"""Per-cell time estimates of `mirrorbert reproduce`: this machine's measured throughput x the cell's work.
 
-A cell's work is counted, not guessed: a dry run of its evaluation with an encoder that only records
-the texts it is given (:class:`CountingEncoder`) lists every string the evaluation encodes and times
-everything else the evaluation does (reading the sets, the metrics, the plots); a training
-cell's work is its steps x batch x two views. The throughput is measured on this machine with the
-base model: a timed encoding of a sample of the very texts the cell encodes (and of its training
-strings, with a backward pass, for training). Once cells have run, the ratio of measured to predicted
-time (separately for training and for evaluation) corrects the later estimates, so a machine that is
-slower or busier than the calibration suggested is followed within a few cells.
+A cell's work is counted: a dry run of its evaluation with an encoder that only records the texts
+(:class:`CountingEncoder`) lists every string it encodes and times the rest; training is steps x batch x two
+views. The throughput is timed here with the base model on a sample of the cell's own texts, and the measured /
+predicted time of the cells already run (training and evaluation apart) corrects the later estimates.
 """
 
 from __future__ import annotations
@@ -73,8 +69,7 @@ def dry_run(task: str, options: dict[str, Any], data_dir, batch_size: int, refer
 
 
 def warm_up() -> None:
-    """Import now what the first cells would otherwise pay for once (the trainer, the plotting library), so
-    that neither the first dry run's timing nor the first cells' times carry one-off costs."""
+    """Import now what the first cells would otherwise pay for once (the trainer, the plotting library)."""
     import importlib
 
     for name in ("mirrorbert.mirror.train", "mirrorbert.evaluation.runner", "scipy.stats", "matplotlib"):
@@ -89,10 +84,6 @@ def warm_up() -> None:
             importlib.import_module("matplotlib.pyplot")
 
 
-def _sample(texts: list[str], n: int = SAMPLE) -> list[str]:
-    return texts if len(texts) <= n else random.Random(0).sample(texts, n)
-
-
 @dataclass
 class Estimator:
     """Seconds per text (encoding, training) measured with the base encoder, and corrections from real cells."""
@@ -105,7 +96,7 @@ class Estimator:
     _warm: bool = False
 
     def _per_text(self, texts: list[str]) -> float:
-        sample = _sample(texts)
+        sample = texts if len(texts) <= SAMPLE else random.Random(0).sample(texts, SAMPLE)
         if not self._warm:  # the first call pays for thread pools and lazy initialisation
             self.encoder.encode(sample[:8], batch_size=self.batch_size)
             self._warm = True

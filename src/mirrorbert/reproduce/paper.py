@@ -55,19 +55,20 @@ def paper_value(experiment: str, base_model: str | None, state: str, metric: str
     return load_paper_numbers()["cells"].get(f"{experiment}/{base_model}/{state}/{metric}")
 
 
-def _read_config(model: str) -> dict[str, Any]:
-    path = Path(model) / "config.json"
-    if not path.is_file():
+def read_config(model: str) -> dict[str, Any]:
+    """`--model`'s config.json through the confined reader ({} for a Hub id, or a folder without one)."""
+    from mirrorbert.safeguards.confined import ConfinedFolder
+
+    if not Path(model).is_dir():
         return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    folder = ConfinedFolder(model, "--model", "model folder")
+    config = folder.read_json("config.json") if folder.exists("config.json") else {}
+    return config if isinstance(config, dict) else {}
 
 
 def detect_base_model(model: str) -> str | None:
     """Which of the paper's base models ``model`` is (by name and size), or None."""
-    config = _read_config(model)
+    config = read_config(model)
     names = [str(model).lower(), str(config.get("_name_or_path", "")).lower()]
     if config and any(config.get(k) not in (None, v) for k, v in BASE_SIZE.items()):
         return None

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import mirrorbert.jsonio as jsonio
-from mirrorbert.reproduce.cells import EXPERIMENT_INFO
+from mirrorbert.evaluation.sts import pyplot_figure, save_figure
+from mirrorbert.reproduce.cells import EXPERIMENTS
 from mirrorbert.reproduce.paper import load_paper_numbers, paper_value
 
 if TYPE_CHECKING:
@@ -80,12 +81,7 @@ def _plot_curves(cells: dict[str, dict[str, Any]], experiment: str, path: Path, 
             series.setdefault(f"{entry['state']}: {name}", []).append((entry["x"], m["mean"] * 100, (m["std"] or 0) * 100))
     if not series:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = pyplot_figure(figsize=(6, 3.6))
     for label, points in series.items():
         points.sort()
         xs, ys, es = zip(*points)
@@ -96,38 +92,26 @@ def _plot_curves(cells: dict[str, dict[str, Any]], experiment: str, path: Path, 
         ax.set_xscale("log")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def _plot_before_after(cells: dict[str, dict[str, Any]], path: Path) -> Path | None:
     """One bar pair per (experiment, metric) that has both a 'before' and an 'after' cell."""
     pairs: list[tuple[str, float, float]] = []
-    by_key = {(e["experiment"], cid.split("/", 2)[2] if cid.count("/") >= 2 else ""): e for cid, e in cells.items()}
+    last = {(e["experiment"], cid.split("/", 2)[2] if cid.count("/") >= 2 else ""): e for cid, e in cells.items()}
     for cid, entry in cells.items():
-        if entry["state"] != "before":
-            continue
-        rest = cid.split("/", 2)[2] if cid.count("/") >= 2 else ""
-        after = next((e for (exp, r), e in by_key.items() if exp == entry["experiment"] and r == rest
-                      and e["state"].startswith("after")), None)
-        if after is None:
+        after = last[(entry["experiment"], cid.split("/", 2)[2] if cid.count("/") >= 2 else "")]
+        if entry["state"] != "before" or not after["state"].startswith("after"):
             continue
         for name, m in entry["metrics"].items():
             if name in after["metrics"] and name not in ("stsb_dev",):
                 pairs.append((f"{entry['experiment']}\n{name}", m["mean"] * 100, after["metrics"][name]["mean"] * 100))
     if not pairs:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     pairs = pairs[:24]
-    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(pairs) + 2), 3.8))
+    fig, ax = pyplot_figure(figsize=(max(6, 0.55 * len(pairs) + 2), 3.8))
     idx = np.arange(len(pairs))
     ax.bar(idx - 0.2, [p[1] for p in pairs], 0.4, label="before")
     ax.bar(idx + 0.2, [p[2] for p in pairs], 0.4, label="after Mirror-BERT")
@@ -135,11 +119,7 @@ def _plot_before_after(cells: dict[str, dict[str, Any]], path: Path) -> Path | N
     ax.set_ylabel("score x100")
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def _compare_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -226,7 +206,7 @@ def _header(run: ReproduceResult, versions: dict[str, str], data_dir: Path) -> l
 def _experiment(run: ReproduceResult, exp: str, rows: list[tuple[str, dict[str, Any]]], plots: dict[str, Path],
                 out: Path) -> list[str]:
     """One experiment's section: its table, the data it tuned on, what was skipped, and its plots."""
-    table, title = EXPERIMENT_INFO.get(exp, ("", exp))
+    table, title, _ = EXPERIMENTS.get(exp, ("", exp, None))
     lines = [f"## {title} ({table})", ""]
     if rows:
         lines += _compare_table(rows) if run.base_model is not None else _wide_table(rows)

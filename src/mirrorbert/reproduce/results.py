@@ -5,82 +5,86 @@ Shared by the runner, which fills them, and the report, which reads them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from mirrorbert.errors import UserError
 from mirrorbert.reproduce.cells import PAPERS, Skipped
+from mirrorbert.settings.fields import option
+from mirrorbert.settings.validation import Options
 
 #: gloss-pretrain options the runner sets per cell (--seeds, the GR cells' arch, the paths), not --gr-option.
 GR_OPTIONS_FIXED = {"model", "output", "data_dir", "overwrite", "device", "show_progress", "arch", "seed", "resume",
                     "checkpoint_dir", "log_dir", "export_triplets"}
 
 
-@dataclass
-class ReproduceConfig:
-    model: str
-    output: str
-    data_dir: str | None = None
-    paper: str = "mirror"
-    experiments: list[str] | None = None  # None: every experiment of the paper(s)
-    seeds: tuple[int, ...] = (0,)
-    quick: bool = False
-    device: str = "auto"
-    eval_batch_size: int = 64
-    train_options: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides for every Mirror cell
-    gr_options: dict[str, Any] = field(default_factory=dict)  # GlossPretrainConfig overrides for the GR-BERT models
-    keep_models: bool = False
-    report_only: bool = False  # write the report from the cached cells; list the others as not run
-    overwrite: bool = False  # discard an earlier run in `output` (only a folder mirrorbert wrote) and start over
+@dataclass(kw_only=True)
+class ReproduceConfig(Options):
+    """Options of `mirrorbert reproduce`; each field but `command` is the CLI option of the same name
+    (settings/fields.py)."""
+
+    model: str | None = option(None, shared="model", note="the base masked LM", required=True)
+    output: str | None = option(None, shared="output", note="a folder for report.md, results.json, plots/, cells/ "
+                                                            "(the cache)", required=True)
+    data_dir: str | None = option(None, shared="data_dir", note="evaluation and training data")
+    paper: str = option("mirror", help="which paper's experiments", choices=tuple(sorted(PAPERS)))
+    experiments: list[str] | None = option(None, help="comma list of experiments (default: all of --paper): "
+                                                      + ", ".join(PAPERS["all"]), choices=PAPERS["all"],
+                                           metavar="EXPERIMENTS")
+    seeds: tuple[int, ...] = option((0,), shared="seeds")
+    quick: bool = option(False, help="smoke test: few strings, few steps, small evaluation limits")
+    train_options: dict[str, Any] = option(help="override a `mirrorbert train` option in every Mirror cell, e.g. "
+                                                "lr=5e-5 (repeatable; default none)", default_factory=dict,
+                                           flag="--train-option", metavar="KEY=VALUE")
+    gr_options: dict[str, Any] = option(help="override a `mirrorbert gloss-pretrain` option of the GR-BERT models, "
+                                             "e.g. epochs=1 (repeatable; default none: gloss-pretrain's defaults)",
+                                        default_factory=dict, flag="--gr-option", metavar="KEY=VALUE")
+    device: str = option("auto", shared="device")
+    eval_batch_size: int = option(64, shared="eval_batch_size")
+    show_progress: bool = option(True, shared="no_progress", note="no progress of the cells' training",
+                                 flag="--no-progress")
+    report_only: bool = option(False, help="compute nothing: write the report from the cells already cached in "
+                                           "OUTPUT, listing the others as not run (e.g. while a long run is still "
+                                           "going, or after stopping one)")
+    overwrite: bool = option(False, shared="overwrite", note="discard what an earlier run left in OUTPUT (its cache "
+                                                             "included) and start over; default: continue an earlier "
+                                                             "reproduce run in OUTPUT")
+    keep_models: bool = option(False, help="keep the trained models in OUTPUT/models (default: delete each once its "
+                                           "cells are done)")
+    trust_remote_code: bool = option(False, shared="trust_remote_code")
     command: str = ""  # the command line, for the report
-    trust_remote_code: bool = False  # --trust-remote-code (safeguards/model_loading.py)
-    show_progress: bool = True  # the progress of each cell's training (a bar, or a line every 30 s off a terminal)
 
-    def validate(self) -> list[str]:
-        from mirrorbert.settings.typed import check_types
-
-        check_types(self)
-        if self.paper not in PAPERS:
-            raise UserError(f"--paper: unknown paper {self.paper!r}; choose one of {', '.join(PAPERS)}")
-        known = PAPERS["all"]
-        chosen = list(self.experiments) if self.experiments else list(PAPERS[self.paper])
-        unknown = [e for e in chosen if e not in known]
-        if unknown:
-            raise UserError(f"--experiments: unknown experiment(s) {', '.join(unknown)}; known: {', '.join(known)}")
-        if not self.seeds:
-            raise UserError("--seeds: give at least one seed")
-        from mirrorbert.settings.seeds import SEED_RULE, seed_ok
-
-        if any(not seed_ok(s) for s in self.seeds):
-            raise UserError(f"--seeds {self.seeds!r}: every seed {SEED_RULE}")
-        from mirrorbert.runtime.device import check_device_and_precision
-
-        check_device_and_precision(self.device)
-        bs = self.eval_batch_size
-        if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
-            raise UserError(f"--eval-batch-size {bs!r}: must be an integer >= 1")
+    def rules(self) -> None:
+        """--train-option and --gr-option values through the same typed configs as the commands they set."""
+        from mirrorbert.gloss.pretrain import GlossPretrainConfig
         from mirrorbert.mirror.config import FIELD_NAMES, resolve_config
 
-        bad = sorted(set(self.train_options) - FIELD_NAMES)
-        if bad:
-            raise UserError(f"--train-option: unknown option(s) {', '.join(bad)}")
-        try:  # the values, through the same typed config as `mirrorbert train`
-            resolve_config({"model": self.model, **self.train_options})
-        except (UserError, TypeError) as exc:
-            raise UserError(f"--train-option: {exc}") from None
-        from mirrorbert.gloss.pretrain import GlossPretrainConfig
-
+        self._overrides("train_options", FIELD_NAMES, "unknown option(s)",
+                        lambda: resolve_config({"model": self.model, **self.train_options}))
         # the runner sets these itself (per cell) or they would break the cache and the report
         gr_fields = {f.name for f in fields(GlossPretrainConfig)} - GR_OPTIONS_FIXED
-        bad = sorted(set(self.gr_options) - gr_fields)
+        self._overrides("gr_options", gr_fields, "unknown or runner-set option(s)",
+                        lambda: GlossPretrainConfig(model=self.model or "-", output="-", **self.gr_options))
+
+    def _overrides(self, name: str, known: set[str], unknown: str, build: Callable[[], Any]) -> None:
+        """The overrides in field ``name``: every key among ``known``, the values accepted by ``build``."""
+        bad = sorted(set(getattr(self, name)) - set(known))
         if bad:
-            raise UserError(f"--gr-option: unknown or runner-set option(s) {', '.join(bad)}")
-        try:  # the values, before hours of work
-            GlossPretrainConfig(model=self.model, output="-", **self.gr_options).validate()
+            raise UserError(f"{self.say(name)}: {unknown} {', '.join(bad)}")
+        try:
+            build()
         except (UserError, TypeError) as exc:
-            raise UserError(f"--gr-option: {exc}") from None
-        return chosen
+            raise UserError(f"{self.say(name)}: {exc}") from None
+
+    def validate(self) -> list[str]:
+        """Ready to run (the device too); the experiments to run."""
+        from mirrorbert.runtime.device import check_device_and_precision
+
+        super().validate()
+        check_device_and_precision(self.device)
+        return list(self.experiments) if self.experiments else list(PAPERS[self.paper])
 
 
 @dataclass

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -26,12 +25,12 @@ from typing import Any
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.model_folder import vet_model_folder
-from mirrorbert.safeguards.preflight import first_line
-from mirrorbert.safeguards.readback import open_regular, parse_json, read_regular_bytes
+from mirrorbert.safeguards.confined import ConfinedFolder
+from mirrorbert.errors import first_line
+from mirrorbert.safeguards.readback import open_regular, parse_json, read_regular_bytes, set_aside
 from mirrorbert.reproduce.cells import Cell, QuickLimits, build_cells, quick_data_dir
 from mirrorbert.reproduce.results import CellResult, ReproduceConfig, ReproduceResult
-from mirrorbert.reproduce.paper import detect_base_model
+from mirrorbert.reproduce.paper import detect_base_model, read_config
 from mirrorbert.safeguards.writes import REPRODUCE_KIND, remove_tree
 
 logger = logging.getLogger(__name__)
@@ -71,12 +70,12 @@ def model_identity(model: str) -> str:
     """The base model's identity: its config and weight file sizes for a folder, its name otherwise."""
     if not Path(model).is_dir():
         return model
-    checked = vet_model_folder(model)
+    folder = ConfinedFolder(model, "--model", "model folder")
     h = hashlib.sha256()
-    for name, st in sorted(checked.folder.entries()):
+    for name, st in sorted(folder.entries()):
         if stat.S_ISREG(st.st_mode):
             h.update(name.encode())
-            h.update(checked.folder.read_bytes(name) if name.endswith(".json") else str(st.st_size).encode())
+            h.update(folder.read_bytes(name) if name.endswith(".json") else str(st.st_size).encode())
     return h.hexdigest()
 
 
@@ -90,10 +89,8 @@ def _hash(obj: Any, output: Path | None = None) -> str:
 
 
 def _model_type(model: str) -> str:
-    config = vet_model_folder(model).get("config.json") if Path(model).is_dir() else None
-    if isinstance(config, dict) and isinstance(config.get("model_type"), str):
-        return config["model_type"]
-    return "roberta" if "roberta" in model.lower() else "bert"
+    model_type = read_config(model).get("model_type")
+    return model_type if isinstance(model_type, str) else "roberta" if "roberta" in model.lower() else "bert"
 
 
 # ----------------------------------------------------------------------------- the run
@@ -102,6 +99,7 @@ class _Context:
 
     def __init__(self, cfg: ReproduceConfig, data_dir: Path, out: Path, quick: QuickLimits | None):
         self.cfg, self.data_dir, self.out, self.quick = cfg, data_dir, out, quick
+        self.identity = model_identity(cfg.model)
         self.models_dir = out / "models"
         self.plots_dir = out / "plots"
         self._base_encoders: dict[str, Any] = {}
@@ -124,19 +122,17 @@ class _Context:
         if self.quick:
             overrides["steps"] = self.quick.steps
             overrides["batch_size"] = self.quick.batch_size
-            if overrides.get("limit") is None or overrides["limit"] > self.quick.strings:
-                overrides["limit"] = self.quick.strings
-            if overrides.get("random_strings"):
-                overrides["random_strings"] = min(overrides["random_strings"], self.quick.strings)
-            if overrides.get("words_top"):
-                overrides["words_top"] = min(overrides["words_top"], self.quick.strings)
+            overrides["limit"] = min(overrides.get("limit") or self.quick.strings, self.quick.strings)
+            for key in ("random_strings", "words_top"):
+                if overrides.get(key):
+                    overrides[key] = min(overrides[key], self.quick.strings)
         return overrides
 
     def trained_model_dir(self, cell: Cell, seed: int) -> Path:
-        return self.models_dir / f"mirror-{_hash([model_identity(self.cfg.model), self.train_overrides(cell, seed)])}"
+        return self.models_dir / f"mirror-{_hash([self.identity, self.train_overrides(cell, seed)])}"
 
     def gr_model_dir(self, arch: str, seed: int) -> Path:
-        return self.models_dir / f"gr-{arch}-{_hash([model_identity(self.cfg.model), self.gr_options(arch, seed)])}"
+        return self.models_dir / f"gr-{arch}-{_hash([self.identity, self.gr_options(arch, seed)])}"
 
     def gr_options(self, arch: str, seed: int) -> dict[str, Any]:
         import torch
@@ -156,22 +152,17 @@ def cell_hash(ctx: _Context, cell: Cell, seed: int | None) -> str:
     train = ctx.train_overrides(cell, seed) if cell.train is not None else None
     if train and train.get("data"):
         data["train"] = fingerprint(Path(train["data"]))
-    return _hash({"cell": cell.spec(), "model": model_identity(ctx.cfg.model), "seed": seed, "train": train,
+    return _hash({"cell": cell.spec(), "model": ctx.identity, "seed": seed, "train": train,
                   "gr": ctx.gr_options(cell.gr_arch, seed or 0) if cell.gr_arch else None, "data": data,
                   "quick": asdict(ctx.quick) if ctx.quick else None, "eval_batch_size": ctx.cfg.eval_batch_size,
                   "mirrorbert": __version__}, output=ctx.out)
 
 
-def _train_command(overrides: dict[str, Any], output: Path) -> str:
-    skip = {"show_progress", "model"}
-    args = [f"mirrorbert train --model {overrides['model']}"]
-    for key, value in overrides.items():
-        if key in skip or value is None or value is False:
-            continue
-        opt = "--" + key.replace("_", "-")
-        args.append(opt if value is True else f"{opt} {value}")
-    args.append(f"--output {output}")
-    return " ".join(args)
+def _command(head: str, options: dict[str, Any]) -> str:
+    """``head`` followed by each option as ``--key value`` (``--key`` for True; None and False left out)."""
+    flags = [f"--{key.replace('_', '-')}" + ("" if value is True else f" {value}") for key, value in options.items()
+             if value is not None and value is not False]
+    return " ".join([head, *flags])
 
 
 def _eval_command(model: str, cell: Cell, data_dir: Path) -> str:
@@ -201,7 +192,8 @@ def _prepare_model(ctx: _Context, cell: Cell, seed: int | None) -> tuple[str, li
 
         overrides = ctx.train_overrides(cell, seed)
         folder = ctx.trained_model_dir(cell, seed)
-        command = _train_command(overrides, folder)
+        command = _command(f"mirrorbert train --model {ctx.cfg.model}", {
+            **{k: v for k, v in overrides.items() if k not in ("show_progress", "model")}, "output": folder})
         data = {"train": fingerprint(Path(overrides["data"]))} if overrides.get("data") else {}
         if not (folder / "mirrorbert.json").is_file():
             # show_progress is left out of `overrides`: it names the model folder and the cell's cache key
@@ -215,14 +207,13 @@ def _prepare_model(ctx: _Context, cell: Cell, seed: int | None) -> tuple[str, li
 
         opts = ctx.gr_options(cell.gr_arch, seed or 0)
         folder = ctx.gr_model_dir(cell.gr_arch, seed or 0)
-        command = (f"mirrorbert gloss-pretrain --model {ctx.cfg.model} --data-dir {ctx.data_dir} --output {folder} "
-                   + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in opts.items()))
+        command = _command(f"mirrorbert gloss-pretrain --model {ctx.cfg.model} --data-dir {ctx.data_dir} "
+                           f"--output {folder}", opts)
         if not (folder / "config.json").is_file():
-            gcfg = GlossPretrainConfig(model=ctx.cfg.model, output=str(folder), data_dir=str(ctx.data_dir), overwrite=True,
-                                       device=ctx.cfg.device, show_progress=ctx.cfg.show_progress,
-                                       trust_remote_code=ctx.cfg.trust_remote_code, **opts)
-            gcfg.validate()
-            result = pretrain(gcfg)
+            result = pretrain(GlossPretrainConfig(
+                model=ctx.cfg.model, output=str(folder), data_dir=str(ctx.data_dir), overwrite=True,
+                device=ctx.cfg.device, show_progress=ctx.cfg.show_progress, trust_remote_code=ctx.cfg.trust_remote_code,
+                **opts))
             if result.interrupted:
                 raise KeyboardInterrupt
         return str(folder), [command], {"wordnet": fingerprint(ctx.data_dir / "wordnet")}
@@ -234,7 +225,6 @@ def preflight(ctx: _Context, jobs: list[tuple[Cell, int | None]], config: Any) -
 
     Each training cell's options through the same typed config as `mirrorbert train` (its data file, its
     max length against the model's `config`), each evaluation's options as `mirrorbert eval` takes them.
-    (The model folder itself is checked by inspect_model before anything is written.)
     """
     from mirrorbert.mirror.config import resolve_config
     from mirrorbert.evaluation.runner import TASKS, check_task_options
@@ -305,13 +295,6 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
     return result
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    from mirrorbert.safeguards.writes import replace_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_file(path, jsonio.dumps(obj, indent=1, ensure_ascii=False, default=str) + "\n")
-
-
 def _damage(data: Any) -> str | None:
     """Why a cell file's content is not a cell result (None when it is one)."""
     if not isinstance(data, dict):
@@ -330,30 +313,22 @@ def _damage(data: Any) -> str | None:
     return None
 
 
-def _set_aside(path: Path, why: str) -> None:
-    """Move a damaged cell file (or a folder where one should be) out of the way, with one warning."""
-    n = 1
-    while (aside := path.with_name(f"{path.name}.damaged{'' if n == 1 else f'-{n}'}")).exists():
-        n += 1
-    os.replace(path, aside)
-    logger.warning("reproduce: damaged cache %s (%s); set aside as %s and recomputed", path, why, aside.name)
-
-
 def _load_cached(path: Path, key: str) -> CellResult | None:
-    """The cached result of a cell, or None (absent, stale, a failure, or damaged: set aside)."""
+    """The cached result of a cell, or None (absent, stale, a failure, or damaged: set aside with one warning,
+    `safeguards.readback.set_aside`)."""
     if not path.exists() and not path.is_symlink():
         return None
-    if not path.is_file():
-        _set_aside(path, "not a file")
-        return None
-    try:
-        data = parse_json(read_regular_bytes(path, "cell cache", 64 << 20), "cell cache", path)
-    except (OSError, ValueError) as exc:  # a UserError is a ValueError: damaged, so set aside
-        _set_aside(path, f"not readable JSON: {exc}")
-        return None
-    why = _damage(data)
+    data, why = None, "not a file"
+    if path.is_file():
+        try:
+            data = parse_json(read_regular_bytes(path, "cell cache", 64 << 20), "cell cache", path)
+        except (OSError, ValueError) as exc:  # a UserError is a ValueError: damaged, so set aside
+            why = f"not readable JSON: {exc}"
+        else:
+            why = _damage(data)
     if why is not None:
-        _set_aside(path, why)
+        aside = set_aside(path, "--output")
+        logger.warning("reproduce: damaged cache %s (%s); set aside as %s and recomputed", path, why, aside.name)
         return None
     if data.get("config_hash") != key or data.get("status") == "error":  # stale, or a failure: computed again
         return None
@@ -412,6 +387,7 @@ def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], p
     """Count each pending cell's work and measure this machine's throughput on it (a few seconds)."""
     if not todo:
         return _JobPlan(jobs, None, {})
+    from mirrorbert.encoder.model import Encoder
     from mirrorbert.mirror.config import resolve_config
     from mirrorbert.reproduce.estimate import Estimator, warm_up
 
@@ -419,8 +395,7 @@ def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], p
     warm_up()
     encoder = ctx.base_encoder("mean")
     load_start = time.perf_counter()  # a second load: the first one pays for imports and caches
-    importlib.import_module("mirrorbert.encoder.model").Encoder.load(ctx.cfg.model, pooling="mean", device=ctx.cfg.device,
-                                                               trust_remote_code=ctx.cfg.trust_remote_code)
+    Encoder.load(ctx.cfg.model, pooling="mean", device=ctx.cfg.device, trust_remote_code=ctx.cfg.trust_remote_code)
     estimator = Estimator(encoder, ctx.cfg.eval_batch_size, load_s=time.perf_counter() - load_start)
     predictions: dict[int, list[tuple[str, float]]] = {}
     trained: set[Path] = set()
@@ -461,9 +436,11 @@ def reproduce(cfg: ReproduceConfig, progress: Callable[[str], None] | None = Non
     _output_plan(cfg, data_dir).check()  # the output's path rules first, before anything is opened
     model_config = None
     if not cfg.report_only:  # the model folder (config, tokenizer, weights), before anything is written
-        from mirrorbert.safeguards.preflight import inspect_model
+        from mirrorbert.encoder.source import open_model
 
-        model_config, _ = inspect_model(cfg.model, trust_remote_code=cfg.trust_remote_code)
+        with open_model(cfg.model, trust_remote_code=cfg.trust_remote_code) as handle:
+            model_config = handle.config()
+            handle.tokenizer()
     with output_folder(cfg, data_dir) as out:
         return _reproduce(cfg, experiments, data_dir, out, progress, model_config)
 
@@ -510,10 +487,11 @@ def _estimate_note(est: float | None, left: float | None) -> str:
 
 def _cache_result(out: Path, path: Path, result: CellResult) -> None:
     """A computed cell's result written into the output's cache, claimed in its marker before it is written."""
-    from mirrorbert.safeguards.writes import claim_files, record_files
+    from mirrorbert.safeguards.writes import claim_files, record_files, replace_file
 
     claim_files(out, [path.relative_to(out).as_posix()], REPRODUCE_KIND)
-    _write_json(path, asdict(result))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    replace_file(path, jsonio.dumps(asdict(result), indent=1, ensure_ascii=False, default=str) + "\n")
     record_files(out, REPRODUCE_KIND)
 
 

@@ -37,13 +37,26 @@ def resolve_device(name: str | None = None) -> torch.device:
 def check_precision(precision: str, device: torch.device) -> None:
     if precision not in PRECISIONS:
         raise UserError(f"--precision: unknown value {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if precision == "fp16" and device.type != "cuda":
-        raise UserError(f"--precision fp16 needs a CUDA GPU (device is {device.type}); use bf16 or fp32")
+    if precision != "fp32" and device.type != "cuda" and not autocast_supported(device, precision):
+        raise UserError(f"--precision {precision}: this torch has no {precision} autocast on {device.type}; use fp32")
+
+
+def autocast_supported(device: torch.device, precision: str) -> bool:
+    """Whether torch's autocast runs in `precision` on `device` (some releases switch it off with a warning)."""
+    import warnings
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.autocast(device_type=device.type, dtype=dtype):
+                return torch.is_autocast_enabled(device.type)
+        except (RuntimeError, TypeError):
+            return False
 
 
 def check_device_and_precision(device: str | None, precision: str | None = None) -> torch.device:
-    """Both options checked where a command starts, before anything is read or loaded (`--device gpu9` used
-    to fail only when the model was moved there)."""
+    """Both options checked where a command starts, before anything is read or loaded."""
     resolved = resolve_device(device)
     if precision not in (None, "auto"):
         check_precision(precision, resolved)
@@ -65,31 +78,31 @@ def make_grad_scaler(device: torch.device, precision: str):
     return None
 
 
-# --------------------------------------------------------------------------- hardware defaults
-# Precision `auto`, native-bf16 detection, threads, TF32, torch.compile and peak memory: one copy for
-# the three trainers so that a plain command is right by default on every machine.
-CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 flags in /proc/cpuinfo meaning native bf16 matmuls
-_warned_slow_bf16 = False
+# CPU flags in /proc/cpuinfo (x86 `flags`, ARM `Features`) meaning native bf16 / fp16 matmuls.
+CPU_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
+CPU_FP16_FLAGS = {"avx512_fp16", "amx_fp16", "asimdhp"}
+_warned_slow: set[str] = set()
+
+
+def _cpu_flags(cpuinfo: str | None) -> set[str]:
+    """The CPU's feature flags, from `cpuinfo` (the text of /proc/cpuinfo, read when not given)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:  # not Linux
+            return set()
+    return {flag for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))
+            for flag in line.split(":", 1)[-1].split()}
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """True when the CPU multiplies bf16 natively (AVX512-BF16 or AMX on x86, the `bf16` flag on ARM).
+    """True when the CPU multiplies bf16 natively (AVX512-BF16 or AMX on x86, `bf16` on ARM)."""
+    return bool(_cpu_flags(cpuinfo) & CPU_BF16_FLAGS)
 
-    Without it PyTorch emulates bf16 matmuls, which is many times slower than fp32. `cpuinfo` is the
-    text of /proc/cpuinfo (read when not given). torch.backends.cpu.get_cpu_capability() only says
-    "AVX512", which does not imply the BF16 extension, hence the flags.
-    """
-    text = cpuinfo
-    if text is None:
-        try:
-            text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:  # not Linux: macOS arm64 (M2+) has bf16, but autocast there is not worth guessing
-            return False
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.split(":", 1)[-1].split())
-    return any(flag in flags for flag in CPU_BF16_FLAGS) or "bf16" in flags
+
+def cpu_has_native_fp16(cpuinfo: str | None = None) -> bool:
+    """True when the CPU multiplies fp16 natively (AVX512-FP16 or AMX-FP16 on x86, `asimdhp` on ARM)."""
+    return bool(_cpu_flags(cpuinfo) & CPU_FP16_FLAGS)
 
 
 def device_has_native_bf16(device: torch.device) -> bool:
@@ -104,13 +117,8 @@ def device_has_native_bf16(device: torch.device) -> bool:
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
-    """Turn `auto` into fp32/bf16/fp16 for this device and validate an explicit choice.
-
-    auto: bf16 autocast where bf16 is native (Ampere+ GPUs, CPUs with AVX512-BF16/AMX); fp16 with loss
-    scaling on older GPUs (their tensor cores run fp16 several times faster than fp32, as the paper's
-    2080 Ti runs did); fp32 elsewhere (CPUs without native bf16, MPS). An explicit bf16 on a CPU
-    without native bf16 runs, with one warning giving the slowdown measured right now.
-    """
+    """Turn `auto` into bf16 where bf16 is native, fp16 on other CUDA GPUs, fp32 elsewhere, and check an
+    explicit choice; bf16 or fp16 on a CPU without it runs, with one warning giving the slowdown measured now."""
     if precision == "auto":
         if device_has_native_bf16(device):
             chosen = "bf16"
@@ -120,11 +128,11 @@ def resolve_precision(precision: str, device: torch.device) -> str:
             chosen = "fp32"
         logger.info("--precision auto: %s on %s", chosen, device)
         return chosen
-    if precision not in PRECISIONS:
-        raise UserError(f"--precision: unknown value {precision!r}; choose one of auto, {', '.join(PRECISIONS)}")
     check_precision(precision, device)
     if precision == "bf16" and device.type == "cpu" and not cpu_has_native_bf16():
-        _warn_slow_bf16()
+        _warn_slow(precision, torch.bfloat16, "AVX512-BF16/AMX")
+    if precision == "fp16" and device.type == "cpu" and not cpu_has_native_fp16():
+        _warn_slow(precision, torch.float16, "AVX512-FP16/AMX-FP16")
     return precision
 
 
@@ -146,22 +154,18 @@ def matmul_slowdown(dtype: torch.dtype = torch.bfloat16, size: int = 256, repeat
     return best(dtype) / max(best(torch.float32), 1e-9)
 
 
-def _warn_slow_bf16() -> None:
-    global _warned_slow_bf16
-    if _warned_slow_bf16:
+def _warn_slow(precision: str, dtype: torch.dtype, native: str) -> None:
+    if precision in _warned_slow:
         return
-    _warned_slow_bf16 = True
-    slowdown = matmul_slowdown()
-    logger.warning("--precision bf16: this CPU has no native bf16 (no AVX512-BF16/AMX); a 256x256 bf16 matmul "
-                   "just ran %.1fx slower than fp32 here. Use --precision fp32 (or auto).", slowdown)
+    _warned_slow.add(precision)
+    slowdown = matmul_slowdown(dtype)
+    logger.warning("--precision %s: this CPU has no native %s (no %s); a 256x256 %s matmul just ran %.1fx slower "
+                   "than fp32 here. Use --precision fp32 (or auto).", precision, precision, native, precision, slowdown)
 
 
 @contextlib.contextmanager
 def set_threads(threads: int | None) -> Iterator[None]:
-    """Use N CPU threads inside the block (None: leave torch's choice) and restore the previous count.
-
-    On a CPU shared with other jobs, fewer threads than cores avoids OpenMP spin-wait contention.
-    """
+    """Use N CPU threads inside the block (None: leave torch's choice) and restore the previous count."""
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -173,10 +177,8 @@ def set_threads(threads: int | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def tf32_matmuls(device: torch.device) -> Iterator[bool]:
-    """TF32 fp32 matmuls inside the block on Ampere and newer (about 8x the fp32 rate, ~1e-3 relative error,
-    as HF/Lightning do); the previous settings come back on exit, so a caller's later fp32 work (its own
-    evaluation, a test's tolerances) is not silently run in TF32. Yields whether TF32 was switched on.
-    """
+    """TF32 fp32 matmuls inside the block on Ampere and newer GPUs, the previous settings back on exit; yields
+    whether TF32 was switched on."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 8:
         yield False
         return
@@ -206,12 +208,8 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
 
 
 def compile_model(model: torch.nn.Module, warm_up=None) -> bool:
-    """torch.compile the module in place (state-dict keys unchanged, so saving is unaffected).
-
-    Compilation happens lazily on the first call, so `warm_up()` (e.g. one forward and backward on a
-    small batch) is run here: if compiling fails (no C++ compiler, unsupported op), the module goes back
-    to eager with one warning instead of failing mid-training. Returns whether compilation is active.
-    """
+    """torch.compile the module in place (state-dict keys unchanged) and run `warm_up()`, which compiles it; if
+    compiling fails the module goes back to eager with one warning. Returns whether compilation is active."""
     import time
 
     start = time.perf_counter()
@@ -221,8 +219,8 @@ def compile_model(model: torch.nn.Module, warm_up=None) -> bool:
             warm_up()
     except Exception as exc:  # inductor/dynamo raise many types; any of them means "run eager"
         model._compiled_call_impl = None  # undo nn.Module.compile
-        first = first_line(exc)
-        logger.warning("--compile: torch.compile failed (%s: %s); continuing without it", type(exc).__name__, first[:200])
+        logger.warning("--compile: torch.compile failed (%s: %s); continuing without it", type(exc).__name__,
+                       first_line(exc)[:200])
         return False
     logger.info("--compile: model compiled; warm-up took %.1f s", time.perf_counter() - start)
     return True

@@ -1,18 +1,9 @@
 """Several processes (torchrun, accelerate launch): process group, batch shards, gathered negatives, DDP.
 
-Mirror-BERT's loss (paper eq. 1) takes every other view of the batch as a negative, so splitting a batch
-across devices must not split the loss: each process embeds its shard of the GLOBAL batch, the rows of
-all processes are all-gathered WITH gradients into the global order [x_1..x_B, xbar_1..xbar_B], and every
-process computes the same loss over the whole global batch. The launchers themselves (torchrun,
-`accelerate launch`) start the processes; this module only reads their environment variables.
-
-Gradient factor: every process holds the same loss L over the same gathered matrix, so the gradient
-that reaches its own rows, dL/dz_i, is already the full-batch one; the other processes' rows need no
-gradient sent back (unlike `torch.distributed.nn.functional.all_gather`, whose backward sums W identical
-copies with one more collective). Each process's parameter gradient is then its own rows' share of the
-full-batch gradient; DDP averages (divides the sum by W), so the own rows' gradient is multiplied by W
-in backward. The result is exactly the gradient of one process holding the whole batch (checked
-numerically in tests/runtime/test_distributed.py).
+Each process embeds its shard of the global batch; `gather_views` puts every process's rows, with gradients
+for its own, into the global order [x_1..x_B, xbar_1..xbar_B], so every process computes the loss of the whole
+batch and the parameter gradient is that of one process holding it (docs/design.md, "Several processes"). The
+launchers start the processes; this module only reads their environment variables.
 """
 
 from __future__ import annotations
@@ -36,8 +27,7 @@ from mirrorbert.runtime.randomness import derived_generator
 
 logger = logging.getLogger(__name__)
 
-# Seconds a collective may wait for the other processes before the job fails (instead of hanging
-# forever when one process died); override with this environment variable.
+# Seconds a collective waits for the other processes before the job fails (a process died).
 TIMEOUT_ENV = "MIRRORBERT_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600
 # Random stream for per-step, per-rank dropout seeds (mirror/step.py uses 1 and 2).
@@ -47,13 +37,42 @@ T = TypeVar("T")
 
 
 def launched_world_size() -> int:
-    """Processes started by torchrun / accelerate (1 when started directly)."""
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    """Processes started by torchrun / accelerate (1 when started directly), checked (`launch_environment`)."""
+    return launch_environment()[0]
 
 
 def launched_rank() -> int:
-    """This process's global rank from the launcher's environment; cheap (no collective)."""
-    return int(os.environ.get("RANK", "0") or 0)
+    """This process's global rank from the launcher's environment (no collective), checked."""
+    return launch_environment()[1]
+
+
+def launch_environment() -> tuple[int, int]:
+    """(WORLD_SIZE, RANK) as torchrun and accelerate set them, checked: whole numbers, 0 <= RANK < WORLD_SIZE,
+    LOCAL_RANK a whole number, and with several processes MASTER_ADDR and MASTER_PORT set. A half-set
+    environment is one UserError line before any work."""
+    def number(name: str, default: int) -> int:
+        text = os.environ.get(name, "").strip()
+        if not text:
+            return default
+        if not text.isdigit():
+            raise UserError(f"environment variable {name}={text[:40]!r} is not a whole number >= 0 (torchrun and "
+                            f"accelerate set it; unset it to run one process)")
+        return int(text)
+
+    world, rank = number("WORLD_SIZE", 1), number("RANK", 0)
+    number("LOCAL_RANK", 0)
+    if world < 1 or rank >= max(world, 1):
+        raise UserError(f"environment variables WORLD_SIZE={world} and RANK={rank}: RANK must be below WORLD_SIZE "
+                        f"(torchrun and accelerate set both; unset them to run one process)")
+    if world > 1 and not (dist.is_available() and dist.is_initialized()):
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
+        if missing:
+            raise UserError(f"environment variable WORLD_SIZE={world} asks for {world} processes, but "
+                            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set (where they "
+                            f"meet): start the command with torchrun or accelerate launch, which set them all, or "
+                            f"unset WORLD_SIZE and RANK to run one process")
+        number("MASTER_PORT", 0)
+    return world, rank
 
 
 @dataclass
@@ -62,7 +81,6 @@ class DistContext:
 
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
@@ -80,26 +98,18 @@ class DistContext:
         return [base + (1 if r < extra else 0) for r in range(self.world_size)]
 
     def shard(self, items: Sequence[T]) -> list[T]:
-        """This process's contiguous part of a global batch (a pure function of the batch and W).
-
-        Contiguous shards keep the gathered rows in the global batch's order; both views of a string are
-        built from the same index, so they stay on the same process. A process whose part is empty (a
-        batch with fewer strings than processes) gets the batch's first item as a stand-in: it must still
-        run the forward and backward that DDP's gradient all-reduce waits for; `gather_views` drops it.
-        """
+        """This process's contiguous part of a global batch (a pure function of the batch and W). A process
+        whose part is empty gets the batch's first item as a stand-in, for the forward and backward DDP waits
+        for; `gather_views` drops it."""
         sizes = self.shard_sizes(len(items))
         start = sum(sizes[: self.rank])
         return list(items[start:start + sizes[self.rank]]) or list(items[:1])
 
     # ------------------------------------------------------------------ gathering
     def gather_views(self, local: torch.Tensor, n_strings: int) -> torch.Tensor:
-        """All-gather the local rows [x.., xbar..] (own rows keep their gradient) into the global [x_1..x_B, xbar_1..xbar_B].
-
-        Shards may differ in size by one, so each half is padded to the largest shard before the gather
-        (all_gather needs equal shapes) and the padding rows are dropped again afterwards. Reordering into
-        the global order means the loss's labels (i <-> i+B) stay correct; sentence-transformers' first
-        cross-device version concatenated per-rank blocks and mislabelled the positives.
-        """
+        """All-gather the local rows [x.., xbar..] into the global [x_1..x_B, xbar_1..xbar_B], in the global
+        batch's order (so the loss's labels i <-> i+B hold); this process's own rows keep their gradient,
+        scaled by W (DDP averages), the others carry none."""
         if not self.enabled:
             return local
         sizes = self.shard_sizes(n_strings)
@@ -119,21 +129,9 @@ class DistContext:
             gathered = gathered + 0.0 * local.sum()
         return gathered
 
-    def any(self, flag: bool) -> bool:
-        """True on every process when it is true on any (e.g. a Ctrl-C seen by one process only)."""
-        if not self.enabled:
-            return bool(flag)
-        value = torch.tensor([1 if flag else 0], device=self._collective_device())
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return bool(value.item())
-
     def agree(self, code: int) -> int:
-        """The largest of every process's `code` (one all-reduce), on every process.
-
-        The engine's stop agreement at each step boundary: 0 nothing, 1 Ctrl-C, 2 SIGTERM (see
-        training/signals.py), so one signalled process stops them all at the same step and a SIGTERM
-        anywhere makes it a preemption. A failed process makes this collective fail instead.
-        """
+        """The largest of every process's `code` (one all-reduce), on every process: the engine's stop
+        agreement at a step boundary (training/signals.py)."""
         if not self.enabled:
             return int(code)
         value = torch.tensor([int(code)], device=self._collective_device())
@@ -145,19 +143,15 @@ class DistContext:
             dist.barrier()
 
     def on_main(self, work: Callable[[], T], others: T) -> T:
-        """Run `work` (writing files) on rank 0 only; the others wait and get `others`.
-
-        Rank 0 tells the others whether it succeeded, so a failed write ends every process at once
-        instead of leaving them waiting for the collective timeout.
-        """
+        """Run `work` (writing files) on rank 0 only; the others wait and get `others`, or a UserError at once
+        when rank 0 failed."""
         if not self.enabled:
             return work()
-        outcome: list[Any] = [None]
+        outcome: list[Any] = [("ok", None)]
         result = others
         if self.is_main:
             try:
                 result = work()
-                outcome[0] = ("ok", None)
             except BaseException as exc:
                 outcome[0] = ("error", f"{type(exc).__name__}: {exc}")
                 dist.broadcast_object_list(outcome, src=0)
@@ -170,22 +164,14 @@ class DistContext:
 
     # ------------------------------------------------------------------ randomness
     def seed_step(self, seed: int, step: int) -> None:
-        """Per-step, per-rank dropout seed under several processes.
-
-        Each process must draw different dropout masks for its rows, and a resumed run must draw the same
-        ones again without per-rank RNG files: a seed derived from (seed, step, rank) does both. A single
-        process keeps the usual saved RNG state (nothing happens here).
-        """
+        """Under several processes, seed torch from (seed, step, rank): each process draws its own dropout
+        masks, and a resumed run the same ones again. A single process keeps its saved RNG state."""
         if self.enabled:
             torch.manual_seed(derived_generator(seed, STREAM_DROPOUT, step, self.rank).initial_seed())
 
     # ------------------------------------------------------------------ DDP
     def wrap(self, encoder: torch.nn.Module) -> None:
-        """Put the encoder's Hugging Face model under DDP in place (gradient averaging during backward).
-
-        The inner model is wrapped, not the Encoder, so `Encoder.embed` (padding, packing, chunks) keeps
-        going through DDP's forward unchanged.
-        """
+        """Put the encoder's inner Hugging Face model under DDP in place (`Encoder.embed` goes through it)."""
         if not self.enabled or isinstance(encoder.model, _ModelDDP):
             return
         device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -199,26 +185,13 @@ class DistContext:
         if isinstance(encoder.model, _ModelDDP):
             encoder.model = encoder.model.module
 
-    @staticmethod
-    def no_sync(encoder: torch.nn.Module) -> contextlib.AbstractContextManager:
-        """Skip DDP's gradient all-reduce for a backward that is not the last of a step (cached gradients)."""
-        if isinstance(encoder.model, _ModelDDP):
-            return encoder.model.no_sync()
-        return contextlib.nullcontext()
-
     # ------------------------------------------------------------------ failures
     @contextlib.contextmanager
     def failure_guard(self, last_checkpoint: Callable[[], Any], interrupt: Any = None) -> Iterator[None]:
-        """End this process with one clear line naming the last good checkpoint when the job breaks.
-
-        A failure is a collective that fails: gloo sees a peer's closed connection, or the
-        MIRRORBERT_DIST_TIMEOUT expires (a process crashed or was killed). A SIGTERM is not one by
-        itself: under the engine (`interrupt`, its InterruptFlag) SIGTERM is a preemption flag that every
-        process agrees on at the next step boundary; only if that agreement or a step's collective fails
-        (torchrun SIGTERMs the survivors after one process crashed) is the stop a failure, and the line
-        says that a signal had arrived. Without `interrupt` (a caller outside the training loop) a
-        SIGTERM raises here at once. Both become a UserError; single-process runs are left untouched.
-        """
+        """A collective that fails (a peer gone, MIRRORBERT_DIST_TIMEOUT expired) ends this process with one
+        UserError line naming the last good checkpoint, and saying whether a signal had arrived (`interrupt`:
+        the engine's InterruptFlag). Without `interrupt`, a SIGTERM raises here at once. A single process is
+        left untouched."""
         if not self.enabled:
             yield
             return
@@ -260,11 +233,7 @@ _DDP_OPTIONS = set(inspect.signature(DistributedDataParallel.__init__).parameter
 
 
 class _ModelDDP(DistributedDataParallel):
-    """DDP that still looks like the wrapped model to Encoder code (config, save_pretrained, state_dict keys).
-
-    Saving while wrapped (checkpoints) must write the inner model's keys, not `module.`-prefixed ones,
-    or a checkpoint would not load back into a plain model.
-    """
+    """DDP that still looks like the wrapped model (config, save_pretrained, state_dict keys without `module.`)."""
 
     def __getattr__(self, name: str):
         try:
@@ -301,7 +270,7 @@ def _is_collective_failure(exc: BaseException) -> bool:
 
 
 class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; backward multiplies the gradient by a constant (undoes DDP's 1/W, see the module doc)."""
+    """Identity forward; backward multiplies the gradient by a constant (undoes DDP's 1/W)."""
 
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, factor: float) -> torch.Tensor:
@@ -338,22 +307,18 @@ def timeout_seconds() -> int:
 
 
 def init_from_env(device: str | None = "auto") -> DistContext:
-    """The context of this process: from torchrun/accelerate's RANK, WORLD_SIZE, LOCAL_RANK (MASTER_ADDR/PORT).
-
-    Started directly (WORLD_SIZE unset or 1) it is a single process on `device` and no process group is
-    created. Otherwise it joins the job's process group (NCCL on GPUs, gloo on CPU; a timeout on every
-    collective) unless the caller already did, and quietens the library's logging on ranks other than 0.
-    """
+    """The context of this process, from the launcher's environment: a single process on `device` when started
+    directly; otherwise a member of the job's process group (NCCL on GPUs, gloo on CPU, a timeout on every
+    collective), joined unless the caller already did, with mirrorbert's logging quiet on ranks other than 0."""
     if not dist.is_initialized() and launched_world_size() <= 1:
         return DistContext(device=resolve_device(device))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
-    target = _device_for(device, local_rank)
+    target = _device_for(device, int(os.environ.get("LOCAL_RANK", "0") or 0))
     if not dist.is_initialized():
         if target.type == "cuda":
             torch.cuda.set_device(target)
         backend = "nccl" if target.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_seconds()))
-    ctx = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank, device=target)
+    ctx = DistContext(rank=dist.get_rank(), world_size=dist.get_world_size(), device=target)
     if not ctx.is_main:
         logging.getLogger("mirrorbert").setLevel(logging.ERROR)
     logger.info("distributed: %d processes (%s backend), rank 0 on %s", ctx.world_size, dist.get_backend(), target)
@@ -361,13 +326,8 @@ def init_from_env(device: str | None = "auto") -> DistContext:
 
 
 def shutdown(synchronize: bool = False) -> None:
-    """Leave the process group cleanly (NCCL warns otherwise); a no-op when none was created.
-
-    With `synchronize` (a command that finished normally) every process first meets the others at a
-    barrier: tearing gloo down while a peer is still finishing its last collective aborted a process
-    ("terminate called without an active exception") now and then. After an error there is no barrier,
-    since a failed peer would never arrive.
-    """
+    """Leave the process group, if any; with `synchronize` (a command that finished normally) after a barrier
+    with the others, so no process tears it down while a peer is still in its last collective."""
     if dist.is_available() and dist.is_initialized():
         if synchronize:
             try:
@@ -383,11 +343,8 @@ _ENCODING: DistContext | None = None
 
 @contextlib.contextmanager
 def sharded_encoding(ctx: DistContext) -> Iterator[None]:
-    """Within this block `Encoder.encode` splits its inputs across the processes and returns all rows.
-
-    Opt-in (the encode and eval commands), because a sharded encode is a collective: every process must
-    call it with the same texts, which is not true of, say, an evaluation run on rank 0 only.
-    """
+    """Within this block `Encoder.encode` splits its inputs across the processes and returns all rows (a
+    collective: every process must encode the same texts)."""
     global _ENCODING
     previous, _ENCODING = _ENCODING, (ctx if ctx.enabled else None)
     try:
@@ -397,10 +354,8 @@ def sharded_encoding(ctx: DistContext) -> Iterator[None]:
 
 
 def encoding_rows(n: int) -> list[int]:
-    """The input rows this process encodes: all of them, or a strided share while sharded encoding is on.
-
-    Strided (r, r+W, ...) rather than contiguous so that long and short inputs spread evenly.
-    """
+    """The input rows this process encodes: all of them, or its strided share (r, r+W, ...) while sharded
+    encoding is on."""
     if _ENCODING is None:
         return list(range(n))
     return list(range(_ENCODING.rank, n, _ENCODING.world_size))
@@ -421,7 +376,3 @@ def combine_rows(local: torch.Tensor, n: int) -> torch.Tensor:
         rows = range(rank, n, ctx.world_size)
         out[list(rows)] = part[: len(rows)].to(out.device)
     return out
-
-
-__all__ = ["DistContext", "init_from_env", "shutdown", "sharded_encoding", "encoding_rows", "combine_rows",
-           "launched_rank", "launched_world_size"]

@@ -32,14 +32,9 @@ _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
 def index_uniforms(seed: int, stream: Sequence[int], indices: Sequence[int]) -> np.ndarray:
-    """One uniform float in [0, 1) per index, each a pure function of (seed, stream, index) alone.
-
-    Counter-based: the stream's key (SeedSequence of seed and stream, as `derived_generator`) is mixed with the
-    index by SplitMix64's finaliser, so a string's draw does not depend on which other indices are drawn with
-    it, in which order or how many (a batch, a shard of it, another batch size): drawing per batch replays the
-    draws of a whole epoch exactly, and a resumed run draws what the uninterrupted one drew. Vectorised: a
-    batch of 256 costs microseconds, where a torch.Generator per string costs about as much per string.
-    """
+    """One uniform float in [0, 1) per index, each a pure function of (seed, stream, index) alone: the stream's
+    key mixed with the index by SplitMix64's finaliser, so a draw does not depend on which other indices are
+    drawn with it (a batch, a shard, a resumed run draw what a whole epoch would)."""
     key = np.random.SeedSequence([seed, *stream]).generate_state(1, dtype=np.uint64)[0]
     with np.errstate(over="ignore"):  # the mixing is arithmetic modulo 2**64
         z = np.asarray(indices, dtype=np.uint64) * _GOLDEN ^ key
@@ -75,13 +70,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def set_cuda_rng_states(states) -> None:
-    """Restore the saved CUDA generators onto the GPUs that exist now, device i from saved state i.
-
-    A checkpoint written on 8 GPUs and resumed on 2 (or on a CPU-only machine) holds states for devices
-    that are not there: `torch.cuda.set_rng_state_all` would index past the last device. Only the first
-    min(saved, present) are restored; when the counts differ one log line says so (on more GPUs than
-    saved, the extra devices keep the seed's state).
-    """
+    """Restore the saved CUDA generators onto the GPUs that exist now, device i from saved state i, as many as
+    both have (one log line when the counts differ; extra devices keep the seed's state)."""
     states = list(states)
     present = torch.cuda.device_count() if torch.cuda.is_available() else 0
     restored = min(len(states), present)
@@ -94,10 +84,8 @@ def set_cuda_rng_states(states) -> None:
 
 @contextlib.contextmanager
 def replay_rng() -> Iterator[None]:
-    """Run a block twice with identical random draws: the state is captured on entry and restored on exit.
-
-    Used for controlled dropout, where the second view must see exactly the dropout masks of the first.
-    """
+    """The torch generators' state captured on entry and restored on exit, so a second run of a block draws
+    the same (controlled dropout: the second view sees the first one's masks)."""
     state = torch_rng_state()
     try:
         yield

@@ -1,43 +1,50 @@
-"""Reading back files mirrorbert did not just write (index folders, caches, manifests): one place for the
-low-level rules every reader of such a file follows.
+"""Reading back a file mirrorbert did not just write (an index file, a cache, a manifest, a data file).
 
-* `open_checked`: a path must be a regular file, checked on the opened descriptor (opened non-blocking, so a
-  FIFO cannot stall the open; no race between a check and the open), of bounded size where asked; the one
-  open of such a file (`open_regular` words its refusal for a path the user named, `ConfinedFolder.open` for
-  a file of a folder, the write policy reads its markers through it): a device such as /dev/zero, a FIFO or
-  a folder is one `UserError` naming it, never an endless read.
-* `read_regular_bytes`: the bytes of such a file, its size bounded before anything is read.
-* `parse_json`: JSON of an untrusted file, its nesting bounded before `json` recurses into it (a file of
-  100,000 opening brackets would otherwise end in a RecursionError traceback).
+Every such file is opened by `open_checked`: a regular file, checked on the opened descriptor (no race between
+a check and the open; opened non-blocking, so a FIFO cannot stall it), of bounded size where asked. A device,
+FIFO or folder is one `UserError` naming it, never an endless read; JSON is UTF-8 and nested at most
+`MAX_JSON_DEPTH` levels, checked before the parser recurses.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import stat
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from mirrorbert.errors import UserError
 
 MAX_JSON_DEPTH = 64  # JSON nested deeper than this is refused before the parser recurses
+_mark = threading.local()
+_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symlink", stat.S_IFREG: "a file"}
+
+
+@contextlib.contextmanager
+def opening():
+    """Marks this thread as inside the reader's own open, for the run-time audit of opens."""
+    depth = getattr(_mark, "depth", 0)
+    _mark.depth = depth + 1
+    try:
+        yield
+    finally:
+        _mark.depth = depth
+
+
+def reader_active() -> bool:
+    """Whether this thread is inside the reader's own open (`opening`)."""
+    return getattr(_mark, "depth", 0) > 0
 
 
 def describe_kind(mode: int) -> str:
-    """What a file mode is, in words, for a refusal ("a folder", "a FIFO", ...)."""
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    return "not a regular file"
+    """What a file mode is, in words, for a refusal ("a folder", "a FIFO", "a character device", ...)."""
+    return _KINDS.get(stat.S_IFMT(mode), "a special file")
 
 
 class NotRegularFile(Exception):
@@ -48,28 +55,43 @@ class NotRegularFile(Exception):
         self.reason = reason
 
 
-def open_checked(path: str | os.PathLike, follow: bool = True, limit: int | None = None) -> int:
-    """A read-only descriptor of the regular file `path`, of at most `limit` bytes (None: any size), or
-    `NotRegularFile` saying why not. Opened non-blocking (a FIFO cannot stall the open) and checked with fstat
-    on the descriptor itself (no race between a check and the open); `follow=False`: a link at `path` is
-    refused, not followed. Every reader of a file mirrorbert did not just write opens it here."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
+@contextlib.contextmanager
+def open_errors():
+    """An open by the reader (marked `opening`); its OSError becomes `NotRegularFile` saying why."""
     try:
-        fd = os.open(path, flags)
+        with opening():
+            yield
     except FileNotFoundError:
         raise NotRegularFile("no such file") from None
     except IsADirectoryError:
         raise NotRegularFile("is a folder, expected a file") from None
+    except NotADirectoryError:
+        raise NotRegularFile("a file where a folder is expected") from None
     except PermissionError:
         raise NotRegularFile("permission denied (the file is not readable)") from None
     except OSError as exc:  # ELOOP: a link where none may be
         raise NotRegularFile(f"cannot open it ({exc.strerror or type(exc).__name__})") from None
+
+
+def checked_descriptor(fd: int, limit: int | None) -> int:
+    """`fd`, opened non-blocking, when it is a regular file of at most `limit` bytes (None: any size), back in
+    blocking mode; closed and refused (`NotRegularFile`) otherwise. A file whose size says 0 but that has
+    content or fails a read (/proc, /sys) is not a regular file."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(f"is {describe_kind(st.st_mode)}, expected a regular file")
         if limit is not None and st.st_size > limit:
             raise NotRegularFile(f"{st.st_size} bytes, more than the {limit} such a file may hold")
+        if st.st_size == 0:
+            try:
+                first = os.read(fd, 1)
+            except OSError as exc:
+                raise NotRegularFile(f"cannot be read ({exc.strerror or type(exc).__name__}): not a file of "
+                                     f"data") from None
+            if first:
+                raise NotRegularFile("reports a size of 0 but has content (a /proc or /sys file?), expected a "
+                                     "regular file")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -77,66 +99,83 @@ def open_checked(path: str | os.PathLike, follow: bool = True, limit: int | None
     return fd
 
 
-def open_regular(path: Path, what: str) -> int:
-    """`open_checked` of a path the user named (`what`: its option), a refusal as one `UserError` line:
-    a device (/dev/zero), a FIFO or a folder is one error naming it, never an endless read."""
+def open_checked(path: str | os.PathLike, follow: bool = True, limit: int | None = None) -> int:
+    """A read-only descriptor of the regular file `path`, of at most `limit` bytes, or `NotRegularFile` saying
+    why not (`checked_descriptor`); `follow=False`: a link at `path` is refused, not followed."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    with open_errors():
+        fd = os.open(path, flags)
+    return checked_descriptor(fd, limit)
+
+
+def open_regular(path: Path, what: str, limit: int | None = None) -> int:
+    """`open_checked` of a path the user named (`what`: its option); a refusal is one `UserError` line."""
     try:
-        return open_checked(path)
+        return open_checked(path, limit=limit)
     except NotRegularFile as exc:
         raise UserError(f"{what} {path}: {exc.reason}") from None
 
 
 def open_text(path: Path, what: str, errors: str = "strict", newline: str | None = None):
-    """A text file object over `open_regular`'s descriptor: a data file read line by line (an evaluation set,
-    a WordNet database, a triplet file) is a regular file, never a FIFO or device that blocks or never ends."""
+    """A UTF-8 text file object over `open_regular`'s descriptor (a data file read line by line)."""
     return open(open_regular(Path(path), what), encoding="utf-8", errors=errors, newline=newline)
+
+
+@contextlib.contextmanager
+def read_errors(path: Path, what: str):
+    """A file that fails while it is read (permission, an I/O error) is one line naming it and `what`."""
+    try:
+        yield
+    except PermissionError:
+        raise UserError(f"{what} {path}: permission denied (the file is not readable)") from None
+    except OSError as exc:
+        raise UserError(f"{what} {path}: cannot read the file ({exc.strerror or type(exc).__name__})") from None
 
 
 def read_regular_bytes(path: Path, what: str, limit: int) -> bytes:
     """The bytes of a regular file of at most `limit` bytes (a bigger one is refused before reading it)."""
-    fd = open_regular(path, what)
-    with os.fdopen(fd, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size > limit:
-            raise UserError(f"{what} {path}: {size} bytes, more than the {limit} this file can hold; "
-                            "damaged or not written by mirrorbert")
+    with os.fdopen(open_regular(path, what, limit), "rb") as fh:
         return fh.read(limit + 1)
 
 
-def json_depth_ok(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
-    """False when brackets nest deeper than `limit` (checked by a count, before `json` recurses into them);
-    brackets inside strings count too, which can only make this stricter."""
-    if isinstance(text, str):
-        text = text.encode("utf-8", "surrogatepass")
+def json_depth_ok(raw: bytes) -> bool:
+    """False when brackets nest deeper than MAX_JSON_DEPTH (counted before `json` recurses; brackets inside
+    strings count too, which can only make this stricter)."""
     depth = 0
-    for byte in text:
+    for byte in raw:
         if byte in (0x5B, 0x7B):
             depth += 1
-            if depth > limit:
+            if depth > MAX_JSON_DEPTH:
                 return False
         elif byte in (0x5D, 0x7D):
             depth -= 1
     return True
 
 
-def parse_json(raw: bytes, what: str, path: Path) -> Any:
-    """JSON of an untrusted file: UTF-8, nesting bounded, one error naming the file otherwise."""
+def loads_untrusted(raw: bytes) -> Any:
+    """JSON of an untrusted file; a ValueError saying how it is damaged (too deep, not UTF-8, not JSON)."""
     if not json_depth_ok(raw):
-        raise UserError(f"{what} {path}: damaged (JSON nested deeper than {MAX_JSON_DEPTH} levels)")
+        raise ValueError(f"damaged (JSON nested deeper than {MAX_JSON_DEPTH} levels)")
     try:
         return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"damaged (not UTF-8 text: byte {exc.start})") from None
+    except (ValueError, RecursionError) as exc:
         reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise UserError(f"{what} {path}: damaged (not valid JSON: {reason})") from None
+        raise ValueError(f"damaged (not valid JSON: {reason})") from None
+
+
+def parse_json(raw: bytes, what: str, path: Path) -> Any:
+    """`loads_untrusted`, its refusal one `UserError` naming `what` and the file."""
+    try:
+        return loads_untrusted(raw)
+    except ValueError as exc:
+        raise UserError(f"{what} {path}: {exc}") from None
 
 
 def set_aside(path: Path, option: str) -> Path:
-    """Rename a damaged cache or checkpoint (or whatever sits at its name) out of the way, to
-    `<name>.damaged-<time>`, and return the new path: what is read back and fails a check is never used again,
-    and never deleted either (it may be evidence). An OSError of the rename (another process set it aside
-    first) is the caller's."""
-    import time
-
+    """Rename a damaged cache or checkpoint (or whatever sits at its name) to `<name>.damaged-<time>` and return
+    the new path: it is never used again, nor deleted. An OSError of the rename is the caller's."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for n in range(1000):
         aside = path.with_name(f"{path.name}.damaged-{stamp}" + (f"-{n}" if n else ""))
@@ -146,11 +185,7 @@ def set_aside(path: Path, option: str) -> Path:
     raise UserError(f"{option} {path.parent}: too many damaged copies set aside for {path.name}; remove them")
 
 
-__all__ = ["MAX_JSON_DEPTH", "NotRegularFile", "describe_kind", "json_depth_ok", "open_checked", "open_regular", "open_text",
-           "parse_json", "read_regular_bytes", "set_aside"]
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22, what: str = "--corpus") -> str:
+def file_sha256(path: Path, what: str = "--corpus") -> str:
     """SHA-256 of a regular file's bytes (a device or FIFO is refused, never read without end); of a folder
     (a saved dataset), over its regular files' names and checksums."""
     path = Path(path)
@@ -158,15 +193,14 @@ def file_sha256(path: Path, chunk: int = 1 << 22, what: str = "--corpus") -> str
         digest = hashlib.sha256()
         for member in sorted(p for p in path.rglob("*") if p.is_file()):
             digest.update(member.relative_to(path).as_posix().encode("utf-8") + b"\0"
-                          + file_sha256(member, chunk, what).encode("ascii") + b"\n")
+                          + file_sha256(member, what).encode("ascii") + b"\n")
         return digest.hexdigest()
-    with os.fdopen(open_regular(path, what), "rb") as fh:
-        return stream_sha256(fh, chunk)
+    with os.fdopen(open_regular(path, what), "rb") as fh, read_errors(path, what):
+        return stream_sha256(fh)
 
 
 def stream_sha256(fh, chunk: int = 1 << 22) -> str:
-    """SHA-256 of what is left to read of an open file, in blocks: a file can be hashed and then parsed or
-    mapped from the same descriptor, so what is checked is what is read."""
+    """SHA-256 of what is left to read of an open file: what is hashed can then be parsed from the same one."""
     digest = hashlib.sha256()
     for block in iter(lambda: fh.read(chunk), b""):
         digest.update(block)
@@ -174,22 +208,13 @@ def stream_sha256(fh, chunk: int = 1 << 22) -> str:
 
 
 class PositionedReader:
-    """Reads at an offset of an open file (`os.pread` where the platform has it: no shared file position, so
-    a prefetch thread may read too), nothing mapped into the process; the file is kept open as long as this
-    is, so what is read is the file that was opened (and checked)."""
+    """Reads at an offset of an open (and checked) file with `os.pread`: no shared file position, so another
+    thread may read too; the file stays open as long as this does."""
 
     def __init__(self, fh):
         self._fh = fh
 
     def read(self, offset: int, size: int) -> bytes:
-        if size <= 0:
-            return b""
-        if not hasattr(os, "pread"):
-            self._fh.seek(offset)
-            raw = self._fh.read(size)
-            if len(raw) != size:
-                raise UserError(f"{self._fh.name}: shorter than its manifest says (changed while in use?)")
-            return raw
         parts = []
         while size > 0:
             part = os.pread(self._fh.fileno(), size, offset)

@@ -1,9 +1,8 @@
 """Nearest-neighbour search over vectors of any encoder (an object with `encode`): exact chunked top-k,
-`SearchIndex`, `build_index` and `search` (`exact`, on the primitives of `ranking` and `faiss_backend`), a
-running exact top-k over a corpus encoded a chunk at a time (`streaming`), the approximate IVF index with exact
-rescoring (`approximate`), int8/binary vectors (`quantized`), and the index folder on disk: its writer and
-reader (`index_store`), its manifest and the checks of what it claims (`index_claims`, `fingerprints`), the
-read-back of its numpy files (`index_files`) and of its texts and ids (`index_texts`).
+`SearchIndex`, `build_index` and `search` (`exact`, on the primitives of `ranking`), a running exact top-k over a
+corpus encoded a chunk at a time (`streaming`), the approximate IVF index (`approximate`), int8/binary vectors
+(`quantized`), and the index folder: its writer and reader (`index_store`), its manifest and the checks of what
+it claims (`index_claims`, `fingerprints`), the read-back of its files (`index_files`).
 """
 
 _EXACT = {"search", "SearchIndex", "Hit", "build_index", "cosine_topk", "chunked_topk", "l2_normalize"}

@@ -1,23 +1,12 @@
 """An approximate index for corpora too large to scan: faiss IVF with 8-bit codes, exact rescoring from the
 float vectors.
 
-Exact search reads every vector for every query block; at a million rows that is most of a query's time, and a
-10M x 768 corpus (30 GB of float32) does not fit in memory at all. The approximate index keeps only what finding
-*candidates* needs in memory: `nlist` centroids (k-means on a seeded sample) and an 8-bit scalar-quantised code
-of every row's residual (faiss `IndexIVFScalarQuantizer`, inner product on L2-normalised vectors: a quarter of
-the float32 size). A query scans the `nprobe` lists nearest to it; the `RESCORE_FACTOR * k` best candidates are
-then rescored against the float vectors (memory-mapped, read only for those rows) in float64, so every
-returned score is the exact cosine of the returned id, ordered as exact search orders (score, then smaller id).
-Only *which* rows are found is approximate (recall@10 is measured on real sentence vectors by
-benchmarks/ivf_recall.py, on synthetic clusters up to 1M rows by benchmarks/index_scale.py). `nprobe` is the
-index's default (recorded in its manifest); a search may set another (`search --nprobe`, `nprobe=`).
-
-The index is defined by three small arrays, not by a faiss file: the centroids, the quantiser's trained ranges
-and each row's list number. They are numpy files an untrusted folder can hold without any faiss
-deserialisation (a crafted faiss file can name other files to map); the faiss index is rebuilt from them and
-the vectors at load, by the same function that builds it, so a loaded index is the one that was written.
-
-`auto` picks exact search below `AUTO_IVF_ROWS` rows (a scan is fast there, and exact) and IVF from there on.
+A query scans the `nprobe` lists (of `nlist`, centroids by k-means on a seeded sample) nearest to it; its
+`RESCORE_FACTOR * k` best candidates by their 8-bit residual codes (`IndexIVFScalarQuantizer`, inner product)
+are rescored in float64 against the float vectors (only their rows read), so every score is the exact cosine
+of its id, ordered as exact search orders them: only which rows are found is approximate. The index is defined
+by three numpy arrays (`IVFParts`: centroids, quantiser ranges, each row's list), never a faiss file; the
+faiss index is rebuilt from them at load by the function that builds it. `auto` is exact below `AUTO_IVF_ROWS`.
 """
 
 from __future__ import annotations
@@ -29,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from mirrorbert.errors import UserError
+from mirrorbert.search.ranking import RESCORE_BLOCK_VALUES, pair_scores, select_topk
 from mirrorbert.settings.choices import AUTO_IVF_ROWS, INDEX_TYPES
 
 TRAIN_ROWS_PER_LIST = 40  # k-means sample: 40 rows per centroid (faiss warns below 39)
@@ -42,8 +32,7 @@ CODES = "sq8"
 @dataclass
 class IVFParts:
     """What defines an IVF index besides the vectors: centroids [nlist, dim], the 8-bit quantiser's trained
-    ranges (float32, faiss's layout: per-dimension minima then ranges) and each row's list number; `seed`
-    drew the k-means sample (recorded in an index folder's manifest)."""
+    ranges (faiss's layout: per-dimension minima, then ranges), each row's list number; `seed` drew the sample."""
     centroids: np.ndarray
     sq_trained: np.ndarray
     lists: np.ndarray
@@ -53,6 +42,11 @@ class IVFParts:
     @property
     def nlist(self) -> int:
         return int(self.centroids.shape[0])
+
+    def description(self) -> dict[str, Any]:
+        """The `ivf` entry of an index folder's manifest."""
+        return {"nlist": self.nlist, "nprobe": self.nprobe, "codes": CODES, "metric": "inner_product",
+                "seed": self.seed}
 
 
 def resolve_index_type(index_type: str, rows: int, faiss_installed: bool) -> str:
@@ -72,20 +66,13 @@ def default_nlist(rows: int) -> int:
 
 
 def default_nprobe(nlist: int) -> int:
-    """Lists scanned per query: NPROBE_PER_SQRT_NLIST * sqrt(nlist), never more than there are (all of them up
-    to 16 lists). Real sentence vectors are not the tight clusters k-means likes: a query's true neighbours lie
-    in many lists, and the share of lists it must scan for a given recall falls only as about 1/sqrt(nlist).
-    So nprobe grows with sqrt(nlist): with the corpus's size to the power 1/4 from 25,600 rows, where
-    default_nlist reaches 4 * sqrt(rows);
-    on all-MiniLM-L6-v2 vectors of Wikipedia, STS and WordNet texts this keeps recall@10 at 0.976-0.984 from 2k
-    to 192k rows (benchmarks/ivf_recall.py, docs/guide/search.md), where 32 lists found 0.92-0.94 from 27k on."""
+    """Lists scanned per query: NPROBE_PER_SQRT_NLIST * sqrt(nlist), never more than there are."""
     return min(nlist, max(1, round(NPROBE_PER_SQRT_NLIST * math.sqrt(nlist))))
 
 
 def check_query_nprobe(nprobe: Any, nlist: int | None, scan: str | None = None, where: str = "the index") -> None:
-    """A query-time nprobe (`search --nprobe`, `nprobe=`) against what it is for: a whole number from 1 to the
-    index's `nlist` (None: an exact index, which has no lists), and only where the lists are scanned (`scan`
-    names what answers instead, e.g. an exact scan). Each case is a UserError naming the option."""
+    """A query-time nprobe (`search --nprobe`, `nprobe=`): a whole number from 1 to the index's `nlist` (None:
+    an exact index), given only where lists are scanned (`scan`: what answers instead). Else a UserError."""
     if not isinstance(nprobe, (int, np.integer)) or isinstance(nprobe, bool) or nprobe < 1:
         raise UserError(f"--nprobe {nprobe!r}: must be an integer >= 1")
     if nlist is None:
@@ -129,15 +116,8 @@ def _empty_ivf(faiss, quantizer, dim: int, nlist: int):
     return index  # faiss's wrapper keeps a reference to `quantizer` for as long as the index lives
 
 
-def sq_trained_size(dim: int) -> int:
-    """Floats in an 8-bit (non-uniform) quantiser's trained ranges: a minimum and a range per dimension."""
-    return 2 * dim
-
-
-def ivf_from_parts(vectors: np.ndarray, parts: IVFParts, check_finite: bool = False):
-    """The faiss index of `parts` over `vectors`, rows added in chunks with their stored list numbers (no
-    search, so loading is one encoding pass); with `check_finite` each chunk is checked on the way (the row
-    number of the first non-finite one is raised as ValueError)."""
+def ivf_from_parts(vectors: np.ndarray, parts: IVFParts):
+    """The faiss index of `parts` over `vectors`, rows added in chunks with their stored list numbers."""
     import faiss
 
     rows, dim = vectors.shape
@@ -148,8 +128,6 @@ def ivf_from_parts(vectors: np.ndarray, parts: IVFParts, check_finite: bool = Fa
     index.is_trained = True
     for r0 in range(0, rows, ADD_CHUNK):
         x = _chunk(vectors, r0)
-        if check_finite and not np.isfinite(x).all():
-            raise ValueError(r0 + int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0]))
         assign = np.ascontiguousarray(parts.lists[r0:r0 + len(x)], dtype=np.int64)
         index.add_core(len(x), faiss.swig_ptr(x), None, faiss.swig_ptr(assign))
     index.nprobe = parts.nprobe
@@ -180,23 +158,19 @@ class IVFIndex:
         return rescore(queries, vectors, cand.astype(np.int64), k)
 
 
-def rescore(queries: np.ndarray, vectors: np.ndarray, cand: np.ndarray, k: int,
-            block_values: int = 1 << 22) -> tuple[np.ndarray, np.ndarray]:
-    """The top `k` of each row's candidate ids (-1: none) by float64 inner product with the float vectors,
-    ties towards the smaller id; only the candidates' rows of `vectors` are read. The float64 sum is exact
-    search's own (`_pair_scores`), so a hit's score is the one exact search gives that id."""
-    from mirrorbert.search.ranking import _pair_scores, _select_topk
-
+def rescore(queries: np.ndarray, vectors: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The top `k` of each row's candidate ids (-1: none) by exact search's float64 score (`pair_scores`), ties
+    towards the smaller id; only the candidates' rows of `vectors` are read."""
     nq, n_cand = cand.shape
     out_s = np.full((nq, k), -np.inf, np.float32)
     out_i = np.full((nq, k), -1, np.int64)
-    step = max(1, block_values // max(1, n_cand * vectors.shape[1]))
+    step = max(1, RESCORE_BLOCK_VALUES // max(1, n_cand * vectors.shape[1]))
     for q0 in range(0, nq, step):
         ids = cand[q0:q0 + step]
         valid = ids >= 0
         safe = np.where(valid, ids, 0)
-        scores = np.where(valid, _pair_scores(queries[q0:q0 + step], vectors, safe), -np.inf)
-        s, i = _select_topk(scores, np.where(valid, ids, np.iinfo(np.int64).max), k)
+        scores = np.where(valid, pair_scores(queries[q0:q0 + step], vectors[safe]), -np.inf)
+        s, i = select_topk(scores, np.where(valid, ids, np.iinfo(np.int64).max), k)
         out_s[q0:q0 + step], out_i[q0:q0 + step] = s, np.where(np.isfinite(s), i, -1)
     return out_s, out_i
 

@@ -1,9 +1,6 @@
-"""What an index was built from, as checksums: the model's files and the corpus's bytes.
-
-An index folder records these (search/index_claims.py) so that a later search can tell that the model and the
-corpus are still the ones its vectors and ids came from. Every folder is walked through the confined reader
-(`safeguards.confined.ConfinedFolder`): a link leading out of it, or a FIFO or device inside it, is refused,
-never hashed or waited on.
+"""What an index was built from, as checksums an index folder records (search/index_claims.py): the model's
+files and the corpus's bytes. Every folder is walked through `ConfinedFolder`: a link leading out of it, or a
+FIFO or device inside it, is refused, never hashed or waited on.
 """
 
 from __future__ import annotations
@@ -13,9 +10,10 @@ import os
 import stat
 from pathlib import Path
 
+from mirrorbert.data.hf_datasets import count_rows, is_dataset_folder, is_table
 from mirrorbert.data.readers import shown
 from mirrorbert.safeguards.confined import ConfinedFolder
-from mirrorbert.safeguards.readback import describe_kind, file_sha256, open_regular, stream_sha256
+from mirrorbert.safeguards.readback import describe_kind, file_sha256, open_regular, read_errors, stream_sha256
 
 # Files whose bytes decide what a model computes; the rest (README, mirrorbert.json, training logs) do not.
 MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")
@@ -49,21 +47,19 @@ def regular_files(folder: ConfinedFolder, sub: str = "", depth: int = 0):
     return sorted(found, key=lambda item: tuple(item[0].split("/"))) if depth == 0 else found
 
 
-def _member_sha256(folder: ConfinedFolder, rel: str) -> str:
-    with os.fdopen(folder.open(rel), "rb") as fh:
-        return stream_sha256(fh)
-
-
-def is_corpus_folder(path: Path) -> bool:
-    from mirrorbert.data.hf_datasets import is_dataset_folder
-
-    return os.path.isdir(path) and is_dataset_folder(path)
+def _folder_sha256(folder: ConfinedFolder, rels) -> str:
+    """SHA-256 over these files' names and SHA-256s."""
+    digest = hashlib.sha256()
+    for rel in rels:
+        with os.fdopen(folder.open(rel), "rb") as fh:
+            digest.update(rel.encode("utf-8") + b"\0" + stream_sha256(fh).encode("ascii") + b"\n")
+    return digest.hexdigest()
 
 
 def corpus_size(path: Path, option: str = "--corpus") -> int:
     """Bytes of a corpus file, or of a dataset folder's regular files together (each checked as it is read)."""
     path = Path(path)
-    if is_corpus_folder(path):
+    if is_dataset_folder(path):
         folder = ConfinedFolder(path, option, "dataset folder")
         return sum(os.stat(real).st_size for _, real in regular_files(folder))
     with os.fdopen(open_regular(path, option), "rb") as fh:
@@ -71,45 +67,39 @@ def corpus_size(path: Path, option: str = "--corpus") -> int:
 
 
 def corpus_sha256(path: Path, option: str = "--corpus") -> str:
-    """SHA-256 of a corpus file; of a dataset folder, over its regular files' names and checksums (the digest
-    `safeguards.readback.file_sha256` gives a folder, but every member read through the confined reader)."""
+    """SHA-256 of a corpus file; of a dataset folder, over its regular files' names and checksums (as
+    `safeguards.readback.file_sha256` digests a folder)."""
     path = Path(path)
-    if not is_corpus_folder(path):
+    if not is_dataset_folder(path):
         return file_sha256(path, what=option)
     folder = ConfinedFolder(path, option, "dataset folder")
-    digest = hashlib.sha256()
-    for rel, _ in regular_files(folder):
-        digest.update(rel.encode("utf-8") + b"\0" + _member_sha256(folder, rel).encode("ascii") + b"\n")
-    return digest.hexdigest()
+    return _folder_sha256(folder, [rel for rel, _ in regular_files(folder)])
 
 
 def model_fingerprint(model: str) -> str:
     """SHA-256 over the model folder's weight, config and tokenizer files (names and bytes), or `hub:<id>` for
-    a hub id (its local files are not ours to hash; the id names the model). The folder is walked through the
-    confined reader: a link leading out of it or a FIFO is refused, not hashed or waited on."""
+    a hub id (the id names the model)."""
     if not Path(model).is_dir():
         return f"hub:{model}"
     folder = ConfinedFolder(model, "--model", "model folder")
-    digest = hashlib.sha256()
-    for rel, _ in regular_files(folder):
-        name = rel.rpartition("/")[2]
-        if name in IGNORED_MODEL_FILES or Path(name).suffix not in MODEL_FILE_SUFFIXES or rel.startswith("."):
-            continue
-        digest.update(rel.encode("utf-8") + b"\0" + _member_sha256(folder, rel).encode("ascii") + b"\n")
-    return digest.hexdigest()
+    names = [(rel, rel.rpartition("/")[2]) for rel, _ in regular_files(folder)]
+    return _folder_sha256(folder, [rel for rel, name in names if name not in IGNORED_MODEL_FILES
+                                   and Path(name).suffix in MODEL_FILE_SUFFIXES and not rel.startswith(".")])
 
 
-def count_lines(path: Path, option: str = "--corpus") -> int:
-    """Lines as every reader counts them (LF, CRLF or CR), whatever their encoding; rows of tabular data. The
-    file is opened as every data file is (`readers.open_input`) and read a bounded line at a time."""
-    from mirrorbert.data.hf_datasets import count_rows, is_table
-    from mirrorbert.data.readers import bounded_lines, open_input, split_lines
+def corpus_digest(path: Path, option: str = "--corpus") -> tuple[str, int]:
+    """(SHA-256, lines) of a corpus: `corpus_sha256`, and its lines as every reader counts them (ended by LF or
+    CRLF, a last one without an end counted too, whatever the encoding) or a table's rows; a text file in one pass."""
+    path = Path(path)
+    if is_table(path):
+        return corpus_sha256(path, option), count_rows(path, option)
+    digest, lines, last = hashlib.sha256(), 0, b"\n"
+    with os.fdopen(open_regular(path, option), "rb") as fh, read_errors(path, option):
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+            lines, last = lines + block.count(b"\n"), block[-1:]
+    return digest.hexdigest(), lines + (last != b"\n")
 
-    if is_table(Path(path)):
-        return count_rows(path, option)
-    with open_input(Path(path), option) as fh:
-        return sum(len(split_lines(raw)) for raw in bounded_lines(fh, Path(path)))
 
-
-__all__ = ["IGNORED_MODEL_FILES", "MODEL_FILE_SUFFIXES", "corpus_sha256", "corpus_size", "count_lines",
-           "is_corpus_folder", "model_fingerprint", "regular_files"]
+__all__ = ["IGNORED_MODEL_FILES", "MODEL_FILE_SUFFIXES", "corpus_digest", "corpus_sha256", "corpus_size",
+           "model_fingerprint", "regular_files"]

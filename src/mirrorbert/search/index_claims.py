@@ -1,15 +1,11 @@
 """The manifest of an index folder, and the checks of what it claims before an answer comes from it.
 
-`manifest.json` records the model's fingerprint (SHA-256 of its config, tokenizer and weight files:
-search/fingerprints.py), the pooling and maximum length used, and the corpus's path, SHA-256, size and line
-count, besides the folder's own shape (rows, dimension, index type) and each file's SHA-256. Answers are
-refused, in one line, when the model or the corpus has changed since: hits from another model's vectors, or
-ids pointing into an edited file, would be silently wrong.
-
-Every field of a manifest is type-checked when it is read (a folder may come from someone else). An index
-saved from Python (`SearchIndex.save`) has no corpus file and no model fingerprint to record (an encoder may
-have been trained since it was loaded): those fields are null, and `search --index` then needs `--model` and
-checks the stored vectors against it instead (`index_store.check_vectors_match_model`).
+`manifest.json` records the model's fingerprint (search/fingerprints.py), pooling and maximum length, the
+corpus's path, SHA-256, size and line count, the folder's shape and each file's SHA-256; every field is
+type-checked when read. Each claim is checked against what can prove it: the corpus's hash and line count (which
+bounds the ids) against the corpus, the model's against its files, pooling and maximum length against the vectors
+(`index_store.check_vectors_match_model`). An index saved from Python (`SearchIndex.save`) records no corpus and
+no model fingerprint: `search --index` then needs `--model`, and checks the stored vectors against it.
 """
 
 from __future__ import annotations
@@ -26,17 +22,15 @@ from mirrorbert.data.readers import UNSAFE_CHARS, shown
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.confined import ConfinedFolder
 from mirrorbert.safeguards.preflight import looks_like_path
-from mirrorbert.safeguards.readback import open_regular
-from mirrorbert.search.fingerprints import corpus_sha256, corpus_size, is_corpus_folder, model_fingerprint
-from mirrorbert.search.index_files import IVF_FILES
+from mirrorbert.search.fingerprints import corpus_digest, corpus_size, model_fingerprint
 from mirrorbert.settings.choices import POOLINGS
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
-FORMAT = "mirrorbert-index/2"  # /2: ids.npy instead of ids.json, the index kind and an IVF index's parts
-FORMATS_READ = ("mirrorbert-index/1", FORMAT)
-INDEX_FILES = ("vectors.npy", "texts.jsonl", "ids.json", "ids.npy", "faiss.index", *IVF_FILES)
+FORMAT = "mirrorbert-index/2"
+IVF_FILES = ("ivf_centroids.npy", "ivf_sq.npy", "ivf_lists.npy")
+INDEX_FILES = ("vectors.npy", "texts.jsonl", "ids.npy", "faiss.index", *IVF_FILES)
 IVF_KEYS = {"nlist", "nprobe", "codes", "metric", "seed"}
 MAX_MANIFEST_BYTES = 1 << 20  # a manifest is a few hundred bytes; a bigger one is not ours
 MAX_META_ENTRIES = 64  # SearchIndex.meta entries kept in a manifest
@@ -56,19 +50,16 @@ class Manifest:
     dim: int
     column: str | None = None
     field: str | None = None
+    header: bool = True  # a .csv/.tsv corpus's first line is its header (False: `index --no-header`)
     faiss: bool = False
     format: str = FORMAT
     corpus_bytes: int | None = None  # size of the corpus when built: checked before hashing it
-    files: dict[str, str] | None = None  # SHA-256 of each index file (None: none recorded)
+    files: dict[str, str] | None = None  # SHA-256 of each index file (None only while it is being written)
     index_type: str = "exact"  # exact | ivf (search/approximate.py)
     ivf: dict | None = None  # an IVF index's nlist, nprobe, codes, metric and seed
     normalized: bool = True  # the vectors are L2-normalised (search ranks by inner product); never False
     texts: bool = True  # texts.jsonl holds each row's text (a SearchIndex saved without texts has none)
     meta: dict[str, Any] | None = None  # SearchIndex.meta entries besides model, pooling and max_length
-
-    @property
-    def ids_file(self) -> str:
-        return "ids.json" if self.format == FORMATS_READ[0] else "ids.npy"
 
     @classmethod
     def read(cls, folder: Path, option: str = "--index") -> "Manifest":
@@ -79,9 +70,9 @@ class Manifest:
         if not confined.exists(MANIFEST):
             raise UserError(f"{option} {folder}: not a mirrorbert index (no {MANIFEST}; build one with `mirrorbert index`)")
         data = confined.read_json(MANIFEST, expect=dict, limit=MAX_MANIFEST_BYTES)
-        if data.get("format") not in FORMATS_READ:
-            raise UserError(f"{option} {path}: damaged (format {str(data.get('format'))[:40]!r}, expected one of "
-                            f"{', '.join(map(repr, FORMATS_READ))})")
+        if data.get("format") != FORMAT:
+            raise UserError(f"{option} {path}: damaged (format {str(data.get('format'))[:40]!r}, expected "
+                            f"{FORMAT!r})")
         problem = manifest_problem(data)
         if problem:
             raise UserError(f"{option} {path}: damaged ({problem}); rebuild the index with `mirrorbert index`")
@@ -116,7 +107,6 @@ def _or_none(check):
     return lambda v: v is None or check(v)
 
 
-_OPTIONAL_STR = (str, type(None))
 _FIELDS: dict[str, tuple[Any, bool]] = {  # name: (check, required)
     "model": (_or_none(_plain_str), True),
     "model_sha256": (_or_none(lambda v: isinstance(v, str) and bool(v)), True),
@@ -127,14 +117,15 @@ _FIELDS: dict[str, tuple[Any, bool]] = {  # name: (check, required)
     "corpus_lines": (lambda v: _is_int(v, 1), True),
     "rows": (lambda v: _is_int(v, 1), True),
     "dim": (lambda v: _is_int(v, 1) and v <= 1 << 16, True),
-    "column": (lambda v: isinstance(v, _OPTIONAL_STR), False),
-    "field": (lambda v: isinstance(v, _OPTIONAL_STR), False),
+    "column": (_or_none(lambda v: isinstance(v, str)), False),
+    "field": (_or_none(lambda v: isinstance(v, str)), False),
+    "header": (lambda v: isinstance(v, bool), False),
     "faiss": (lambda v: isinstance(v, bool), False),
-    "corpus_bytes": (lambda v: v is None or _is_int(v, 0), False),
+    "corpus_bytes": (_or_none(_is_int), False),
     "files": (lambda v: v is None or (isinstance(v, dict) and set(v) <= set(INDEX_FILES)
                                       and all(isinstance(h, str) and _HEX64.match(h) for h in v.values())), False),
     "index_type": (lambda v: v in ("exact", "ivf"), False),
-    "ivf": (lambda v: v is None or _ivf_ok(v), False),
+    "ivf": (_or_none(_ivf_ok), False),
     "normalized": (lambda v: v is True, False),
     "texts": (lambda v: isinstance(v, bool), False),
     "meta": (_meta_ok, False),
@@ -156,9 +147,12 @@ def manifest_problem(data: dict) -> str | None:
         return "a corpus without its SHA-256, or a SHA-256 without its corpus"
     if data["model_sha256"] is not None and None in (data["model"], data["pooling"], data["max_length"]):
         return "a model fingerprint without the model's name, pooling or max_length"
+    if data.get("texts") is False and (data["model_sha256"], data["corpus"]) != (None, None):
+        return ("'texts' false, but `mirrorbert index` (a model fingerprint, a corpus) always stores the texts its "
+                "vectors are checked against")
     kind, ivf = data.get("index_type", "exact"), data.get("ivf")
-    if kind == "ivf" and (ivf is None or data["format"] != FORMAT):
-        return f"index_type 'ivf' needs an 'ivf' description and format {FORMAT!r}"
+    if kind == "ivf" and ivf is None:
+        return "index_type 'ivf' needs an 'ivf' description"
     if kind == "exact" and ivf is not None:
         return "an 'ivf' description for an exact index"
     if ivf is not None and ivf["nlist"] > data["rows"]:
@@ -167,12 +161,10 @@ def manifest_problem(data: dict) -> str | None:
 
 
 def check_index(folder: Path, model: str | None, corpus: str | None = None, option: str = "--index") -> Manifest:
-    """The manifest, after checking that `model` (--model; None: the model the manifest names) is the model that
-    built the index and the corpus file is unchanged (the one given, or the one the manifest names when it is
-    still there). Before any weight loads.
-
-    The corpus is hashed only when it is a regular file (or a dataset folder) of the size the manifest
-    recorded: a manifest naming /dev/zero, a FIFO or a huge file is refused at once, not read forever."""
+    """The manifest, once `model` (--model; None: the one the manifest names) is the model that built the index
+    and the corpus (the one given, or the one named while it is there) is unchanged; before any weight loads.
+    The corpus is hashed only when it is a regular file or dataset folder of the recorded size, and its lines,
+    counted in the same pass, must be the manifest's `corpus_lines`."""
     manifest = Manifest.read(folder, option)
     if manifest.model_sha256 is None:
         _check_unfingerprinted(manifest, folder, model, option)
@@ -190,28 +182,37 @@ def check_index(folder: Path, model: str | None, corpus: str | None = None, opti
     path = Path(corpus) if corpus is not None else Path(manifest.corpus)
     what = "--corpus" if corpus is not None else f"{option} {folder}: {MANIFEST} names the corpus"
     if corpus is None and not os.path.lexists(path):
-        logger.warning("%s: the corpus %s is gone; answering from the texts stored in the index", folder,
-                       shown(manifest.corpus))
+        logger.warning("%s: the corpus %s is gone; answering from the texts stored in the index (their line ids "
+                       "can no longer be checked against it)", folder, shown(manifest.corpus))
         return manifest
     if not os.path.lexists(path):
         raise UserError(f"--corpus {path}: no such file")
-    if not is_corpus_folder(path):
-        os.close(open_regular(path, what))  # a device, FIFO, folder, dangling link: one line, no read
     if manifest.corpus_bytes is not None and corpus_size(path, what) != manifest.corpus_bytes:
-        raise UserError(f"{option} {folder}: the corpus {path} changed since the index was built "
-                        f"({corpus_size(path, what)} bytes, {manifest.corpus_bytes} when built): rebuild it with "
-                        "`mirrorbert index`")
-    if corpus_sha256(path, what) != manifest.corpus_sha256:
-        raise UserError(f"{option} {folder}: the corpus {path} changed since the index was built "
-                        f"(SHA-256 differs; the index has {manifest.corpus_lines} lines): rebuild it with "
-                        "`mirrorbert index`")
+        raise _not_the_corpus(manifest, folder, option, path, corpus is not None,
+                              f"{corpus_size(path, what)} bytes, {manifest.corpus_bytes} when built")
+    sha256, lines = corpus_digest(path, what)
+    if sha256 != manifest.corpus_sha256:
+        raise _not_the_corpus(manifest, folder, option, path, corpus is not None,
+                              f"SHA-256 differs; the index has {manifest.corpus_lines} lines")
+    if lines != manifest.corpus_lines:  # its ids are bounded by this count: it must be the corpus's own
+        raise UserError(f"{option} {folder / MANIFEST}: damaged (corpus_lines {manifest.corpus_lines}, but the corpus "
+                        f"{path} has {lines}); rebuild the index with `mirrorbert index`")
     return manifest
+
+
+def _not_the_corpus(manifest: Manifest, folder: Path, option: str, path: Path, given: bool, detail: str) -> UserError:
+    """A corpus that is not the index's: another file than the one it was built from, or that file changed."""
+    if given and path.resolve() != Path(manifest.corpus):
+        return UserError(f"--corpus {path}: not the corpus {option} {folder} was built from, which is "
+                         f"{shown(manifest.corpus)} ({detail}): give that file, or index this one with "
+                         "`mirrorbert index`")
+    return UserError(f"{option} {folder}: the corpus {path} changed since the index was built ({detail}): rebuild "
+                     "it with `mirrorbert index`")
 
 
 def _check_named_model(manifest: Manifest, folder: Path, option: str) -> None:
     """The model the manifest names, for a search without --model: a folder whose files have the recorded
-    fingerprint, or a Hub id (a name no folder here has). Anything else that exists there (a file, /dev/zero,
-    a FIFO) is refused unopened: the manifest names its fingerprint too, so only a folder's own files check it."""
+    fingerprint, or a Hub id; anything else there (a file, /dev/zero, a FIFO) is refused unopened."""
     named, where = manifest.model, f"{option} {folder}: {MANIFEST} names the model {shown(manifest.model)}"
     if os.path.lexists(named) and not os.path.isdir(named):
         raise UserError(f"{where}, which is not a folder: give the model with --model")
@@ -223,8 +224,8 @@ def _check_named_model(manifest: Manifest, folder: Path, option: str) -> None:
 
 
 def _check_unfingerprinted(manifest: Manifest, folder: Path, model: str | None, option: str) -> None:
-    """An index without its model's fingerprint (saved from Python) is searched only with --model, and only when
-    its stored texts, pooling and maximum length let the stored vectors be checked against that model."""
+    """An index without its model's fingerprint is searched only with --model, and only when its texts, pooling
+    and maximum length let its vectors be checked against that model."""
     where = f"{option} {folder}: saved without its model's fingerprint (SearchIndex.save)"
     if model is None:
         raise UserError(f"{where}; give the model that encoded it with --model")
@@ -236,8 +237,7 @@ def _check_unfingerprinted(manifest: Manifest, folder: Path, model: str | None, 
 
 
 def check_settings(manifest: Manifest, folder: Path, pooling: str | None, max_length: int | None) -> None:
-    """--pooling/--max-length given with an index must be the manifest's: its vectors were encoded so, and
-    queries encoded otherwise would be ranked against them without a word."""
+    """--pooling/--max-length given with an index must be the manifest's (its vectors were encoded so)."""
     for option, field, given, recorded in (("--pooling", "pooling", pooling, manifest.pooling),
                                            ("--max-length", "max_length", max_length, manifest.max_length)):
         if given is not None and given != recorded:

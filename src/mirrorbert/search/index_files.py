@@ -1,30 +1,37 @@
-"""Reading an index folder's numpy files back as untrusted: the vectors memory-mapped, ids.npy, the IVF parts.
+"""An index folder's files read back as untrusted, through its `ConfinedFolder`; each refusal is one `UserError`
+naming the file.
 
-Why a module of its own: the vectors of a large index (10M x 768 float32 is 30 GB) must never be read into
-memory whole, so `vectors.npy` is hashed in a streaming pass, its header parsed without pickles and checked
-against the manifest, and then memory-mapped from the same open file; its values are checked finite a chunk
-at a time. The small arrays (ids.npy, the IVF centroids, quantiser ranges and list numbers) are read whole
-after their checksum matched, and their dtype, shape and values are checked before any use. Every file is
-opened through the folder's `safeguards.confined.ConfinedFolder` (inside the folder, a regular file, of
-bounded size). Every refusal is one `UserError` naming the file.
+`vectors.npy` is hashed in a streaming pass, its header read without pickles and checked against the manifest,
+then memory-mapped from the same open file and checked finite and of unit length a chunk at a time; the small
+arrays (ids.npy, the IVF parts) are read whole once their SHA-256 matched. `texts.jsonl` is hashed, then parsed
+line by line from the same open file, keeping each line's start and a 64-bit digest: a hit's text is read again
+when shown (`StoredTexts`) and must be the line that was checked. With `--corpus`, the texts and ids are checked
+against the corpus's records (`CorpusRecords`).
 """
 
 from __future__ import annotations
 
+import collections.abc
 import hashlib
 import io
+import json
 import os
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
+from mirrorbert.data.hf_datasets import input_kind, table_records
+from mirrorbert.data.readers import MAX_LINE_BYTES, encodable, iter_records, read_errors
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.confined import ConfinedFolder
-from mirrorbert.safeguards.readback import stream_sha256
+from mirrorbert.safeguards.readback import PositionedReader, open_checked, stream_sha256
+from mirrorbert.search.approximate import IVFParts
+from mirrorbert.search.index_claims import IVF_FILES, Manifest
 
 FINITE_CHUNK = 1 << 16  # rows checked finite at a time
 NORM_TOLERANCE = 1e-3  # |norm - 1| of a stored row: l2_normalize in float32 is within 1e-6 of 1
+MAX_TEXT_LINE = 6 * MAX_LINE_BYTES + 3  # a line of texts.jsonl: a corpus line, every byte a \u escape at worst
 
 
 def damaged(folder: ConfinedFolder | Path, name: str, problem: str) -> UserError:
@@ -48,35 +55,39 @@ def npy_header(buffer: BinaryIO, folder: Path, name: str) -> tuple[tuple, bool, 
         raise damaged(folder, name, f"not a .npy file: {reason}") from None
 
 
-def _check_layout(folder: Path, name: str, header, dtype: str, shape: tuple, noun: str) -> None:
-    found_shape, fortran, found = header
+def _data_offset(folder: ConfinedFolder, name: str, buffer: BinaryIO, size: int, dtype: str, shape: tuple,
+                 noun: str) -> int:
+    """Where the data of a .npy file of `size` bytes starts, once its header says `dtype` (`noun`) and `shape`
+    and the data has the length they need."""
+    found_shape, fortran, found = npy_header(buffer, folder, name)
     if found.hasobject or found != np.dtype(dtype):
         raise damaged(folder, name, f"dtype {found}, expected {noun} (an index holds no objects)")
     if fortran or tuple(found_shape) != shape:
         raise damaged(folder, name, f"shape {tuple(found_shape)}, manifest.json says {shape}")
+    need = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if size - buffer.tell() != need:
+        raise damaged(folder, name, f"{size - buffer.tell()} bytes of data, the header needs {need}")
+    return buffer.tell()
 
 
-def open_member(folder: ConfinedFolder, name: str, limit: int) -> BinaryIO:
-    """A file of the index opened through the confined reader: inside the folder, a regular file (a FIFO or a
-    link leading out is refused before any read), at most `limit` bytes."""
-    return os.fdopen(folder.open(name, limit), "rb")
+def own_npy(path: Path) -> np.ndarray:
+    """A .npy this run has just written (a temporary of the write policy), memory-mapped read-only through the
+    reader's open (a link there is refused, never followed)."""
+    with os.fdopen(open_checked(path, follow=False), "rb") as fh:
+        shape, fortran, dtype = npy_header(fh, path.parent, path.name)
+        return np.memmap(fh, dtype=dtype, mode="r", offset=fh.tell(), shape=tuple(shape),
+                         order="F" if fortran else "C")
 
 
-def open_vectors(folder: ConfinedFolder, rows: int, dim: int, expected_sha256: str | None) -> np.ndarray:
-    """vectors.npy memory-mapped read-only as float32 [rows, dim]: its size bounded, its SHA-256 (when
-    recorded) matched by a streaming pass over the opened file, its header checked, then the same file mapped;
-    every value finite and every row of unit length (search ranks by inner product: a longer row would win
-    every query), checked a chunk at a time, so only the page cache holds it."""
+def open_vectors(folder: ConfinedFolder, rows: int, dim: int, expected_sha256: str) -> np.ndarray:
+    """vectors.npy memory-mapped read-only as float32 [rows, dim] from the file whose SHA-256 and header were
+    checked; every value finite and every row of unit length (a longer row would win every query)."""
     name = "vectors.npy"
-    with open_member(folder, name, 4096 + rows * dim * 4) as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if expected_sha256 is not None and stream_sha256(fh) != expected_sha256:
+    with os.fdopen(folder.open(name, 4096 + rows * dim * 4), "rb") as fh:
+        if stream_sha256(fh) != expected_sha256:
             raise damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
         fh.seek(0)
-        _check_layout(folder, name, npy_header(fh, folder, name), "<f4", (rows, dim), "float32")
-        offset = fh.tell()
-        if size - offset != rows * dim * 4:
-            raise damaged(folder, name, f"{size - offset} bytes of data, the header needs {rows * dim * 4}")
+        offset = _data_offset(folder, name, fh, os.fstat(fh.fileno()).st_size, "<f4", (rows, dim), "float32")
         vectors = np.memmap(fh, dtype="<f4", mode="r", offset=offset, shape=(rows, dim))
     for r0 in range(0, rows, FINITE_CHUNK):
         chunk = vectors[r0:r0 + FINITE_CHUNK]
@@ -91,29 +102,24 @@ def open_vectors(folder: ConfinedFolder, rows: int, dim: int, expected_sha256: s
     return vectors
 
 
-def read_checked(folder: ConfinedFolder, name: str, expected_sha256: str | None, limit: int) -> bytes:
-    """A file of the index, whole: its size bounded, its SHA-256 (when recorded) matched before it is parsed."""
+def read_checked(folder: ConfinedFolder, name: str, expected_sha256: str, limit: int) -> bytes:
+    """A file of the index, whole: its size bounded, its SHA-256 matched before it is parsed."""
     raw = folder.read_bytes(name, limit)
-    if expected_sha256 is not None and hashlib.sha256(raw).hexdigest() != expected_sha256:
+    if hashlib.sha256(raw).hexdigest() != expected_sha256:
         raise damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
     return raw
 
 
-def read_small_npy(folder: ConfinedFolder, name: str, expected_sha256: str | None, dtype: str, shape: tuple,
+def read_small_npy(folder: ConfinedFolder, name: str, expected_sha256: str, dtype: str, shape: tuple,
                    noun: str) -> np.ndarray:
-    """A small array file of the index, whole: size bounded by its shape, SHA-256 matched (when recorded)
-    before parsing, header and length checked."""
-    itemsize = np.dtype(dtype).itemsize
-    raw = read_checked(folder, name, expected_sha256, 4096 + int(np.prod(shape)) * itemsize)
-    buffer = io.BytesIO(raw)
-    _check_layout(folder, name, npy_header(buffer, folder, name), dtype, shape, noun)
-    need = int(np.prod(shape)) * itemsize
-    if len(raw) - buffer.tell() != need:
-        raise damaged(folder, name, f"{len(raw) - buffer.tell()} bytes of data, the header needs {need}")
-    return np.frombuffer(raw, dtype=dtype, offset=buffer.tell()).reshape(shape).copy()
+    """A small array file of the index, whole: size bounded by its shape, SHA-256 matched before parsing,
+    header and length checked."""
+    raw = read_checked(folder, name, expected_sha256, 4096 + int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    offset = _data_offset(folder, name, io.BytesIO(raw), len(raw), dtype, shape, noun)
+    return np.frombuffer(raw, dtype=dtype, offset=offset).reshape(shape).copy()
 
 
-def read_ids_npy(folder: ConfinedFolder, rows: int, corpus_lines: int, expected_sha256: str | None) -> np.ndarray:
+def read_ids_npy(folder: ConfinedFolder, rows: int, corpus_lines: int, expected_sha256: str) -> np.ndarray:
     """ids.npy: `rows` int64 line numbers of the corpus, increasing, each below its line count."""
     name = "ids.npy"
     ids = read_small_npy(folder, name, expected_sha256, "<i8", (rows,), "int64")
@@ -127,21 +133,14 @@ def read_ids_npy(folder: ConfinedFolder, rows: int, corpus_lines: int, expected_
     return ids
 
 
-IVF_FILES = ("ivf_centroids.npy", "ivf_sq.npy", "ivf_lists.npy")
-
-
-def read_ivf_parts(folder: ConfinedFolder, rows: int, dim: int, ivf: dict, files: dict | None):
-    """The IVF parts the manifest describes, each file checked: centroids [nlist, dim] and quantiser ranges
-    [2 * dim] finite float32, list numbers [rows] int32 in 0..nlist-1. A tampered part that passes these
-    checks can only make the index find fewer true neighbours: ids are row numbers by construction and
-    every score is recomputed from vectors.npy."""
-    from mirrorbert.search.approximate import IVFParts, sq_trained_size
-
+def read_ivf_parts(folder: ConfinedFolder, rows: int, dim: int, ivf: dict, files: dict):
+    """The IVF parts the manifest describes, each file checked: centroids [nlist, dim] and the 8-bit quantiser's
+    ranges [2 * dim] (a minimum and a range per dimension) finite float32, list numbers [rows] int32 in
+    0..nlist-1. A tampered part that passes can only make the index find fewer true neighbours."""
     nlist = ivf["nlist"]
-    sums = files or {}
-    centroids = read_small_npy(folder, IVF_FILES[0], sums.get(IVF_FILES[0]), "<f4", (nlist, dim), "float32")
-    sq = read_small_npy(folder, IVF_FILES[1], sums.get(IVF_FILES[1]), "<f4", (sq_trained_size(dim),), "float32")
-    lists = read_small_npy(folder, IVF_FILES[2], sums.get(IVF_FILES[2]), "<i4", (rows,), "int32")
+    centroids = read_small_npy(folder, IVF_FILES[0], files[IVF_FILES[0]], "<f4", (nlist, dim), "float32")
+    sq = read_small_npy(folder, IVF_FILES[1], files[IVF_FILES[1]], "<f4", (2 * dim,), "float32")
+    lists = read_small_npy(folder, IVF_FILES[2], files[IVF_FILES[2]], "<i4", (rows,), "int32")
     for name, array in zip(IVF_FILES[:2], (centroids, sq)):
         if not np.isfinite(array).all():
             raise damaged(folder, name, "a value is not finite (NaN or infinity)")
@@ -152,5 +151,132 @@ def read_ivf_parts(folder: ConfinedFolder, rows: int, dim: int, ivf: dict, files
     return IVFParts(centroids, sq, lists, ivf["nprobe"], ivf["seed"])
 
 
-__all__ = ["IVF_FILES", "damaged", "npy_header", "open_member", "open_vectors", "read_checked", "read_ids_npy",
-           "read_ivf_parts", "read_small_npy"]
+class StoredTexts(collections.abc.Sequence):
+    """The index's texts, each read from the checked texts.jsonl (kept open) when a hit needs it; a line read
+    again must have the digest it had when it was checked (a file rewritten in place since is refused)."""
+
+    def __init__(self, folder: ConfinedFolder, reader: PositionedReader, starts, digests):
+        self.folder, self._reader, self._starts, self._digests = folder, reader, starts, digests
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    def lengths(self):
+        """Each row's stored line length in bytes (an array), without reading the texts."""
+        return np.diff(self._starts)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        index = range(len(self))[index]
+        start, end = int(self._starts[index]), int(self._starts[index + 1])
+        line = self._reader.read(start, end - start)
+        if _digest(line) != self._digests[index]:
+            raise damaged(self.folder, f"texts.jsonl:{index + 1}", "changed since it was checked")
+        return _parse_text(self.folder, f"texts.jsonl:{index + 1}", line[:-1] if line.endswith(b"\n") else line)
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def read_texts(folder: ConfinedFolder, manifest: Manifest, corpus: "CorpusRecords | None" = None) -> StoredTexts:
+    """texts.jsonl, checked whole (its SHA-256, `rows` lines, each a JSON string; with `corpus` each the text of
+    the corpus's record), then kept open for `StoredTexts`."""
+    name = "texts.jsonl"
+    fh = os.fdopen(folder.open(name, 1 << 34), "rb")
+    try:
+        if stream_sha256(fh) != manifest.files[name]:
+            raise damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
+        fh.seek(0)
+        starts = np.zeros(manifest.rows + 1, dtype=np.int64)
+        digests = np.zeros(manifest.rows, dtype=np.uint64)
+        position = lineno = 0
+        while line := fh.readline(MAX_TEXT_LINE + 1):
+            lineno += 1
+            if lineno > manifest.rows:
+                raise damaged(folder, name, f"{lineno + _newlines(fh)} lines, manifest.json says "
+                                            f"{manifest.rows} rows")
+            if len(line) > MAX_TEXT_LINE:
+                raise damaged(folder, f"{name}:{lineno}", f"a line longer than {MAX_TEXT_LINE} bytes")
+            text = _parse_text(folder, f"{name}:{lineno}", line[:-1] if line.endswith(b"\n") else line)
+            if corpus is not None:
+                corpus.check(lineno - 1, text)
+            position += len(line)
+            starts[lineno], digests[lineno - 1] = position, _digest(line)
+        if lineno != manifest.rows:
+            raise damaged(folder, name, f"{lineno} lines, manifest.json says {manifest.rows} rows")
+        if corpus is not None:
+            corpus.finish()
+    except BaseException:
+        fh.close()
+        raise
+    return StoredTexts(folder, PositionedReader(fh), starts, digests)
+
+
+def _digest(line: bytes) -> int:
+    """A line's 64-bit BLAKE2b digest: what `StoredTexts` matches a line read again against."""
+    return int.from_bytes(hashlib.blake2b(line, digest_size=8).digest(), "little")
+
+
+def _newlines(fh) -> int:
+    """Line ends left in an open file, counted a block at a time."""
+    return sum(block.count(b"\n") for block in iter(lambda: fh.read(1 << 22), b""))
+
+
+def _parse_text(folder: ConfinedFolder, where: str, line: bytes) -> str:
+    """One line of texts.jsonl: a JSON string (nothing nested), valid UTF-8, no lone surrogate."""
+    if not line.startswith(b'"'):
+        raise damaged(folder, where, "expected a JSON string")
+    try:
+        text = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise damaged(folder, where, f"not a JSON string: {str(exc)[:80]}") from None
+    if not isinstance(text, str):
+        raise damaged(folder, where, "expected a JSON string")
+    if not encodable(text):  # a lone surrogate escape: not text, and unprintable as a hit
+        raise damaged(folder, where, "a lone surrogate escape, not text")
+    return text
+
+
+class CorpusRecords:
+    """The corpus's non-blank records (--corpus, matched against the manifest's SHA-256) walked beside texts.jsonl:
+    row i of the index must be the i-th of them, with that record's id and text."""
+
+    def __init__(self, corpus: str | Path, manifest: Manifest, ids, skip_bad_lines: bool, folder: ConfinedFolder):
+        self.path, self.manifest, self.ids, self.folder = Path(corpus), manifest, ids, folder
+        self.records = _non_blank_records(self.path, manifest, skip_bad_lines)
+
+    def check(self, row: int, text: str) -> None:
+        record = next(self.records, None)
+        if record is None:
+            raise UserError(f"--corpus {self.path}: {row} entries, but the index {self.folder.given} has "
+                            f"{self.manifest.rows} rows: not the corpus it was built from; rebuild it with "
+                            "`mirrorbert index`")
+        record_id, expected = record
+        if int(self.ids[row]) != record_id:
+            raise damaged(self.folder, "ids.npy", f"entry {row} is {int(self.ids[row])}, but the corpus's entry "
+                                                  f"{row} is its record {record_id}")
+        if text != expected:
+            raise damaged(self.folder, f"texts.jsonl:{row + 1}", f"not the text of record {record_id} of "
+                                                                 f"--corpus {self.path}")
+
+    def finish(self) -> None:
+        if next(self.records, None) is not None:
+            raise UserError(f"--corpus {self.path}: more entries than the {self.manifest.rows} rows of the index "
+                            f"{self.folder.given}: not the corpus it was built from; rebuild it with "
+                            "`mirrorbert index`")
+
+
+def _non_blank_records(path: Path, manifest: Manifest, skip_bad_lines: bool):
+    """(record id, text) of the corpus's non-blank records, read as `mirrorbert index` read them (the manifest's
+    --column/--field/--no-header)."""
+    if input_kind(path, "--corpus") == "table":
+        records = table_records(path, manifest.column, "--corpus")
+    else:
+        records = iter_records(path, manifest.column, manifest.field, skip_bad_lines, [], "--corpus", manifest.header)
+    with read_errors(path, "--corpus"):
+        yield from ((record_id, text) for record_id, text in records if text.strip())
+
+
+__all__ = ["CorpusRecords", "MAX_TEXT_LINE", "StoredTexts", "damaged", "npy_header", "open_vectors", "read_checked",
+           "read_ids_npy", "read_ivf_parts", "read_small_npy", "read_texts"]

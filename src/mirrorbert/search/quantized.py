@@ -1,9 +1,7 @@
 """Quantised embeddings: int8/uint8 (4x smaller) and binary (32x smaller) vectors for `encode`, and search over
-int8 or binary corpus vectors with float32 rescoring of the candidates.
-
-The quantisers and the faiss search are sentence-transformers' own (`quantize_embeddings`,
-`semantic_search_faiss`): what is ours is the calibration choice (ranges from the corpus, not from the
-queries), the cache of the quantised faiss index per `SearchIndex`, and the checks that come before any work.
+int8 or binary corpus vectors with float32 rescoring of the candidates. The quantisers and the binary faiss
+search are sentence-transformers' (`quantize_embeddings`, `semantic_search_faiss`); int8 ranges come from the
+corpus, not the queries.
 """
 
 from __future__ import annotations
@@ -15,17 +13,14 @@ import numpy as np
 from mirrorbert.settings.choices import ENCODE_QUANTIZATIONS, SEARCH_QUANTIZATIONS
 from mirrorbert.errors import UserError
 
-DEFAULT_RESCORE_MULTIPLIER = 4
+RESCORE_MULTIPLIER = 4  # candidates per wanted hit rescored
 
 
 def st_quantization():
     try:
-        from sentence_transformers.util import quantization  # sentence-transformers >= 5.2
+        from sentence_transformers.util import quantization
     except ImportError:
-        try:
-            from sentence_transformers import quantization
-        except ImportError:
-            raise UserError('quantised embeddings need sentence-transformers: pip install "mirrorbert[st]"') from None
+        raise UserError('quantised embeddings need sentence-transformers: pip install "mirrorbert[st]"') from None
     return quantization
 
 
@@ -34,40 +29,36 @@ def check_quantization(precision: Any, option: str, choices=ENCODE_QUANTIZATIONS
         raise UserError(f"{option}: unknown value {precision!r}; choose one of {', '.join(choices)}")
 
 
-def quantize(vectors: np.ndarray, precision: str, calibration: np.ndarray | None = None) -> np.ndarray:
-    """`vectors` in `precision`: int8/uint8 with per-dimension ranges from `calibration` (default: the vectors
-    themselves), binary/ubinary packed 8 dimensions per byte (sign bits)."""
+def quantize(vectors: np.ndarray, precision: str) -> np.ndarray:
+    """`vectors` in `precision`: int8/uint8 with per-dimension ranges from the vectors themselves, binary/ubinary
+    packed 8 dimensions per byte (sign bits)."""
     check_quantization(precision, "--quantize")
-    if precision == "float32":
-        return np.asarray(vectors, dtype=np.float32)
-    quantization = st_quantization()
     vectors = np.asarray(vectors, dtype=np.float32)
-    calibration = vectors if calibration is None else np.asarray(calibration, dtype=np.float32)
-    return quantization.quantize_embeddings(vectors, precision=precision, calibration_embeddings=calibration)
+    if precision == "float32":
+        return vectors
+    return st_quantization().quantize_embeddings(vectors, precision=precision, calibration_embeddings=vectors)
 
 
-def quantized_topk(queries: np.ndarray, corpus: np.ndarray, precision: str, top_k: int, cache: dict,
-                   rescore_multiplier: int = DEFAULT_RESCORE_MULTIPLIER) -> tuple[np.ndarray, np.ndarray]:
-    """(scores, ids) of the `top_k` nearest corpus rows: `rescore_multiplier * top_k` candidates from the
+def quantized_topk(queries: np.ndarray, corpus: np.ndarray, precision: str, top_k: int,
+                   cache: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) of the `top_k` nearest corpus rows: `RESCORE_MULTIPLIER * top_k` candidates from the
     quantised corpus (exact search over the codes), re-ranked by the float32 query against the dequantised
-    candidates (int8: the per-dimension ranges of the corpus; ubinary: the 0/1 bits), as sentence-transformers
-    rescores. `cache` (the caller's, per corpus) keeps the codes and the faiss binary index between calls.
-    """
+    candidates. `cache` (the caller's, per corpus) keeps the codes and the faiss binary index between calls."""
     check_quantization(precision, "--quantize", SEARCH_QUANTIZATIONS)
     queries = np.asarray(queries, dtype=np.float32)
     if precision == "int8":
-        return _int8_topk(queries, corpus, top_k, cache, rescore_multiplier)
+        return _int8_topk(queries, corpus, top_k, cache)
     quantization = st_quantization()
     index = cache.get(("index", precision))
     codes = None if index is not None else quantization.quantize_embeddings(corpus, precision=precision)
     results, _, index = quantization.semantic_search_faiss(
         queries, corpus_embeddings=codes, corpus_index=index, corpus_precision=precision, top_k=top_k,
-        rescore=True, rescore_multiplier=rescore_multiplier, exact=True, output_index=True)
+        rescore=True, rescore_multiplier=RESCORE_MULTIPLIER, exact=True, output_index=True)
     cache[("index", precision)] = index
     return hits_as_arrays(results, len(queries), min(top_k, len(corpus)))
 
 
-def _int8_topk(queries: np.ndarray, corpus: np.ndarray, top_k: int, cache: dict, rescore_multiplier: int,
+def _int8_topk(queries: np.ndarray, corpus: np.ndarray, top_k: int, cache: dict,
                query_block: int = 256, corpus_block: int = 8192) -> tuple[np.ndarray, np.ndarray]:
     quantization = st_quantization()
     if ("index", "int8") not in cache:
@@ -76,10 +67,9 @@ def _int8_topk(queries: np.ndarray, corpus: np.ndarray, top_k: int, cache: dict,
     codes, ranges = cache[("index", "int8")]
     steps = (ranges[1] - ranges[0]) / 255
     n, dim = codes.shape
-    k, m = min(top_k, n), min(n, top_k * rescore_multiplier)
-    # Integer dot products through float32 BLAS, a corpus slice at a time: every product and partial sum is an
-    # integer below 2**24 while dim * 128 * 128 < 2**24, so the float32 result is the exact integer (int32
-    # matmul in numpy has no BLAS and ran ~4x slower). Wider vectors take the int32 path.
+    k, m = min(top_k, n), min(n, top_k * RESCORE_MULTIPLIER)
+    # Integer dot products through float32 BLAS, a corpus slice at a time: exact while dim * 128 * 128 < 2**24
+    # (every product and partial sum an integer float32 holds); wider vectors take the int64 path.
     exact_in_float32 = dim * 128 * 128 < 2 ** 24
     scores, ids = np.empty((len(queries), k)), np.empty((len(queries), k), dtype=np.int64)
     for start in range(0, len(queries), query_block):

@@ -1,11 +1,6 @@
 """Exact search over a corpus that is never held: `search --corpus` encodes it a chunk at a time and keeps, per
-query, only the k best rows so far (their ids, vectors and texts).
-
-Why the answer equals a whole-corpus search (`exact.chunked_topk`): the global top k of a query lies in the
-union of each chunk's top k, each chunk's top k is exact, and every merge ranks the running rows and the
-chunk's rows by the same float64 score per (query, row) pair (`ranking.pair_scores`), ties to the smaller id:
-a total order, so the chunking cannot change the result. Memory: queries x k x dim float32 for the running
-rows' vectors (1,000 queries x 10 x 768: 31 MB) plus one chunk's vectors.
+query, only the k best rows so far (their ids, vectors and texts). The answer equals a whole-corpus search
+whatever the chunking: every merge ranks by the same float64 score per (query, row) pair, ties to the smaller id.
 """
 
 from __future__ import annotations
@@ -13,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from mirrorbert.search.exact import Hit, chunked_topk, l2_normalize
-from mirrorbert.search.ranking import _select_topk, pair_scores
+from mirrorbert.search.ranking import pair_scores, select_topk
 
 
 class RunningTopK:
@@ -37,7 +32,7 @@ class RunningTopK:
         _, local = chunked_topk(self.queries, vectors, self.k, use_faiss=self.use_faiss)  # exact within the chunk
         ids = np.concatenate([self.ids, local + self.seen], axis=1)
         rows = np.concatenate([self.vectors, vectors[local]], axis=1)
-        scores, kept = _select_topk(pair_scores(self.queries, rows), ids, min(self.k, ids.shape[1]))
+        scores, kept = select_topk(pair_scores(self.queries, rows), ids, min(self.k, ids.shape[1]))
         where = np.argmax(ids[:, :, None] == kept[:, None, :], axis=1)  # ids are distinct within a row
         self.vectors = np.take_along_axis(rows, where[:, :, None], axis=1)
         self.ids, self.scores = kept, scores

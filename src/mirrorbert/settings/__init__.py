@@ -1,5 +1,3 @@
-"""The option vocabulary shared by every layer: allowed choices and defaults (`choices`), seed rules (`seeds`),
-config values checked against their dataclass field types (`typed`), options declared once on their field
-(`fields`), the wording several options share (`option_help`) and the run options every trainer shares
-(`run_options`). Standard library only.
-"""
+"""The option vocabulary: allowed choices (`choices`), options declared on their field (`fields`), the wording
+several share (`option_help`), typed config values (`typed`), the one check and the `Options` base of every
+command's options (`validation`), the run options every trainer shares (`run_options`). Standard library only."""

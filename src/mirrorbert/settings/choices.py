@@ -1,7 +1,4 @@
-"""Allowed values and defaults of the options several layers share, so each is spelled in one place.
-
-Standard library only: the encoder, search, export and the commands all check against these.
-"""
+"""Allowed values and defaults of the options several layers share, spelled in one place. Standard library only."""
 
 POOLINGS = ("cls", "mean", "first-last")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -9,11 +6,8 @@ SCHEDULES = ("constant", "linear")
 PACKING_MODES = ("auto", "on", "grouped", "off")  # --packing (encoder/packing.py)
 MASK_UNITS = ("char", "token")
 LOSSES = ("infonce", "ms")
-# encode --quantize / search --quantize (search/quantized.py)
+# encode --quantize / search --quantize (search/quantized.py); search has no uint8 (docs/design.md)
 ENCODE_QUANTIZATIONS = ("float32", "int8", "uint8", "binary", "ubinary")
-# int8: ours (centred codes, integer dot products); ubinary: sentence-transformers' faiss binary search. Not
-# sentence-transformers' faiss "uint8": it ranks unsigned codes by inner product without centring them, which
-# kept 0.74 of the exact top-10 on MiniLM/Wikipedia where int8 here keeps 0.99 (docs/benchmarks/quantized_recall.json).
 SEARCH_QUANTIZATIONS = ("float32", "int8", "ubinary")
 INDEX_TYPES = ("auto", "exact", "ivf")  # `index --index-type` (search/approximate.py)
 AUTO_IVF_ROWS = 100_000  # --index-type auto: exact below this many rows, ivf from there on

@@ -1,38 +1,43 @@
 """Options declared once, on their dataclass field, and the readers that derive everything else from them.
 
-A config dataclass declares each option with `option(...)`, which returns a `dataclasses.field` carrying the
-option's facts in its metadata, as SimCSE's `HfArgumentParser` reads `field(metadata={"help": ...})`:
+    temperature: float = option(0.04, help="InfoNCE temperature tau", range="(0, inf)", preset=True, card=True)
 
-    temperature: float = option(0.04, help="InfoNCE temperature tau", preset=True, card=True)
+`option(...)` returns a `dataclasses.field` whose metadata holds the option's facts; the command line makes its
+flag and --help from them (cli/options.py) and one function checks every value (settings/validation.py). A field
+declared without `option` is not an option. The facts (all optional but `help`):
 
-The command line builds its flags and --help from them (cli/field_options.py); a resume is refused when an
-option changed that is not `resume_safe` (`resume_safe_names`); a preset fills the `preset` fields
-(`preset_names`); the model card lists the `card` fields (`card_names`); a config file may not set a
-`command_line_only` field. Metadata keys (all optional but `help`):
-
-    help               the full --help text (a shared wording from `option_help` plus its `note`)
-    note               the part of `help` this field adds to a shared wording
+    help, note         the --help text (a shared wording from `option_help` plus the `note` this field adds)
     unset              what a None value means, for --help ("(default: <unset>)")
-    resume_safe        True: may change on --resume without changing the result
-    preset             True: a preset sets it; the dataclass default is FROM_PRESET and `default` holds the
-                       value without a preset
-    default            (preset fields) the value without a preset
-    card               True: shown in the model card's settings
-    command_line_only  True: never taken from a config file
-    flag               the option as typed, when not `--` + the name with dashes (`--lambda`, `--no-progress`)
-    group              the --help group it is listed in (a key each command titles: "output", "data", ...)
-    required, metavar, choices, nargs   argparse's, for the command line only
+    required           must be given before the command runs; a config may be made without it
+    choices, range     the allowed values and the plausible interval ("(0, 1]", "[1, inf)"), of each element
+                       for a list; `why` says why, when a value is refused
+    excludes           the options it cannot be given with
+    resume_safe        may change on --resume without changing the result
+    preset             a preset sets it: the dataclass default is FROM_PRESET, `default` the value without one
+    card               shown in the model card's settings
+    command_line_only  never taken from a config file
+    flag, aliases      the flag as typed when not `--` + the name with dashes (`--no-progress`); other spellings
+    old_flags          hidden spellings kept for old scripts: {flag: the value it sets}
+    group              the --help group it is listed in (a key each command titles)
+    nargs, repeat      a list given as several values after the flag, or by repeating the flag (else one
+                       comma-separated value)
+    metavar            argparse's, for --help only
 
-Standard library only: no torch, no argparse.
+Standard library only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable
+import math
+import re
+import shlex
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from mirrorbert.settings.option_help import wording
+from mirrorbert.settings.option_help import SHARED
 
 
 class _FromPreset:
@@ -44,24 +49,72 @@ class _FromPreset:
 
 FROM_PRESET: Any = _FromPreset()
 _MISSING: Any = dataclasses.MISSING
+NO_VALUE: Any = object()  # `say(field)` without a value
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """A `range` fact: "(0, 1]", "[1, inf)", "[14, 23]"."""
+
+    text: str
+    low: float
+    high: float
+    low_open: bool
+    high_open: bool
+
+    @classmethod
+    def parse(cls, text: str) -> "Interval":
+        match = re.fullmatch(r"([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([\])])", text)
+        if match is None:
+            raise ValueError(f"option(): range {text!r} is not an interval such as '(0, 1]' or '[1, inf)'")
+        low, high = float(match[2]), float(match[3])
+        return cls(text, low, high, match[1] == "(", match[4] == ")")
+
+    def holds(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        return above and (value < self.high if self.high_open else value <= self.high)
+
+    def rule(self, value: float) -> str:
+        """What a value outside must be, in words; a float's likely intended value when there is one."""
+        low, high = _number(self.low), _number(self.high)
+        if isinstance(value, int):
+            if math.isinf(self.high) and not self.low_open:
+                return f"must be an integer >= {low}"
+            if not (self.low_open or self.high_open):
+                return f"must be a whole number from {low} to {high}"
+        if math.isinf(self.high):
+            return f"must be {'>' if self.low_open else '>='} {low}"
+        guess = _flip_exponent(value)
+        return f"outside {self.text}" + (f"; did you mean {guess!r}?" if guess != value and self.holds(guess) else "")
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if x.is_integer() and abs(x) < 1e16 else repr(x)
+
+
+def _flip_exponent(value: float) -> float:
+    """2e5 for 2e-5: the value with its decimal exponent's sign flipped (the usual slip in a learning rate)."""
+    mantissa, exponent = f"{value:e}".split("e")
+    return float(f"{mantissa}e{-int(exponent)}")
 
 
 def option(default: Any = _MISSING, *, help: str | None = None, shared: str | None = None, note: str | None = None,
            default_factory: Callable[[], Any] | Any = _MISSING, **facts: Any) -> Any:
-    """A dataclass field with its option's facts (the module docstring lists them).
-
-    `help` is the field's own wording; `shared` names a wording several commands use (settings/option_help.py),
-    whose `unset` text comes along; `note` is appended to either ("; " + note), as one command's meaning.
-    """
+    """A dataclass field with its option's facts (the module docstring lists them): `help` its own wording, or
+    `shared` a wording several commands use (settings/option_help.py, with its `unset` and facts unless given
+    here); `note` is appended to either. A malformed fact fails here, when the class is defined."""
     if (help is None) == (shared is None):
         raise ValueError("option(): give exactly one of help or shared")
     unknown = set(facts) - _FACTS
     if unknown:
         raise ValueError(f"option(): unknown facts {sorted(unknown)}")
-    base = help if help is not None else wording(shared).help
-    if shared is not None and wording(shared).unset and "unset" not in facts:
-        facts["unset"] = wording(shared).unset
-    metadata = {**facts, "help": base + (f"; {note}" if note else ""), "note": note}
+    if shared is not None:
+        common = SHARED[shared]
+        facts = {**common.facts, **({"unset": common.unset} if common.unset else {}), **facts}
+        help = common.help
+    if isinstance(facts.get("range"), str):
+        facts["range"] = Interval.parse(facts["range"])
+    metadata = {**facts, "help": help + (f"; {note}" if note else ""), "note": note}
     if facts.get("preset"):
         metadata["default"] = default
         return dataclasses.field(default=FROM_PRESET, metadata=metadata)
@@ -70,19 +123,18 @@ def option(default: Any = _MISSING, *, help: str | None = None, shared: str | No
     return dataclasses.field(default=default, metadata=metadata)
 
 
-_FACTS = frozenset({"unset", "resume_safe", "preset", "card", "command_line_only", "flag", "group", "required",
-                    "metavar", "choices", "nargs"})
+_FACTS = frozenset({"unset", "required", "choices", "range", "why", "excludes", "resume_safe", "preset", "card",
+                    "command_line_only", "flag", "aliases", "old_flags", "group", "nargs", "repeat", "metavar"})
 
 
 def redeclare(config_class: type, name: str, *, default: Any = _MISSING, note: str | None = None,
               **facts: Any) -> Any:
-    """`config_class`'s field `name` again, with only what a subclass changes (its default, note or facts).
-
-    `precision: str = redeclare(RunOptions, "precision", default="fp32")` keeps the help, group and resume
-    safety of the shared field, so they stay declared once.
-    """
-    base = _field(config_class, name)
+    """`config_class`'s field `name` again, with only what a subclass changes (its default, note or facts):
+    `precision: str = redeclare(RunOptions, "precision", default="fp32")`."""
+    base = field_of(config_class, name)
     metadata = {**base.metadata, **facts}
+    if isinstance(metadata.get("range"), str):
+        metadata["range"] = Interval.parse(metadata["range"])
     if note is not None:
         old = base.metadata.get("note")
         text = base.metadata["help"][: -len(f"; {old}")] if old else base.metadata["help"]
@@ -92,18 +144,43 @@ def redeclare(config_class: type, name: str, *, default: Any = _MISSING, note: s
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def _field(config_class: type, name: str) -> dataclasses.Field:
+def field_of(config_class: type, name: str) -> dataclasses.Field:
     for f in dataclasses.fields(config_class):
         if f.name == name:
             return f
     raise KeyError(f"{config_class.__name__} has no field {name!r}")
 
 
-# ----------------------------------------------------------------------------- readers
-def ordered_fields(config_class: type) -> list[dataclasses.Field]:
-    """The class's own fields in declaration order, then those its bases declare (a command's own options
-    before the run options every trainer shares): the order of its --help and of the model card."""
-    fields = dataclasses.fields(config_class)
+_FLAGS: contextvars.ContextVar[bool] = contextvars.ContextVar("mirrorbert_flag_names", default=False)
+
+
+@contextlib.contextmanager
+def flag_names() -> Iterator[None]:
+    """Inside, messages name an option as the command line spells it (`--lr 2e5`); outside, as Python does
+    (`lr=200000.0`). The command line runs every command inside."""
+    token = _FLAGS.set(True)
+    try:
+        yield
+    finally:
+        _FLAGS.reset(token)
+
+
+def say(f: dataclasses.Field, value: Any = NO_VALUE) -> str:
+    """The option (with its value) as the user wrote it: `--lr 200000.0` on the command line, `lr=200000.0`
+    in Python; without a value `--output` / `output=`."""
+    if not _FLAGS.get():
+        return f"{f.name}=" + ("" if value is NO_VALUE else repr(value))
+    if value is NO_VALUE:
+        return flag_of(f)
+    if isinstance(value, (list, tuple)):
+        value = ",".join(map(str, value))
+    return f"{flag_of(f)} {shlex.quote(value) if isinstance(value, str) else value}"
+
+
+def option_fields(config_class: type) -> list[dataclasses.Field]:
+    """The class's options (fields declared with `option`) in declaration order, then those its bases declare
+    (a command's own options before the run options every trainer shares): the order of --help and the card."""
+    fields = [f for f in dataclasses.fields(config_class) if "help" in f.metadata]
     inherited = {f.name for base in config_class.__mro__[1:] if dataclasses.is_dataclass(base)
                  for f in dataclasses.fields(base)}
     return [f for f in fields if f.name not in inherited] + [f for f in fields if f.name in inherited]
@@ -127,29 +204,10 @@ def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
 
 
-def _names(config_class: type, fact: str) -> tuple[str, ...]:
-    return tuple(f.name for f in ordered_fields(config_class) if f.metadata.get(fact))
-
-
-def resume_safe_names(config_class: type) -> frozenset[str]:
-    """Fields that may change on --resume without changing the result (bookkeeping, budgets, inputs whose
-    content the trainer checks by fingerprint)."""
-    return frozenset(_names(config_class, "resume_safe"))
-
-
-def preset_names(config_class: type) -> tuple[str, ...]:
-    """Fields a preset sets (each `FROM_PRESET` until `fill_presets`)."""
-    return _names(config_class, "preset")
-
-
-def card_names(config_class: type) -> tuple[str, ...]:
-    """Fields the model card lists, in the card's order."""
-    return _names(config_class, "card")
-
-
-def command_line_only_names(config_class: type) -> frozenset[str]:
-    """Fields a config file may not set (a shared file must not be able to grant them)."""
-    return frozenset(_names(config_class, "command_line_only"))
+def names_with(config_class: type, fact: str) -> tuple[str, ...]:
+    """The options whose `fact` is true ("resume_safe", "preset", "card", "command_line_only"), in --help order
+    (the card's order)."""
+    return tuple(f.name for f in option_fields(config_class) if f.metadata.get(fact))
 
 
 def fill_presets(instance: Any, preset: dict[str, Any]) -> None:
@@ -159,5 +217,5 @@ def fill_presets(instance: Any, preset: dict[str, Any]) -> None:
             object.__setattr__(instance, f.name, preset.get(f.name, f.metadata["default"]))
 
 
-__all__ = ["FROM_PRESET", "card_names", "command_line_only_names", "field_default", "field_defaults", "fill_presets",
-           "flag_of", "option", "ordered_fields", "preset_names", "redeclare", "resume_safe_names"]
+__all__ = ["FROM_PRESET", "Interval", "NO_VALUE", "field_default", "field_defaults", "field_of", "fill_presets",
+           "flag_names", "flag_of", "names_with", "option", "option_fields", "redeclare", "say"]

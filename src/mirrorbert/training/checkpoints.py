@@ -1,14 +1,11 @@
-"""Checkpoints that survive crashes and bit rot: manifests, fsync, verification, stale temp folders.
-
-`CheckpointManager` writes `root/step-N/` through a temporary folder; what makes the result trustworthy: every file's size and SHA-256 in `manifest.json` (written last), fsync of
-files and folders before the rename, a check on load that names the first bad file, and the rules for
-reusing a checkpoint folder (`check_checkpoint_root`) and for resuming with changed options
-(`check_resume_config`).
+"""Checkpoints that survive crashes and bit rot: `CheckpointManager` writes `root/step-N/` through a temporary
+folder, every file's size and SHA-256 in `manifest.json` (written last), everything fsynced before the rename;
+a checkpoint counts only when its manifest verifies. Also the run rules of a checkpoint folder and of a resume.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import logging
 import os
 import re
@@ -21,11 +18,11 @@ import torch
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.confined import ConfinedFolder
-from mirrorbert.safeguards.readback import set_aside, stream_sha256
-from mirrorbert.safeguards.writes import (MARKER, RunPaths, checkpoint_stray, fix_folder_mode, guard_run,
-                                          make_temporary, mark_folder, remove_tree, write_errors, write_json_atomic)
+from mirrorbert.safeguards.readback import open_checked, opening, set_aside, stream_sha256
+from mirrorbert.safeguards.writes import (MARKER, checkpoint_stray, fix_folder_mode, library_path, make_temporary,
+                                          mark_folder, remove_tree, write_errors, write_json_atomic)
 from mirrorbert.runtime.randomness import rng_state, set_rng_state
-from mirrorbert.training.state_format import load_legacy_pt, load_state, save_state
+from mirrorbert.training.state_format import load_state, save_state
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +30,6 @@ MANIFEST = "manifest.json"
 CHECKPOINT_META = "checkpoint.json"
 TRAINING_STATE = "training_state"  # .safetensors (tensors) + .json (the rest); no pickle
 TRAINING_STATE_FILES = (f"{TRAINING_STATE}.safetensors", f"{TRAINING_STATE}.json")
-LEGACY_TRAINING_STATE = "training_state.pt"  # older mirrorbert: a pickle, read with weights_only=True only
 STEP_DIR = re.compile(r"^step-(\d+)$")
 BEST_MODEL = "best-model"  # gloss-pretrain keeps its best epoch here
 # Temporary folders of an interrupted write (CheckpointManager.save, gloss-pretrain's best model).
@@ -47,28 +43,22 @@ class CheckpointDamaged(UserError):
     """A checkpoint whose files do not match its manifest (truncated, missing, unreadable)."""
 
 
-# --------------------------------------------------------------------------- writing
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """SHA-256 of a file this run has just written (opened as a regular file, never through a link)."""
+    with os.fdopen(open_checked(path, follow=False), "rb") as fh:
+        return stream_sha256(fh, 1 << 20)
 
 
 def fsync_path(path: Path) -> None:
     """Flush a file or a folder entry to disk (a folder fsync makes its renames durable)."""
-    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on folders; the data files were synced
-        pass
-    finally:
-        os.close(fd)
+    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0) | os.O_NOFOLLOW
+    with contextlib.suppress(OSError):  # some filesystems refuse fsync on folders; the data files were synced
+        with opening():
+            fd = os.open(path, flags)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_manifest(folder: str | os.PathLike) -> Path:
@@ -89,7 +79,6 @@ def write_manifest(folder: str | os.PathLike) -> Path:
     return manifest
 
 
-# --------------------------------------------------------------------------- reading
 def checkpoint_folder(folder: str | os.PathLike, option: str = "checkpoint") -> ConfinedFolder:
     """The reader of one `step-N` folder: every file of it, and every path its manifest names, inside it."""
     return ConfinedFolder(folder, option, KIND)
@@ -115,16 +104,8 @@ def _verify(ck: ConfinedFolder) -> dict[str, Any]:
     if not isinstance(meta.get("step"), int) or isinstance(meta.get("step"), bool) or meta["step"] < 0:
         raise CheckpointDamaged(f"checkpoint {folder} is damaged: {folder / CHECKPOINT_META} has no step")
     if not ck.exists(MANIFEST):
-        # Written by mirrorbert before manifests existed: check only that the parts are there, inside the
-        # folder. Unverified files run no code: the state is read with weights_only=True, the model without
-        # remote code, both through the same confined reader.
-        needed = ["model"] + ([] if ck.exists(LEGACY_TRAINING_STATE) else list(TRAINING_STATE_FILES))
-        for name in needed:
-            if not ck.exists(name):
-                raise CheckpointDamaged(f"checkpoint {folder} is incomplete: {folder / name} is missing")
-        ck.subfolder("model")
-        logger.warning("checkpoint %s has no %s (older mirrorbert): its files cannot be verified", folder, MANIFEST)
-        return meta
+        raise CheckpointDamaged(f"checkpoint {folder} is incomplete: {folder / MANIFEST} is missing (not a finished "
+                                "mirrorbert checkpoint)")
     for name, (size, sha256) in _manifest_files(ck).items():
         _check_listed(ck, name, size, sha256)
     return meta
@@ -164,29 +145,8 @@ def step_folders(root: str | os.PathLike) -> list[tuple[int, Path]]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = []
-    for child in root.iterdir():
-        match = STEP_DIR.match(child.name)
-        if match and child.is_dir():
-            found.append((int(match.group(1)), child))
-    return sorted(found, reverse=True)
-
-
-def newest_intact(root: str | os.PathLike, set_aside: bool = False) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies; each damaged newer one is skipped with one warning. A `step-N`
-    that is a link leading out of the root counts as damaged: the root is what the user named.
-
-    With `set_aside`, a damaged one is also renamed (`step-N.damaged-<time>`, never deleted), so that it
-    is never counted as the newest again and rotation cannot keep it in place of a good one.
-    """
-    for _, folder in step_folders(root):
-        try:
-            checkpoint_folder(root, "checkpoint").subfolder(folder.name)
-            return folder, verify_checkpoint(folder)
-        except UserError as exc:  # CheckpointDamaged, or a step-N leading out of the root
-            aside = set_aside_damaged(folder) if set_aside else None
-            logger.warning("skipping %s%s", exc, f"; set aside as {aside.name}" if aside else "")
-    return None
+    matches = ((STEP_DIR.match(child.name), child) for child in root.iterdir())
+    return sorted(((int(match.group(1)), child) for match, child in matches if match and child.is_dir()), reverse=True)
 
 
 def set_aside_damaged(folder: Path) -> Path | None:
@@ -195,11 +155,6 @@ def set_aside_damaged(folder: Path) -> Path | None:
         return set_aside(folder, "--checkpoint-dir")
     except OSError:  # another process of the job set it aside first, or the folder is read-only
         return None
-
-
-def is_named_checkpoint(path: Path) -> bool:
-    """A `step-N` folder (or anything holding checkpoint files) rather than a checkpoint root."""
-    return bool(STEP_DIR.match(path.name)) or (path / CHECKPOINT_META).exists() or (path / MANIFEST).exists()
 
 
 def remove_stale_temps(root: str | os.PathLike) -> None:
@@ -213,14 +168,10 @@ def remove_stale_temps(root: str | os.PathLike) -> None:
             remove_tree(child)
 
 
-# --------------------------------------------------------------------------- run rules
 def check_checkpoint_root(root: str | os.PathLike, resuming: bool, overwrite: bool,
                           option: str = "--checkpoint-dir") -> None:
-    """A checkpoint folder belongs to one run: a new run over it must say --resume or --overwrite.
-
-    Without this rule the old and the new run's checkpoints mix, pruning deletes the new ones and a
-    later --resume silently continues the old run.
-    """
+    """A checkpoint folder belongs to one run: a new run over it must say --resume or --overwrite (which removes
+    only the earlier run's `step-N` folders and `best-model`)."""
     root = Path(root)
     if not root.exists():
         return
@@ -238,23 +189,10 @@ def check_checkpoint_root(root: str | os.PathLike, resuming: bool, overwrite: bo
         remove_tree(folder)
 
 
-def guard_training_run(stack, *, checkpoint_dir: str | os.PathLike | None = None, resuming: bool = False,
-                       overwrite: bool, checkpoint_option: str = "--checkpoint-dir", **kwargs) -> None:
-    """`safeguards.writes.guard_run` (path rules, writability, locks) plus the checkpoint folder's run rule, before
-    any work."""
-    guard_run(stack, RunPaths(checkpoint_dir=checkpoint_dir, checkpoint_option=checkpoint_option, **kwargs),
-              overwrite=overwrite, resuming=resuming)
-    if checkpoint_dir is not None and int(os.environ.get("RANK", "0") or 0) == 0:  # rank 0 holds the lock
-        check_checkpoint_root(checkpoint_dir, resuming=resuming, overwrite=overwrite, option=checkpoint_option)
-
-
 def check_resume_config(where: str | os.PathLike, saved: Mapping[str, Any] | None, current: Mapping[str, Any],
                         harmless: Iterable[str]) -> None:
-    """Refuse to resume with changed options, except bookkeeping ones that cannot change the result.
-
-    Applying a changed lr or batch size halfway would leave the optimiser with the old value while the
-    output records the new one; refusing is the honest choice.
-    """
+    """Refuse, in one line naming each changed option, to resume with options other than the checkpoint's,
+    except the `harmless` ones (bookkeeping that cannot change the result)."""
     if not saved:
         return
     harmless = set(harmless)
@@ -266,7 +204,6 @@ def check_resume_config(where: str | os.PathLike, saved: Mapping[str, Any] | Non
                         f"values or start a new run")
 
 
-# --------------------------------------------------------------------------- the manager
 @dataclass
 class Checkpoint:
     """What a resumed run needs besides the model weights (which live in `path/model`)."""
@@ -290,16 +227,8 @@ class CheckpointManager:
         self.every = every  # a checkpoint every N steps (0: none on a schedule)
         self.at_end = at_end  # one at the end of the run and whenever the method says one is due (epoch ends)
 
-    def save(
-        self,
-        step: int,
-        save_model,
-        optimizer: torch.optim.Optimizer,
-        scheduler=None,
-        scaler=None,
-        meta: dict[str, Any] | None = None,
-        extra_state: dict[str, Any] | None = None,
-    ) -> Path:
+    def save(self, step: int, save_model, optimizer: torch.optim.Optimizer, *, scheduler=None, scaler=None,
+             meta: dict[str, Any] | None = None, extra_state: dict[str, Any] | None = None) -> Path:
         """`save_model(folder)` writes the weights (and tokenizer); the rest goes to safetensors + JSON."""
         with write_errors(self.root, "--checkpoint-dir"):
             self.root.mkdir(parents=True, exist_ok=True)
@@ -309,8 +238,8 @@ class CheckpointManager:
             tmp = make_temporary(self.root / f"step-{step}", folder=True)
         final = self.root / f"step-{step}"
         try:
-            with write_errors(self.root / f"step-{step}", "--checkpoint-dir"):
-                save_model(tmp / "model")
+            with write_errors(self.root / f"step-{step}", "--checkpoint-dir"), library_path(tmp) as where:
+                save_model(where / "model")  # `where`: `tmp`, or its descriptor's path where `tmp` is not UTF-8
                 state = {
                     "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -318,7 +247,7 @@ class CheckpointManager:
                     "rng": rng_state(),
                     "extra": extra_state or {},
                 }
-                save_state(tmp, TRAINING_STATE, state)
+                save_state(where, TRAINING_STATE, state)
                 write_json_atomic(tmp / CHECKPOINT_META, {"step": step, **(meta or {})})
                 write_manifest(tmp)  # sizes and SHA-256 of every file, fsynced, written last
                 fix_folder_mode(tmp)
@@ -341,11 +270,8 @@ class CheckpointManager:
         return final
 
     def _prune(self, current: int) -> None:
-        """Keep the newest `keep` checkpoints up to `current`, the one just written and verified.
-
-        Only checkpoints older than it are deleted, so the newest good one always stays; newer ones
-        (an earlier run's steps that this resumed run has not reached yet) are left alone.
-        """
+        """Keep the newest `keep` checkpoints up to `current`, the one just written and verified; newer ones (an
+        earlier run's steps that this resumed run has not reached yet) are left alone."""
         steps = sorted(s for s in self.all_steps() if s < current)
         for step in steps[: max(0, len(steps) + 1 - max(1, self.keep))]:
             folder = self.root / f"step-{step}"
@@ -360,25 +286,27 @@ class CheckpointManager:
         return [step for step, _ in step_folders(self.root)]
 
     def latest(self) -> Checkpoint | None:
-        """The newest intact checkpoint; damaged or incomplete newer ones are skipped with a warning each.
-
-        A damaged one is set aside (renamed) by rank 0: `step-N` folders appear by one rename once
-        complete, so one that does not verify is damaged, not being written. Stale temporary folders are
-        only removed by `save` and `check_checkpoint_root`, which run under the folder's lock.
-        """
-        found = newest_intact(self.root, set_aside=int(os.environ.get("RANK", "0") or 0) == 0)
-        if found is None:
-            return None
-        folder, meta = found
-        return Checkpoint(path=folder, step=int(meta["step"]), meta=meta)
+        """The newest checkpoint that verifies; each damaged newer one (or a `step-N` link leading out of the root)
+        is skipped with one warning and, by rank 0, set aside (`step-N.damaged-<time>`, never deleted), so that
+        it is never counted as the newest again: `step-N` folders appear by one rename once complete."""
+        for _, folder in step_folders(self.root):
+            try:
+                checkpoint_folder(self.root, "checkpoint").subfolder(folder.name)
+                meta = verify_checkpoint(folder)
+                return Checkpoint(path=folder, step=int(meta["step"]), meta=meta)
+            except UserError as exc:  # CheckpointDamaged, or a step-N leading out of the root
+                aside = set_aside_damaged(folder) if int(os.environ.get("RANK", "0") or 0) == 0 else None
+                logger.warning("skipping %s%s", exc, f"; set aside as {aside.name}" if aside else "")
+        return None
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Accept either one `step-N` folder (verified, one line naming a bad file) or a checkpoint root."""
+    """Accept either one `step-N` folder (or anything holding checkpoint files; verified, one line naming a bad file)
+    or a checkpoint root (its newest intact checkpoint)."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"--resume {path}: no such checkpoint folder")
-    if not is_named_checkpoint(path):
+    if not (STEP_DIR.match(path.name) or (path / CHECKPOINT_META).exists() or (path / MANIFEST).exists()):
         latest = CheckpointManager(path).latest()
         if latest is None:
             raise UserError(f"--resume {path}: no intact checkpoint found (expected step-N folders with "
@@ -411,18 +339,14 @@ def restore_training_state(ckpt: Checkpoint, optimizer, scheduler=None, scaler=N
 
 
 def read_training_state(folder: Path, option: str = "--resume") -> dict[str, Any]:
-    """The state `CheckpointManager.save` wrote; an older `training_state.pt` only through
-    `torch.load(weights_only=True)` (a pickle asking for anything but tensors and plain values is refused).
-    Either is read only inside the checkpoint folder, a regular file (`checkpoint_folder`)."""
+    """The state `CheckpointManager.save` wrote, read only inside the checkpoint folder, regular files
+    (`checkpoint_folder`)."""
     folder = Path(folder)
     ck = checkpoint_folder(folder, f"{option}")
-    if all(ck.exists(name) for name in TRAINING_STATE_FILES):
-        state = load_state(folder, TRAINING_STATE, f"{option} {folder}")
-    elif ck.exists(LEGACY_TRAINING_STATE):
-        state = load_legacy_pt(ck.check_file(LEGACY_TRAINING_STATE), f"{option} {folder}",
-                               shown=folder / LEGACY_TRAINING_STATE)
-    else:
-        raise UserError(f"{option} {folder}: checkpoint is incomplete: {folder / TRAINING_STATE_FILES[0]} is missing")
+    missing = [name for name in TRAINING_STATE_FILES if not ck.exists(name)]
+    if missing:
+        raise UserError(f"{option} {folder}: checkpoint is incomplete: {folder / missing[0]} is missing")
+    state = load_state(folder, TRAINING_STATE, f"{option} {folder}")
     if not isinstance(state, dict) or not isinstance(state.get("optimizer"), dict) or not isinstance(
             state.get("rng"), dict):
         raise UserError(f"{option} {folder}: the training state is damaged (no optimizer or RNG state)")

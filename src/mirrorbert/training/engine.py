@@ -1,25 +1,15 @@
-"""The training loop, written once for Mirror-BERT, MLM pre-training and GR-BERT.
-
-A method (see `Method`) supplies its batches from the current position, one optimiser step on a batch,
-its bookkeeping after a step, and what a checkpoint holds. The engine owns everything else: the step
-counter, the progress bar, periodic and final checkpoints, resume position, Ctrl-C and SIGTERM
-(every process of a torchrun/accelerate job agrees at the next step boundary, rank 0 writes a
-checkpoint, every process stops), non-finite losses, and a final save that never loses the trained state.
-
-Preemption under a launcher: SIGTERM to torchrun reaches every worker at once (torchrun forwards it, then
-sends SIGKILL after its shutdown timeout, 30 s by default). Each process only sets its flag; at the next
-step boundary one all-reduce (`agree`) tells every process that some process saw a signal and which
-(SIGTERM wins over Ctrl-C: a preemption), so all stop at the same step and rank 0 writes one checkpoint
-while the others wait for it. Agreement is the test that the job is whole: if a process has died (a
-crash, after which torchrun SIGTERMs the survivors), the all-reduce or a step's collective fails, and
-`failure_guard` reports a failure naming the last good checkpoint instead. Repeated SIGTERMs (Slurm and
-torchrun may both deliver one) are ignored until the checkpoint is written.
+"""The training loop, written once for Mirror-BERT, MLM pre-training and GR-BERT. A `Method` supplies its batches,
+one step, its bookkeeping after a step and what a checkpoint holds; the engine owns the step counter, progress,
+checkpoints, the resume position, Ctrl-C and SIGTERM (every process stops at the same step, rank 0 writes one
+checkpoint), non-finite losses, and a final save that never loses the trained state (why: docs/design.md).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +18,9 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.safeguards.writes import atomic_output_dir, remove_tree
+from mirrorbert.runtime.distributed import DistContext
+from mirrorbert.safeguards.writes import MARKER, atomic_output_dir, remove_tree
+from mirrorbert.safeguards.writes.failures import WriteFailed
 from mirrorbert.training.checkpoints import CheckpointManager
 from mirrorbert.training.signals import NO_SIGNAL, SIGTERM_SEEN, InterruptFlag, signal_name
 
@@ -39,6 +31,7 @@ class Method(Protocol):
     """What a training method gives the engine (duck-typed; the three trainers each define one)."""
 
     total_steps: int
+    precision: str  # what the steps run in (recorded in each checkpoint)
     optimizer: torch.optim.Optimizer
     scheduler: Any
     scaler: Any
@@ -65,24 +58,6 @@ class Method(Protocol):
         """Facts checked on resume (config, data fingerprint)."""
 
 
-class _SingleProcess:
-    """The distributed hooks of one process: every one a no-op."""
-
-    world_size, is_main = 1, True
-
-    def any(self, flag: bool) -> bool:
-        return bool(flag)
-
-    def agree(self, code: int) -> int:
-        return int(code)
-
-    def on_main(self, work: Callable[[], Any], others: Any) -> Any:
-        return work()
-
-    def failure_guard(self, last_checkpoint, interrupt=None):
-        return contextlib.nullcontext()
-
-
 @dataclass
 class Outcome:
     steps: int
@@ -91,17 +66,10 @@ class Outcome:
     checkpoint: Path | None
     signal: str | None = None  # the signal the processes agreed on: "SIGTERM" (preempted) or "SIGINT"
 
-    @property
-    def preempted(self) -> bool:
-        return self.signal == "SIGTERM"
-
 
 def stop_message(signal: str | None, steps: int, checkpoint: Path | None, rank: int = 0) -> str:
-    """The line(s) a stopped run prints: what stopped it, at which step, where the checkpoint is, how to resume.
-
-    "preempted" for SIGTERM (a scheduler or launcher), "interrupted" for Ctrl-C; ranks other than 0 say
-    their rank and name the checkpoint rank 0 wrote.
-    """
+    """The line a stopped run prints: "preempted" (SIGTERM) or "interrupted", at which step, where the checkpoint
+    is and how to resume; ranks other than 0 say their rank and name the checkpoint rank 0 wrote."""
     what = "preempted" if signal == "SIGTERM" else "interrupted"
     if rank:
         return f"rank {rank}: {what} at step {steps}; checkpoint (written by rank 0): {checkpoint}"
@@ -109,30 +77,28 @@ def stop_message(signal: str | None, steps: int, checkpoint: Path | None, rank: 
             f"resume with the same command plus --resume {checkpoint}")
 
 
-class _NoTimer:
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        yield
-
-
 class Engine:
-    """The loop over one `Method`; `checkpoints` says where, how often (`every`) and whether at the end."""
+    """The loop over one `Method` (its `total_steps` steps); `checkpoints` says where, how often (`every`) and
+    whether at the end."""
 
-    def __init__(self, method: Method, *, total_steps: int, checkpoints: CheckpointManager, stop_at: int | None = None,
-                 dist=None, desc: str = "train", show_progress: bool = True, timer=None):
-        self.method, self.total_steps, self.checkpoints = method, total_steps, checkpoints
-        self.timer = timer or _NoTimer()  # wall time per phase (steps, checkpoint, save): reporting/timing.py
+    def __init__(self, method: Method, *, checkpoints: CheckpointManager, dist=None, desc: str = "train",
+                 show_progress: bool = True, timer=None):
+        self.method, self.total_steps, self.checkpoints = method, method.total_steps, checkpoints
+        self.timer = timer  # wall time per phase (steps, checkpoint, save): reporting/timing.py
         self.step, self.last_checkpoint = 0, None
-        self.stop_at = total_steps if stop_at is None else min(total_steps, stop_at)
-        self.dist = dist or _SingleProcess()
+        self.stop_at = self.total_steps  # a recipe may stop earlier (`Recipe.stop_at`)
+        self.dist = dist or DistContext()  # one process: every collective a no-op
         self.desc, self.show_progress = desc, show_progress
         self.resumed_from: Path | None = None
+        self.saving = False  # `save_final` began: it reports its own failure, the state kept
+
+    def _phase(self, name: str):
+        return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
 
     def resume_at(self, step: int, checkpoint: Path) -> None:
         """Continue from `checkpoint`, written after `step` steps (its training state restored by the caller)."""
         self.step, self.last_checkpoint, self.resumed_from = step, checkpoint, checkpoint
 
-    # ------------------------------------------------------------------ the loop
     def run(self) -> Outcome:
         from mirrorbert.reporting.progress import progress_bar
 
@@ -144,7 +110,7 @@ class Engine:
         # turns a failed collective into one line naming the last good checkpoint.
         with InterruptFlag() as interrupt, self.dist.failure_guard(lambda: self.last_checkpoint, interrupt):
             try:
-                with self.timer.phase("steps"):
+                with self._phase("steps"):
                     batches = self.method.batches()
                     while self.step < self.stop_at:
                         batch = next(batches, None)
@@ -152,8 +118,8 @@ class Engine:
                             break
                         postfix = self.method.train_step(batch, self)
                         self.step += 1
+                        progress.set_postfix(postfix, refresh=False)  # this step's, shown by its update
                         progress.update(1)
-                        progress.set_postfix(postfix, refresh=False)  # shown by the next update, at its refresh rate
                         due = self.method.after_step(self.step)
                         every = self.checkpoints.every
                         if (self.checkpoints.at_end and due) or (every and self.step % every == 0):
@@ -188,7 +154,6 @@ class Engine:
         if self.last_checkpoint is None or self.last_checkpoint.name != f"step-{self.step}":
             self.save_checkpoint()
 
-    # ------------------------------------------------------------------ helpers for methods
     def check_finite(self, loss: torch.Tensor | float) -> None:
         """Stop on a NaN/inf loss before it reaches the weights, naming the last good checkpoint."""
         if bool(torch.isfinite(torch.as_tensor(loss)).all()):
@@ -200,38 +165,66 @@ class Engine:
 
     def save_checkpoint(self) -> Path:
         """Rank 0 writes `step-N` (the others wait for it); every process learns its path."""
-        method, step = self.method, self.step
-        with self.timer.phase("checkpoint"):
-            self.last_checkpoint = self.dist.on_main(lambda: self.checkpoints.save(
-                step, method.save_model, method.optimizer, method.scheduler, method.scaler,
-                meta=method.checkpoint_meta(), extra_state={"step": step, **method.checkpoint_state()},
-            ), self.checkpoints.root / f"step-{step}")
+        with self._phase("checkpoint"):
+            self.last_checkpoint = self.dist.on_main(self._write_checkpoint,
+                                                     self.checkpoints.root / f"step-{self.step}")
         return self.last_checkpoint
 
-    # ------------------------------------------------------------------ the final save
-    def save_final(self, output: str | Path, write_into: Callable[[Path], None], overwrite: bool = False,
-                   resumable: bool = True) -> Path:
-        """Write the output atomically on rank 0 (`write_into(folder)` fills it); never lose the trained state.
+    def _write_checkpoint(self) -> Path:
+        """`step-N` written by this process (rank 0's part of `save_checkpoint`)."""
+        method, step = self.method, self.step
+        return self.checkpoints.save(
+            step, method.save_model, method.optimizer, scheduler=method.scheduler, scaler=method.scaler,
+            meta={**method.checkpoint_meta(), "precision": method.precision},  # the precision that ran
+            extra_state={"step": step, **method.checkpoint_state()},
+        )
 
-        If the output cannot be written (replaced by a file, its parent removed, disk full), the state is
-        kept: in the checkpoint of this step, or a new one (when `resumable`: the weights are those of the
-        last step), or else a temporary folder holding what the output would have held. The error is one
-        line naming where, and the run ends non-zero.
-        """
+    def save_final(self, output: str | Path, write_into: Callable[[Path], None], *, overwrite: bool = False,
+                   resumable: bool = True) -> Path:
+        """Write the output atomically on rank 0 (`write_into(folder)` fills it). Whatever the save raises, the
+        trained state is first kept in the first place that takes it (this step's checkpoint, a new one when
+        `resumable`, a folder beside the output, one in the temporary folder), then one UserError says what
+        failed, where the state is and how to finish the save."""
+        self.saving = True
+
         def work() -> Path:
             try:
-                with self.timer.phase("save"), atomic_output_dir(output, overwrite=overwrite) as tmp:
+                with self._phase("save"), atomic_output_dir(output, overwrite=overwrite) as tmp:
                     write_into(tmp)
-            except (OSError, UserError) as exc:
-                raise UserError(f"--output {output}: the model cannot be written there ({first_line(exc)}); "
-                                f"{self._keep_state(write_into, resumable)}") from None
+            except Exception as exc:  # noqa: BLE001  any failure: the trained state is kept before it is reported
+                logger.debug("the final save failed", exc_info=True)
+                raise UserError(f"--output {output}: the trained model cannot be written there ({_why(exc)}); "
+                                f"{self._keep_state(Path(output), write_into, resumable)}") from None
             self._say_what_is_left()
             return Path(output)
 
-        # A SIGTERM now waits for the save on every process (the weights are trained: stopping now would
-        # lose them); a second Ctrl-C still aborts.
         with InterruptFlag("finishing the save first"):
             return self.dist.on_main(work, Path(output))
+
+    def failed_before_save(self, exc: Exception) -> UserError:
+        """The line of a run whose steps are done but whose last work (its record, `--eval-after`) failed before
+        the output was written: the trained state is kept in this step's checkpoint first (one process)."""
+        why = _why(exc)
+        logger.debug("the run failed after its last step", exc_info=exc)
+        try:
+            here = self._step_checkpoint()
+        except Exception as failed:  # noqa: BLE001
+            return UserError(f"the run finished its {self.step} steps but failed before writing its output "
+                             f"({why}), and its checkpoint cannot be written either ({_why(failed)}): the trained "
+                             "state is lost")
+        return UserError(f"the run finished its {self.step} steps but failed before writing its output ({why}); the "
+                         f"trained state is kept in {here}; finish the save with the same command plus --resume {here}")
+
+    def _has_step_checkpoint(self) -> bool:
+        here = self.last_checkpoint
+        return here is not None and here.name == f"step-{self.step}" and here.is_dir()
+
+    def _step_checkpoint(self) -> Path:
+        """This step's checkpoint: the last one written when it is this step's, else one written now by this
+        process (rank 0 already, or the only one)."""
+        if not self._has_step_checkpoint():
+            self.last_checkpoint = self._write_checkpoint()
+        return self.last_checkpoint
 
     def _say_what_is_left(self) -> None:
         """After the model is written: the checkpoints this run leaves, and (after a resume) the folder it
@@ -249,24 +242,50 @@ class Engine:
         if line:
             logger.info(line)
 
-    def _keep_state(self, write_into: Callable[[Path], None], resumable: bool) -> str:
-        hint = "write it elsewhere with the same command plus --resume {} --output OTHER"
-        here = self.last_checkpoint
-        if here is not None and here.name == f"step-{self.step}" and here.is_dir():
-            return f"the trained state is kept in {here}; " + hint.format(here)
-        if resumable:
+    def _keep_state(self, output: Path, write_into: Callable[[Path], None], resumable: bool) -> str:
+        """Keep the trained state in the first place that takes it; what to say about where it is."""
+        resume = ("finish the save with the same command plus --resume {0} (and --output OTHER if {1} stays "
+                  "unwritable)")
+        failed = []
+        root = self.checkpoints.root
+        if resumable or self._has_step_checkpoint():
+            made = not os.path.lexists(root)
             try:
-                kept = self.save_checkpoint()
-                return f"the trained state is kept in {kept}; " + hint.format(kept)
-            except (OSError, UserError) as exc:
-                logger.warning("the checkpoint cannot be written either (%s)", first_line(exc))
-        folder = Path(tempfile.mkdtemp(prefix="mirrorbert-kept-model-"))
-        try:
-            write_into(folder)
-        except BaseException:
-            remove_tree(folder)
-            raise
-        return f"the trained model is kept in {folder}"
+                kept = self._step_checkpoint()
+                return f"the trained state is kept in {kept}; " + resume.format(kept, output)
+            except Exception as exc:  # noqa: BLE001  the same failure, most likely: try the next place
+                failed.append(f"{root}: {_why(exc)}")
+                with contextlib.suppress(OSError):
+                    if made and root.is_dir() and set(os.listdir(root)) <= {MARKER}:  # made by this attempt, empty
+                        remove_tree(root)
+        for place in _kept_places(output):
+            try:
+                with atomic_output_dir(place, option="the kept model") as tmp:
+                    write_into(tmp)
+            except Exception as exc:  # noqa: BLE001
+                failed.append(f"{place}: {_why(exc)}")
+                continue
+            old = f", after moving the old {output} away" if os.path.lexists(output) else ""
+            return (f"the trained model is kept in {place}; finish the save by moving it into place "
+                    f"(mv {shlex.quote(str(place))} {shlex.quote(str(output))}{old}) once {output} can be written")
+        return f"it could not be kept anywhere either ({'; '.join(failed)}): the trained state is lost"
+
+
+def _kept_places(output: Path) -> list[Path]:
+    """Where a trained model that cannot be written to `output` is kept: beside it, then in the system's
+    temporary folder (often another filesystem)."""
+    name = f"{output.name}.kept-{os.getpid()}"
+    return [output.parent / name, Path(tempfile.gettempdir()) / f"mirrorbert-{name}"]
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, in a few words: a failed write's reason, mirrorbert's own line, or the library's type
+    and first line."""
+    if isinstance(exc, WriteFailed):
+        return exc.why
+    if isinstance(exc, UserError):
+        return first_line(exc)
+    return f"{type(exc).__name__}: {first_line(exc)}"
 
 
 __all__ = ["Engine", "Method", "Outcome", "stop_message"]

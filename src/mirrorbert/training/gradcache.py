@@ -1,17 +1,6 @@
-"""Cached-gradient contrastive steps (GradCache, Gao et al. 2021): big batches in small memory.
-
-The in-batch loss needs all 2B embeddings at once, but the encoder's activations are what fill memory.
-So: embed every chunk of views without a graph (remembering each chunk's random state), compute the loss
-on the detached embedding matrix, and, when the loss is backpropagated, re-run the encoder chunk by
-chunk with a graph (same random state, so identical dropout masks) and backpropagate each chunk's slice
-of d loss / d embeddings. Peak activation memory is that of one chunk; the loss, its gradients and
-every view's 2B-2 negatives are those of the full batch.
-
-The replay lives in the backward of a small autograd function (as reentrant activation checkpointing
-does), so the caller's loss is an ordinary tensor: `scaler.scale(loss).backward()`, gradient clipping
-and accumulation work unchanged, and any loss over the full matrix can be used (InfoNCE, a multi-
-similarity loss, or one over embeddings all-gathered from other processes).
-"""
+"""Cached-gradient contrastive steps (GradCache, Gao et al. 2021): the loss and gradients of a big in-batch
+contrastive batch at the activation memory of one chunk; the caller's loss is an ordinary tensor (how and why:
+docs/design.md)."""
 
 from __future__ import annotations
 
@@ -50,12 +39,9 @@ class _ReplayChunks(torch.autograd.Function):
 
 
 def cached_embeddings(embed_fn: EmbedFn, sequences: Sequence[Sequence[int]], chunk: int) -> torch.Tensor:
-    """Embeddings of all `sequences` (rows in order), computed `chunk` at a time without a graph.
-
-    Backpropagating through the result re-runs `embed_fn` per chunk with a graph and the chunk's saved
-    random state. `embed_fn` must apply its own autocast (the replay runs inside `backward`, outside
-    the caller's autocast block) and must depend on nothing but its input and the random state.
-    """
+    """Embeddings of all `sequences` (rows in order), computed `chunk` at a time without a graph; backpropagating
+    through them re-runs `embed_fn` per chunk with a graph and the chunk's saved random state. `embed_fn` must
+    apply its own autocast (the replay runs inside `backward`) and depend only on its input and the random state."""
     if chunk < 1:
         raise ValueError("chunk must be >= 1")
     chunks = [list(sequences[i:i + chunk]) for i in range(0, len(sequences), chunk)]
@@ -74,11 +60,8 @@ def cached_embeddings(embed_fn: EmbedFn, sequences: Sequence[Sequence[int]], chu
 
 def cached_step(embed_fn: EmbedFn, sequences: Sequence[Sequence[int]], chunk: int,
                 loss_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """`loss_fn` of the full embedding matrix, with cached gradients: call `.backward()` on the result.
-
-    Loss and parameter gradients equal those of embedding the same chunks with a graph (and, with
-    dropout off, those of one pass over all sequences), at the memory of one chunk plus the matrix.
-    """
+    """`loss_fn` of the full embedding matrix, with cached gradients: call `.backward()` on the result (the
+    gradients of embedding the same chunks with a graph)."""
     return loss_fn(cached_embeddings(embed_fn, sequences, chunk))
 
 

@@ -1,13 +1,6 @@
-"""The losses a run reports: means over stated windows of steps, never one (possibly short) batch alone.
-
-One batch's loss is noisy, and an epoch's last batch may be short (10 strings in batches of 4: 4, 4, 2): with
-fewer negatives its InfoNCE is far lower (0.016 where the epoch's mean was 1.52). So `final_loss` is the mean
-over the last `window` steps, window = min(WINDOW_STEPS, steps per epoch): never more than an epoch's batches,
-so a run of short epochs reports its last epoch's. `mean_loss_last_epoch` is the mean over the last complete
-epoch (over the batches so far when the run stops inside one). Both are plain means over steps, each step
-counted once whatever its size. The running sums travel in every checkpoint, so a resumed run reports what
-the run without the stop reports, to the bit.
-"""
+"""The losses a run reports, means over stated windows of steps: `final_loss` of the last min(WINDOW_STEPS, steps
+per epoch) steps, `mean_loss_last_epoch` of the last complete epoch (or of the batches so far); the sums travel in
+every checkpoint, so a resumed run reports what the run without the stop reports."""
 
 from __future__ import annotations
 
@@ -39,15 +32,14 @@ class LossRecord:
         if self.first is None:
             self.first = loss
 
-    def end_epoch(self) -> None:
-        if self.epoch_steps:
-            self.mean_last_epoch = self.epoch_sum / self.epoch_steps
-        self.epoch_sum, self.epoch_steps = 0.0, 0
-
     def finish(self) -> None:
         """A run that stops inside an epoch (--steps) reports the mean of that epoch's batches so far."""
         if self.epoch_steps:
             self.mean_last_epoch = self.epoch_sum / self.epoch_steps
+
+    def end_epoch(self) -> None:
+        self.finish()
+        self.epoch_sum, self.epoch_steps = 0.0, 0
 
     @property
     def final(self) -> float | None:
@@ -63,14 +55,8 @@ class LossRecord:
                 "first": self.first, "last": self.last, "mean_last_epoch": self.mean_last_epoch}
 
     def restore(self, extra: dict[str, Any], where: str) -> None:
-        """The record a checkpoint holds (`extra["losses"]`); a checkpoint of older mirrorbert kept only the last
-        loss, the first and the last epoch's mean: the window then starts from the last loss."""
+        """The record a checkpoint holds (`extra["losses"]`); one missing or malformed is one UserError."""
         state = extra.get("losses")
-        if state is None:
-            self.first, self.last = _number(extra.get("first_loss"), where), _number(extra.get("loss"), where)
-            self.mean_last_epoch = _number(extra.get("mean_loss_last_epoch"), where)
-            self.recent.extend([] if self.last is None else [self.last])
-            return
         if not isinstance(state, dict) or not isinstance(state.get("recent"), list) or \
                 not isinstance(state.get("epoch_steps"), int) or state["epoch_steps"] < 0:
             raise UserError(f"{where}: the training state is damaged (its loss record is not one mirrorbert writes)")

@@ -6,12 +6,8 @@ import torch
 
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW with the usual BERT convention: no weight decay on biases and LayerNorm weights.
-
-    Fused (one kernel over all parameters) wherever this torch has the fused AdamW for the parameters'
-    device and dtype (CUDA, CPU since torch 2.4, MPS); the same update as the per-parameter loop up to
-    float rounding. Elsewhere torch's own default.
-    """
+    """AdamW with the usual BERT convention (no weight decay on biases and LayerNorm weights), fused where torch
+    has the fused kernel for the parameters' device and dtype."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -39,18 +35,10 @@ def build_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: in
 
 
 def backward_and_step(loss: torch.Tensor, optimizer, scheduler=None, scaler=None, parameters=None,
-                      max_grad_norm: float | None = None, accumulation: int = 1, update: bool = True) -> None:
-    """Backward pass and (when `update`) one optimiser step, with fp16 loss scaling and clipping.
-
-    With gradient accumulation, call it for every micro-batch with `accumulation` = the number of
-    micro-batches and `update=True` only on the last one; the loss is divided here.
-    """
-    if accumulation > 1:
-        loss = loss / accumulation
-    if scaler is not None:
-        scaler.scale(loss).backward()
-    else:
-        loss.backward()
+                      max_grad_norm: float | None = None, *, update: bool = True) -> None:
+    """Backward pass and (when `update`: the last micro-batch of a step) one optimiser step, with fp16 loss
+    scaling and clipping of `parameters` (the optimiser's by default)."""
+    (scaler.scale(loss) if scaler is not None else loss).backward()
     if not update:
         return
     if scaler is not None:

@@ -1,5 +1,4 @@
-"""How a run's examples are cut into batches: one rule for Mirror-BERT's strings, GR-BERT's triplets and
-MLM's packed sequences, so the three budgets (steps per epoch, total steps) cannot drift apart."""
+"""How a run's examples are cut into batches, one rule for the three methods, so their budgets cannot drift."""
 
 from __future__ import annotations
 
@@ -13,12 +12,8 @@ from mirrorbert.runtime.randomness import derived_generator
 
 @dataclass
 class BatchPlan:
-    """Batches of `batch_size` from `n` examples in a seeded order per epoch; a pure function of its fields.
-
-    A contrastive batch of one example has no negatives, so contrastive methods drop a trailing single
-    example; MLM keeps every short last batch (`keep_short_last`). `stream` names the order's random stream
-    (runtime/randomness.py), so the order is independent of every other draw of the run.
-    """
+    """Batches of `batch_size` from `n` examples in a seeded order per epoch (its own random `stream`): a pure
+    function of its fields. A trailing single example is dropped (no negatives) unless `keep_short_last` (MLM)."""
 
     n: int
     batch_size: int
@@ -32,13 +27,10 @@ class BatchPlan:
         full, rest = divmod(self.n, self.batch_size)
         return full + (1 if rest >= (1 if self.keep_short_last else 2) else 0)
 
-    def epoch_order(self, epoch: int) -> torch.Tensor:
-        """The epoch's permutation (an int64 tensor: 8 bytes an example, no Python list of them)."""
-        return torch.randperm(self.n, generator=derived_generator(self.seed, self.stream, epoch))
-
     def iter_batches(self, epoch: int, first: int = 0) -> Iterator[list[int]]:
-        """The epoch's batches from batch `first` on, each a list of example indices, made one at a time."""
-        order = self.epoch_order(epoch)
+        """The epoch's batches from batch `first` on, each a list of example indices, made one at a time from the
+        epoch's permutation (an int64 tensor: 8 bytes an example, no Python list of them)."""
+        order = torch.randperm(self.n, generator=derived_generator(self.seed, self.stream, epoch))
         for b in range(first, self.batches_per_epoch):
             yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
 

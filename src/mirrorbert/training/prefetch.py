@@ -1,6 +1,4 @@
-"""Batches made in a background thread ahead of the step that trains them: tokenising or masking the next batch
-overlaps the current step's compute (the tokenizers and torch release the GIL). Used by MLM pre-training (slicing
-and masking the packed sequences) and Mirror-BERT (reading the token ids and making the second views)."""
+"""Batches made in a background thread ahead of the step that trains them (MLM's masking, Mirror-BERT's views)."""
 
 from __future__ import annotations
 
@@ -10,16 +8,13 @@ from typing import Any, Iterable, Iterator
 
 
 def prefetch(make_items: Iterable[Any], depth: int = 4, name: str = "prefetch") -> Iterator[Any]:
-    """Run an iterator in a background thread `depth` items ahead (`depth` 0: in this thread, as it is).
-
-    Items are produced in order by a single thread, so prefetching never changes what the loop sees.
-    """
+    """The items of `make_items` in order, made by one background thread `depth` items ahead (`depth` 0: in this
+    thread)."""
     if depth <= 0:
         yield from make_items
         return
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
-    done = object()
 
     def worker() -> None:
         try:
@@ -32,7 +27,7 @@ def prefetch(make_items: Iterable[Any], depth: int = 4, name: str = "prefetch") 
                         continue
                 if stop.is_set():
                     return
-            q.put(("done", done))
+            q.put(("done", None))
         except BaseException as exc:  # surfaced in the consumer
             q.put(("error", exc))
 

@@ -1,26 +1,15 @@
-"""One training run, set up in one place for Mirror-BERT, MLM pre-training and GR-BERT.
-
-The lifecycle, in order (`run`):
-
-1. guard: path rules, writability and locks of every output, before anything is read;
-2. device, precision and processes (one process, or this rank of a torchrun/accelerate job);
-3. the method reads its data (so a data mistake is named before a model loads), then the seed;
-4. a `--resume` checkpoint is loaded and refused when an option that is not resume-safe changed
-   (`settings.fields.resume_safe_names`) or the method's own facts differ (its data fingerprint);
-5. the method builds its model, batches, optimiser, scheduler and scaler (`Recipe.build`);
-6. the `Engine` is made and the checkpoint's position and training state restored;
-7. the engine runs (preemption, Ctrl-C and non-finite losses are the engine's);
-8. a stopped run returns where its checkpoint is; a finished one writes its output atomically, with a
-   SIGTERM held until the save is done.
-
-A method supplies a `Recipe`: what it reads and writes, how it builds its `Method` (training/engine.py), what
-it checks on resume and what its result is. The three trainers are their recipes and nothing else.
+"""One training run, set up in one place for Mirror-BERT, MLM pre-training and GR-BERT: `run(recipe)` guards the
+outputs, settles device, precision and processes, lets the method read its data, seeds, checks a `--resume`
+(options that are not resume-safe, the method's own facts), builds the method, runs the `Engine` and ends with
+the recipe's result: where a stopped run's checkpoint is, or a finished run's output, written atomically with
+its trained state never lost (docs/development.md, "The run lifecycle"). A method supplies a `Recipe`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -29,10 +18,10 @@ from mirrorbert.reporting.timing import PhaseTimer
 from mirrorbert.runtime.device import resolve_device, resolve_precision, set_threads, tf32_matmuls
 from mirrorbert.runtime.distributed import DistContext, init_from_env
 from mirrorbert.runtime.randomness import seed_everything
-from mirrorbert.safeguards.writes import weights_size
-from mirrorbert.settings.fields import resume_safe_names
+from mirrorbert.safeguards.writes import RunPaths, guard_run, weights_size
+from mirrorbert.settings.fields import names_with
 from mirrorbert.training.checkpoints import (
-    Checkpoint, CheckpointManager, check_resume_config, guard_training_run, load_checkpoint, restore_training_state,
+    Checkpoint, CheckpointManager, check_checkpoint_root, check_resume_config, load_checkpoint, restore_training_state,
 )
 from mirrorbert.training.engine import Engine, Method, Outcome
 from mirrorbert.training.signals import InterruptFlag
@@ -118,10 +107,12 @@ def run(recipe: Recipe):
     cfg = recipe.cfg
     paths = recipe.guarded_paths()
     with set_threads(cfg.threads), contextlib.ExitStack() as locks:
-        guard_training_run(locks, output=cfg.output, overwrite=cfg.overwrite, inputs=paths.inputs,
-                           checkpoint_dir=cfg.resolved_checkpoint_dir(), resuming=cfg.resume is not None,
-                           extra_outputs=paths.extra_outputs, extra_files=paths.extra_files,
-                           model_bytes=weights_size(paths.model))
+        resuming, checkpoint_dir = cfg.resume is not None, cfg.resolved_checkpoint_dir()
+        guard_run(locks, RunPaths(cfg.output, paths.inputs, checkpoint_dir, extra_outputs=paths.extra_outputs,
+                                  extra_files=paths.extra_files, model_bytes=weights_size(paths.model)),
+                  overwrite=cfg.overwrite, resuming=resuming)
+        if int(os.environ.get("RANK", "0") or 0) == 0:  # rank 0 holds the lock
+            check_checkpoint_root(checkpoint_dir, resuming=resuming, overwrite=cfg.overwrite)
         dist = init_from_env(cfg.device) if recipe.distributed else DistContext(device=resolve_device(cfg.device))
         with tf32_matmuls(dist.device):  # TF32 for this run only (Ampere+), the caller's settings back after
             return _run(recipe, dist)
@@ -133,8 +124,11 @@ def _run(recipe: Recipe, dist: DistContext):
     with run_ctx.timer.phase("data"):
         recipe.read_data(run_ctx)
     seed_everything(cfg.seed)
-    if cfg.resume:
-        run_ctx.resume = _checked_resume(recipe, run_ctx)
+    if cfg.resume:  # refused when an option that is not resume-safe, or the method's own facts, changed
+        run_ctx.resume = resume = load_checkpoint(cfg.resume)
+        check_resume_config(resume.path, recipe.saved_config(resume), cfg.to_dict(),
+                            names_with(type(cfg), "resume_safe"))
+        recipe.check_resume(resume, run_ctx)
     method = recipe.build(run_ctx)
     engine = _engine(recipe, method, run_ctx)
     try:
@@ -145,18 +139,12 @@ def _run(recipe: Recipe, dist: DistContext):
     if outcome.stopped:
         return recipe.stopped(method, outcome, run_ctx)
     with InterruptFlag("finishing and saving the trained model first"):  # a SIGTERM now would lose the steps
-        return recipe.finish(method, outcome, engine, run_ctx)
-
-
-def _checked_resume(recipe: Recipe, run_ctx: RunContext) -> Checkpoint:
-    cfg = recipe.cfg
-    resume = load_checkpoint(cfg.resume)
-    saved, current = recipe.saved_config(resume), cfg.to_dict()
-    if saved and saved.get("precision") == run_ctx.precision:  # a checkpoint that recorded the resolved precision
-        current["precision"] = run_ctx.precision
-    check_resume_config(resume.path, saved, current, resume_safe_names(type(cfg)))
-    recipe.check_resume(resume, run_ctx)
-    return resume
+        try:
+            return recipe.finish(method, outcome, engine, run_ctx)
+        except Exception as exc:  # noqa: BLE001  the steps are done: whatever failed, their state is kept
+            if engine.saving or dist.world_size > 1:  # the save reported it, the state kept; or other ranks wait
+                raise
+            raise engine.failed_before_save(exc) from None
 
 
 def keeps_checkpoints(cfg, resuming: bool) -> bool:
@@ -170,7 +158,7 @@ def _engine(recipe: Recipe, method: Method, run_ctx: RunContext) -> Engine:
     cfg, resume = recipe.cfg, run_ctx.resume
     checkpoints = CheckpointManager(cfg.resolved_checkpoint_dir(), keep=cfg.keep_checkpoints, every=cfg.save_every,
                                     at_end=keeps_checkpoints(cfg, resume is not None))
-    engine = Engine(method, total_steps=method.total_steps, checkpoints=checkpoints, dist=run_ctx.dist,
+    engine = Engine(method, checkpoints=checkpoints, dist=run_ctx.dist,
                     desc=recipe.label, show_progress=cfg.show_progress, timer=run_ctx.timer)
     if resume is not None:
         extra = restore_training_state(resume, method.optimizer, method.scheduler, method.scaler)

@@ -1,14 +1,6 @@
-"""Training state without pickle: tensors in safetensors, everything else in JSON.
-
-Reading a pickle runs whatever code it names, so a checkpoint's optimiser moments, scheduler, grad-scaler and
-RNG state are never one: `save_state` writes two files: `NAME.safetensors` (every
-tensor and numpy array) and `NAME.json` (the structure: dicts, lists, tuples, numbers, text, and a reference
-`{"__tensor__": key}` where a tensor was). Neither format can carry code. `load_state` rebuilds the exact
-object (int dict keys, tuples, non-finite floats and dtypes included), so a resumed run is bit-exact.
-
-`load_legacy_pt` reads a `.pt` written by older mirrorbert with `torch.load(weights_only=True)` and an
-allow-list of the numpy types its RNG state holds; a pickle that names anything else is refused in one line
-naming the file, never run.
+"""Training state without pickle (which runs whatever code it names): `save_state` writes `NAME.safetensors`
+(every tensor and numpy array) and `NAME.json` (the structure, with `{"__tensor__": key}` where a tensor was);
+`load_state` rebuilds the exact object (int keys, tuples, non-finite floats, dtypes), so a resume is bit-exact.
 """
 
 from __future__ import annotations
@@ -19,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import mirrorbert.jsonio as jsonio
-from mirrorbert.errors import UserError
+from mirrorbert.errors import UserError, first_line
 
 FORMAT = "mirrorbert-training-state"
 VERSION = 1
@@ -134,68 +126,19 @@ def load_state(folder: str | os.PathLike, stem: str, option: str) -> Any:
     try:
         ck = ConfinedFolder(folder, "checkpoint", "checkpoint")
         data = ck.read_json(json_file.name, limit=JSON_LIMIT)
-        real_tensor_file = ck.check_file(tensor_file.name)
+        with ck.library_path(tensor_file.name) as checked:
+            try:
+                tensors = load_file(str(checked), device="cpu")
+            except Exception as exc:  # noqa: BLE001  safetensors raises its own error type for a damaged file
+                raise UserError(f"checkpoint {tensor_file} cannot be read ({first_line(exc)})") from None
     except UserError as exc:  # its line names the file; the option is the caller's
         raise UserError(f"{option}: {str(exc).removeprefix('checkpoint ')}") from None
-    try:
-        if data.get("format") != FORMAT or "state" not in data:
-            raise ValueError("not a mirrorbert training state")
-        if data.get("version") != VERSION:
-            raise ValueError(f"format version {data.get('version')!r}, this mirrorbert reads {VERSION}")
-    except ValueError as exc:
-        raise UserError(f"{option}: {json_file} cannot be read ({_first_line(exc)})") from None
-    try:
-        tensors = load_file(str(real_tensor_file), device="cpu")
-    except Exception as exc:  # noqa: BLE001  safetensors raises its own error type for a damaged file
-        raise UserError(f"{option}: {tensor_file} cannot be read ({_first_line(exc)})") from None
+    if data.get("format") != FORMAT or "state" not in data:
+        raise UserError(f"{option}: {json_file} cannot be read (not a mirrorbert training state)")
+    if data.get("version") != VERSION:
+        raise UserError(f"{option}: {json_file} cannot be read (format version {data.get('version')!r}, this "
+                        f"mirrorbert reads {VERSION})")
     try:
         return decode(data["state"], tensors)
     except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
-        raise UserError(f"{option}: {json_file} does not match {tensor_file.name} ({_first_line(exc)})") from None
-
-
-def legacy_safe_globals() -> list[Any]:
-    """The numpy types in the RNG state older mirrorbert pickled (`np.random.get_state()`), and nothing else."""
-    import numpy as np
-
-    try:
-        from numpy._core.multiarray import _reconstruct
-    except ImportError:  # numpy < 2
-        from numpy.core.multiarray import _reconstruct
-    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-
-
-def load_legacy_pt(path: str | os.PathLike, option: str, shown: str | os.PathLike | None = None) -> Any:
-    """A `.pt` of older mirrorbert through `torch.load(weights_only=True)`: tensors and plain values only.
-
-    A pickle that would build any other object (the way a crafted file runs code) is refused in one line.
-    `path` is the file as checked by the caller's confined reader; `shown` the name the refusal gives it.
-    """
-    import pickle
-
-    import torch
-
-    read, path = Path(path), Path(shown if shown is not None else path)
-
-    def refused(why: str) -> UserError:
-        return UserError(f"{option}: {path} is a pickle that asks for more than tensors and plain values ({why}); "
-                         "it is refused, not run (a file from an untrusted source?)")
-
-    with torch.serialization.safe_globals(legacy_safe_globals()):
-        try:  # the globals it names, found without unpickling anything
-            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(read)
-        except Exception:  # noqa: BLE001  not torch's zip format: the weights-only load below decides
-            unsafe = []
-        if unsafe:
-            raise refused(f"it names {', '.join(unsafe[:3])}")
-        try:
-            return torch.load(read, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            raise refused("torch's weights-only unpickler refused it") from None
-        except Exception as exc:  # noqa: BLE001  a truncated or foreign file raises many types
-            raise UserError(f"{option}: {path} cannot be read ({_first_line(exc)})") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        raise UserError(f"{option}: {json_file} does not match {tensor_file.name} ({first_line(exc)})") from None

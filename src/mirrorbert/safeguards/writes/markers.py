@@ -1,15 +1,13 @@
 """Markers: how mirrorbert proves it wrote every file of a folder before it replaces or removes it.
 
 A folder's marker (`MARKER`, JSON) lists the files mirrorbert wrote there with their size and SHA-256; a
-`step-N` checkpoint (or `best-model`) proves its files the same way through its manifest. A folder holding
-any other file, a listed file whose content no longer matches, or one listed without a digest, is not
-provably mirrorbert's; a folder without a marker never is (what a file says about itself is not proof).
+`step-N` checkpoint (or `best-model`) proves its files through its manifest. A folder holding any other file,
+a listed file whose content no longer matches, or one listed without a digest, is not provably mirrorbert's; a
+folder without a marker never is.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import stat
@@ -17,10 +15,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import mirrorbert.jsonio as jsonio
-from mirrorbert.safeguards.readback import NotRegularFile, json_depth_ok, open_checked
+from mirrorbert.safeguards.readback import NotRegularFile, loads_untrusted, open_checked, stream_sha256
 from mirrorbert.safeguards.writes.paths import OWN_TEMPORARY, PathLike, locate
-from mirrorbert.safeguards.writes.removal import remove_tree
-from mirrorbert.safeguards.writes.temporaries import remove_stale_temporaries, replace_file, set_aside_name
+from mirrorbert.safeguards.writes.temporaries import remove_stale_temporaries, remove_tree, replace_file, set_aside_name
 
 # Written into every folder this tool creates (trained models, MLM/GR outputs, plot folders, reproduce outputs).
 MARKER = ".mirrorbert-output"
@@ -34,6 +31,9 @@ STEP_DIR = re.compile(r"^step-\d+$")
 BEST_MODEL = "best-model"
 # A marker or checkpoint manifest larger than this is not one of ours (it is read whole to check it).
 RECORD_LIMIT = 64 << 20
+# (device, inode, size, mtime, ctime) -> SHA-256 of a file this process read (any change to a file changes its
+# ctime, which no caller can set back): a check and the rename after it each ask, a large file is read once.
+_DIGESTS: dict[tuple, str] = {}
 
 
 def _read_record(path: Path) -> Any:
@@ -45,40 +45,34 @@ def _read_record(path: Path) -> Any:
         return None
     with os.fdopen(fd, "rb") as fh:
         raw = fh.read(RECORD_LIMIT + 1)
-    if not json_depth_ok(raw):
-        return None
     try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        return loads_untrusted(raw)
+    except ValueError:
         return None
 
 
 def read_marker(folder: PathLike) -> dict[str, Any] | None:
-    """The folder's marker as a dict; None without one (a link or special file there is none). An older
-    plain-text marker, or one that cannot be read, lists no files."""
-    path = Path(folder) / MARKER
-    try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return None
-    except OSError:
-        return None
-    data = _read_record(path)
+    """The folder's marker as a dict with its `files` list; None when there is no marker mirrorbert writes
+    (none, a link or special file, or a file that is not a JSON object listing file names)."""
+    data = _read_record(Path(folder) / MARKER)
     if not isinstance(data, dict) or not isinstance(data.get("files"), list) \
             or not all(isinstance(name, str) for name in data["files"]):
-        return {"kind": "output", "files": None}
+        return None
     return data
 
 
-def files_below(folder: Path) -> list[str]:
-    """Relative paths of every non-folder entry below `folder` (links are not followed), sorted."""
-    found = []
+def files_below(folder: Path, own: bool = False) -> list[str]:
+    """Relative paths of every non-folder entry below `folder` but its marker (links are not followed), sorted;
+    `own`: leaving out mirrorbert's locks and temporaries and the subfolders with a marker of their own."""
+    found = set()
     for root, dirs, files in os.walk(folder):
         base = Path(root)
-        for name in files + [d for d in dirs if (base / d).is_symlink()]:
-            rel = (base / name).relative_to(folder).as_posix()
-            if rel != MARKER:
-                found.append(rel)
-    return sorted(found)
+        if own:
+            dirs[:] = [d for d in dirs if not (base / d / MARKER).is_file() and not OWN_TEMPORARY.match(d)]
+            files = [f for f in files if not OWN_TEMPORARY.match(f)]
+        found.update((base / name).relative_to(folder).as_posix()
+                     for name in files + [d for d in dirs if (base / d).is_symlink()])
+    return sorted(found - {MARKER})
 
 
 def _digest(path: Path) -> list | None:
@@ -91,22 +85,14 @@ def _digest(path: Path) -> list | None:
     except (OSError, NotRegularFile):
         return None
     st = os.fstat(fd)
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     with os.fdopen(fd, "rb") as fh:
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-        if key not in _DIGESTS:  # a check and the rename after it each ask: large files are read once
-            digest = hashlib.sha256()
+        if key not in _DIGESTS:
             try:
-                for block in iter(lambda: fh.read(1 << 22), b""):
-                    digest.update(block)
+                _DIGESTS[key] = stream_sha256(fh)
             except OSError:
                 return None
-            _DIGESTS[key] = digest.hexdigest()
     return [st.st_size, _DIGESTS[key]]
-
-
-# (device, inode, size, mtime, ctime) -> SHA-256 of a file this process read: any change to the file
-# changes its ctime, which no caller can set back.
-_DIGESTS: dict[tuple, str] = {}
 
 
 def _is_digest(value: Any) -> bool:
@@ -160,8 +146,7 @@ def checkpoint_stray(folder: Path) -> Path | None:
         return foreign_file(folder)
     manifest = _read_record(folder / "manifest.json")
     files = manifest.get("files") if isinstance(manifest, dict) else None
-    below = files_below(folder)
-    for rel in below:
+    for rel in files_below(folder):
         if rel == "manifest.json" and isinstance(files, dict):
             continue
         record = files.get(rel) if isinstance(files, dict) else None
@@ -176,41 +161,37 @@ def foreign_file(folder: PathLike, cache_prefix: str | None = None) -> Path | No
 
     Ours: a file the folder's marker lists with the size and SHA-256 it still has; anything in a subfolder
     (at any depth) with its own marker that proves it; in a marked folder, a `step-N` checkpoint or
-    gloss-pretrain's `best-model` whose manifest proves its files; mirrorbert's own locks and temporaries.
-    A folder without a marker, or whose marker lists nothing (older mirrorbert), holds only foreign files.
-    Files under `cache_prefix` count by being listed, not by content: a continued run sets a damaged cache
-    file aside itself (renamed, never deleted).
+    `best-model` whose manifest proves its files; mirrorbert's own locks and temporaries. A folder without a
+    marker holds only foreign files. Files under `cache_prefix` count by being listed, not by content (a
+    continued run sets a damaged cache file aside itself).
     """
     folder = Path(folder)
     marker = read_marker(folder)
-    listed = set(marker["files"]) if marker and marker.get("files") is not None else set()
+    listed = set(marker["files"]) if marker else set()
     digests = marker.get("digests") if marker and isinstance(marker.get("digests"), dict) else {}
-    trusted = {rel for rel in listed if cache_prefix and rel.startswith(cache_prefix)}
-    return _foreign_below(folder, folder, listed, marker is not None, digests, trusted)
 
+    def stray_in(current: Path) -> Path | None:
+        for entry in sorted(current.iterdir()):
+            if entry.name == MARKER or OWN_TEMPORARY.match(entry.name):
+                continue
+            if not entry.is_dir() or entry.is_symlink():
+                rel = entry.relative_to(folder).as_posix()
+                if cache_prefix and rel.startswith(cache_prefix) and rel in listed and not entry.is_symlink():
+                    continue
+                if rel not in listed or not proven(entry, digests.get(rel)):
+                    return entry  # not listed, listed without a digest, or changed since: not provably ours
+                continue
+            if (entry / MARKER).is_file() and not (entry / MARKER).is_symlink():
+                stray = foreign_file(entry)
+            elif marker is not None and (STEP_DIR.match(entry.name) or entry.name == BEST_MODEL):
+                stray = checkpoint_stray(entry)  # a checkpoint: its manifest proves it
+            else:
+                stray = stray_in(entry)
+            if stray is not None:
+                return stray
+        return None
 
-def _foreign_below(root: Path, current: Path, listed: set[str], marked: bool, digests: dict,
-                   trusted: set[str]) -> Path | None:
-    for entry in sorted(current.iterdir()):
-        name = entry.name
-        if name == MARKER or OWN_TEMPORARY.match(name):
-            continue
-        if not entry.is_dir() or entry.is_symlink():
-            rel = entry.relative_to(root).as_posix()
-            if rel in trusted and not entry.is_symlink():
-                continue  # a continued run's cache file: listed is enough (it is set aside, never deleted)
-            if rel not in listed or not proven(entry, digests.get(rel)):
-                return entry  # not listed, listed without a digest, or changed since: not provably ours
-            continue
-        if (entry / MARKER).is_file() and not (entry / MARKER).is_symlink():
-            stray = foreign_file(entry)
-        elif marked and (STEP_DIR.match(name) or name == BEST_MODEL):  # a checkpoint: its manifest proves it
-            stray = checkpoint_stray(entry)
-        else:
-            stray = _foreign_below(root, entry, listed, marked, digests, trusted)
-        if stray is not None:
-            return stray
-    return None
+    return stray_in(folder)
 
 
 def claim_files(folder: PathLike, rel_paths: Iterable[str], kind: str) -> None:
@@ -230,15 +211,8 @@ def record_files(folder: PathLike, kind: str) -> None:
     """
     folder = Path(folder)
     marker = read_marker(folder) or {}
-    owned = set()
-    for root, dirs, files in os.walk(folder):
-        base = Path(root)
-        dirs[:] = [d for d in dirs if not (base / d / MARKER).is_file() and not OWN_TEMPORARY.match(d)]
-        owned.update((base / f).relative_to(folder).as_posix() for f in files if not OWN_TEMPORARY.match(f))
-        owned.update((base / d).relative_to(folder).as_posix() for d in dirs if (base / d).is_symlink())  # links
-    owned.discard(MARKER)
     kept = {f for f in marker.get("files") or [] if (folder / f).exists()}
-    mark_folder(folder, kind, owned | kept)
+    mark_folder(folder, kind, set(files_below(folder, own=True)) | kept)
 
 
 def discard_folder(folder: PathLike) -> None:

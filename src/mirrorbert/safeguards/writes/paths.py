@@ -9,11 +9,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping
 
 from mirrorbert.errors import UserError
+from mirrorbert.safeguards.readback import describe_kind
 
 # Names of mirrorbert's own locks and temporaries (an interrupted write may leave them behind).
 OWN_TEMPORARY = re.compile(r"^\.(.+\.(lock|tmp(-.*)?|tmp\.npy|old-[0-9a-f.]+)|mirrorbert-write-test-.*)$")
@@ -35,61 +35,54 @@ def name_max(folder: PathLike) -> int:
     return NAME_MAX  # pragma: no cover
 
 
-def _bytes(name: str) -> bytes:
-    return os.fsencode(name)
-
-
 def own_name(path: PathLike, tag: str, room: int = 0) -> str:
     """The name of one of mirrorbert's own files beside `path`: `.{name}.{tag}` (a lock, a temporary, a folder
     set aside), cut and given a hash of the whole name where it would pass the filesystem's limit (`room`:
-    bytes a caller still appends, such as mkstemp's random part)."""
+    bytes a caller still appends) or is not valid UTF-8 (only its UTF-8 part is kept then)."""
     path = Path(path)
     name, tail = path.name, f".{tag}"
     limit = name_max(path.parent) - room
     full = f".{name}{tail}"
-    if len(_bytes(full)) <= limit:
+    plain = os.fsencode(name).decode("utf-8", "ignore")
+    if len(os.fsencode(full)) <= limit and plain == name:
         return full
-    digest = hashlib.sha256(_bytes(name)).hexdigest()[:12]
-    keep = max(1, limit - len(_bytes(tail)) - len(digest) - 2)
-    cut = os.fsdecode(_bytes(name)[:keep])
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+    keep = max(1, limit - len(os.fsencode(tail)) - len(digest) - 2)
+    cut = plain.encode("utf-8")[:keep].decode("utf-8", "ignore")
     return f".{cut}~{digest}{tail}"
 
 
 def check_name_length(path: PathLike, option: str) -> None:
     """Refuse, in one line naming the option, a path with a part longer than its filesystem accepts."""
     path = Path(os.path.abspath(os.path.expanduser(str(path))))
+    limit = min(NAME_MAX, name_max(path.parent))
     for part in path.parts[1:]:
-        size = len(_bytes(part))
-        if size > NAME_MAX or size > name_max(path.parent):
-            limit = min(NAME_MAX, name_max(path.parent))
+        size = len(os.fsencode(part))
+        if size > limit:
             raise UserError(f"{option} {path}: a name of {size} bytes in it is longer than the filesystem allows "
                             f"({limit}); choose a shorter name")
 
 
-_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symlink", stat.S_IFDIR: "a folder", stat.S_IFREG: "a file"}
-
-
-def mode_words(mode: int) -> str:
-    """What a file mode is, in words ("a FIFO (named pipe)", "a character device", ...)."""
-    return _KINDS.get(stat.S_IFMT(mode), "a special file")
-
-
 def kind_of(path: PathLike, follow: bool = True) -> str | None:
-    """What is at `path` in words ("a FIFO (named pipe)", "a character device", ...); None when nothing is."""
+    """What is at `path` in words ("a FIFO", "a character device", ...); None when nothing is."""
     try:
-        st = os.stat(path) if follow else os.lstat(path)
+        return describe_kind((os.stat(path) if follow else os.lstat(path)).st_mode)
     except OSError:  # FileNotFoundError included
         return None
-    return mode_words(st.st_mode)
 
 
-def check_not_special(path: PathLike, option: str, shown: Any = None) -> None:
-    """Refuse a path holding (or linking to) a device, FIFO or socket: mirrorbert replaces only files and folders."""
-    kind = kind_of(path)
+def check_place(path: PathLike, option: str) -> Path:
+    """The rules of every output's path, returning where it is written (`locate`): each name within the
+    filesystem's limit, no link to nothing among its folders, nothing but a file or a folder (or a link to one)
+    at it: mirrorbert never replaces a device, FIFO or socket."""
+    check_name_length(path, option)
+    check_no_dangling_link(path, option)
+    where = locate(path)
+    kind = kind_of(where)
     if kind not in (None, "a file", "a folder"):
-        raise UserError(f"{option} {shown if shown is not None else path}: is {kind}; mirrorbert only writes "
-                        f"regular files and folders, and never replaces anything else")
+        raise UserError(f"{option} {path}: is {kind}; mirrorbert only writes regular files and folders, and never "
+                        f"replaces anything else")
+    return where
 
 
 def resolve(path: PathLike) -> Path:
@@ -116,9 +109,13 @@ def link_words(path: Path) -> str:
     return f"a symlink to {target}{missing}"
 
 
-def _inside(child: Path, parent: Path) -> bool:
-    """`child` equals `parent` or lies somewhere below it (both already resolved)."""
-    return child == parent or parent in child.parents
+def _relation(path: Path, other: Path) -> str | None:
+    """How `path` stands to `other` (both resolved): "is", "contains", "lies inside", or None."""
+    if path == other:
+        return "is"
+    if path in other.parents:
+        return "contains"
+    return "lies inside" if other in path.parents else None
 
 
 def _each_input(inputs: Inputs) -> Iterator[tuple[str, PathLike]]:
@@ -130,47 +127,38 @@ def _each_input(inputs: Inputs) -> Iterator[tuple[str, PathLike]]:
                 yield name, item
 
 
-def check_not_overlapping(path: PathLike, option: str, inputs: Inputs, protect_cwd: bool = True) -> Path:
+def check_not_overlapping(path: PathLike, option: str, inputs: Inputs) -> Path:
     """Refuse an output that is, contains or lies inside an input, or is/contains the cwd or home."""
     target = resolve(path)
-    protected: list[tuple[str, Path]] = []
-    if protect_cwd:
-        protected.append(("the current directory", Path.cwd().resolve()))
-        home = os.environ.get("HOME")
-        if home:
-            protected.append(("the home directory", resolve(home)))
+    protected = [("the current directory", Path.cwd().resolve())]
+    if os.environ.get("HOME"):
+        protected.append(("the home directory", resolve(os.environ["HOME"])))
     for where, folder in protected:
-        if _inside(folder, target):
-            relation = "is" if folder == target else "contains"
+        relation = _relation(target, folder)
+        if relation in ("is", "contains"):
             raise UserError(f"{option} {path}: refusing to write there, it {relation} {where} ({folder})")
     for name, value in _each_input(inputs):
         if not Path(os.path.expanduser(str(value))).exists():
             continue  # a hub id or a missing file is not a folder we could damage
-        source = resolve(value)
-        if _inside(source, target) or _inside(target, source):
-            if source == target:
-                relation = "is"
-            elif _inside(source, target):
-                relation = "contains"
-            else:
-                relation = "lies inside"
+        relation = _relation(target, resolve(value))
+        if relation is not None:
             raise UserError(f"{option} {path}: refusing to write there, it {relation} the input {name} {value}")
     return target
 
 
 def check_not_nested(a: PathLike, a_option: str, b: PathLike, b_option: str) -> None:
     """Two output locations that overlap would overwrite each other (e.g. --output X --report X)."""
-    ra, rb = resolve(a), resolve(b)
-    if ra == rb:
+    relation = _relation(resolve(a), resolve(b))
+    if relation == "is":
         raise UserError(f"{a_option} {a} and {b_option} {b} are the same path (outputs may not overlap); "
                         f"give each its own")
-    if _inside(ra, rb) or _inside(rb, ra):
+    if relation is not None:
         raise UserError(f"{a_option} {a} and {b_option} {b} overlap; give them separate locations")
 
 
 def check_no_dangling_link(path: PathLike, option: str) -> None:
     """Refuse a path with a link to nothing among its folders: creating the folders would create the link's
-    target, somewhere the path does not say (a link at the output's own name is `check_replaceable`'s)."""
+    target, somewhere the path does not say."""
     lexical = Path(os.path.abspath(os.path.expanduser(str(path))))
     for folder in lexical.parents:
         if os.path.islink(folder) and not os.path.exists(folder):
@@ -181,6 +169,7 @@ def check_no_dangling_link(path: PathLike, option: str) -> None:
 def check_append_folder(path: PathLike, option: str) -> None:
     """A folder files are added to (a log or cache folder): a folder, a link to one (a cache moved to another
     disk), or nothing yet; a link to nothing, or anything but a folder, is refused."""
+    check_name_length(path, option)
     check_no_dangling_link(path, option)
     where = locate(path)
     if os.path.islink(where) and not os.path.exists(where):
@@ -191,6 +180,7 @@ def check_append_folder(path: PathLike, option: str) -> None:
 
 
 def existing_ancestor(path: Path, option: str) -> Path:
+    """The nearest existing folder at or above `path`; a file there is refused."""
     for candidate in (path, *path.parents):
         if candidate.exists():
             if not candidate.is_dir():

@@ -1,10 +1,10 @@
-"""Temporaries beside a target, named with their writer's owner record, and the one atomic replace of a file.
+"""Temporaries beside a target, named with their writer's owner record; the one atomic replace of a file; removing
+what mirrorbert wrote without following a link.
 
 A temporary is created exclusively without following links (`mkstemp`/`mkdtemp`) and renamed into place; a
-name that would pass the filesystem's limit is shortened (a hash of the name). The name carries its writer's
-owner record (pid, boot and start time), so the next writer of the same target removes what a killed run left
-there (`kill -9` runs no cleanup), and only that: this user's files and folders of that exact pattern whose
-writer is gone, never a link.
+name that would pass the filesystem's limit is shortened (`own_name`). Its name carries its writer's owner
+record (pid, boot id, start time), so the next writer of the same target removes what a killed run left there,
+and only that: this user's files and folders of that exact pattern whose writer is gone, never a link.
 """
 
 from __future__ import annotations
@@ -13,25 +13,41 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import stat
 import tempfile
 from pathlib import Path
 
+from mirrorbert.safeguards.readback import opening
 from mirrorbert.safeguards.writes.failures import write_errors
+from mirrorbert.safeguards.writes.held import held_signals
 from mirrorbert.safeguards.writes.paths import PathLike, own_name
-from mirrorbert.safeguards.writes.removal import remove_tree
 
 logger = logging.getLogger(__name__)
 
-# A temporary's owner record in its name, `{pid}.{boot}.{start}`: the writer's process id, the first hex
-# digits of the kernel's boot id and the process's start time (clock ticks since boot). A pid alone is
-# reused; with its start time and the boot it names one process, so a killed writer is told apart from a
-# live one. OWNER_ROOM: the bytes it may take in a name.
+# An owner record `{pid}.{boot}.{start}`: process id, the first hex digits of the kernel's boot id, the process's
+# start time (clock ticks since boot); OWNER_ROOM: the bytes it may take in a name.
 OWNER_ROOM = 40
 _OWNER = r"(\d+)\.([0-9a-f]{8})\.(\d+)"
-# Created folders get these permissions minus the umask (tempfile.mkdtemp makes 0700 folders).
+# Created folders and files get these permissions minus the umask (tempfile makes 0700 folders, 0600 files).
 FOLDER_MODE = 0o777
 FILE_MODE = 0o666
+_OWNER_RECORDS: dict[int, str] = {}
+
+
+def remove_tree(path: PathLike) -> None:
+    """Remove a folder mirrorbert wrote (or a file); a symlink (to a folder or anything else) is unlinked, never
+    followed (`shutil.rmtree` follows none below the top)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    with opening():  # rmtree opens each folder it empties: the boundary's own opens, no file read
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def boot_id() -> str:
@@ -55,11 +71,8 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
-_OWNER_RECORDS: dict[int, str] = {}
-
-
 def owner_record() -> str:
-    """This process's owner record, `{pid}.{boot}.{start}` (see OWNER_ROOM)."""
+    """This process's owner record, `{pid}.{boot}.{start}`."""
     pid = os.getpid()
     if pid not in _OWNER_RECORDS:  # keyed by pid: a forked child is another owner
         _OWNER_RECORDS[pid] = f"{pid}.{boot_id()}.{start_ticks(pid) or 0}"
@@ -96,18 +109,13 @@ def _temporary_prefix(target: Path, kind: str, suffix: str = "") -> str:
     return own_name(target, f"{kind}-", room=room)
 
 
-def _leftover_pattern(target: Path, suffix: str) -> re.Pattern:
-    tmp, old = _temporary_prefix(target, "tmp", suffix), _temporary_prefix(target, "old")
-    return re.compile(rf"^(?:{re.escape(tmp)}{_OWNER}-[A-Za-z0-9_]+{re.escape(suffix)}"
-                      rf"|{re.escape(old)}{_OWNER})$")
-
-
 def remove_stale_temporaries(target: PathLike, suffix: str = "") -> list[Path]:
     """Remove what a killed writer of `target` left beside it: its temporaries and set-aside copies whose
     owner record names a process that is gone. Only this user's regular files and folders whose names
     match that pattern exactly; a link, anything of another user's or of a live process stays."""
     target = Path(target)
-    pattern = _leftover_pattern(target, suffix)
+    tmp, old = _temporary_prefix(target, "tmp", suffix), _temporary_prefix(target, "old")
+    pattern = re.compile(rf"^(?:{re.escape(tmp)}{_OWNER}-[A-Za-z0-9_]+{re.escape(suffix)}|{re.escape(old)}{_OWNER})$")
     try:
         names = [entry.name for entry in os.scandir(target.parent)]
     except OSError:
@@ -117,15 +125,14 @@ def remove_stale_temporaries(target: PathLike, suffix: str = "") -> list[Path]:
         match = pattern.match(name)
         if match is None:
             continue
-        groups = [g for g in match.groups() if g is not None]
-        if not owner_gone(int(groups[0]), groups[1], int(groups[2])):
-            continue
+        pid, boot, start = [g for g in match.groups() if g is not None]
         path = target.parent / name
         try:
             st = os.lstat(path)
         except OSError:
             continue
-        if st.st_uid != os.geteuid() or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        if not owner_gone(int(pid), boot, int(start)) or st.st_uid != os.geteuid() \
+                or not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             continue
         remove_tree(path)
         logger.info("removed %s, left behind by a mirrorbert run that was killed", path)
@@ -135,22 +142,32 @@ def remove_stale_temporaries(target: PathLike, suffix: str = "") -> list[Path]:
 
 def make_temporary(target: PathLike, folder: bool = False, suffix: str = "") -> Path:
     """A new temporary file (or `folder`) beside `target`, created exclusively and never through a link,
-    whose name carries this process's owner record; a killed writer's leftovers there are removed first
-    (`remove_stale_temporaries`). `suffix` ends the file's name (`.npy`: numpy keeps a name it ends)."""
+    whose name carries this process's owner record; a killed writer's leftovers there are removed first.
+    `suffix` ends the file's name (`.npy`: numpy keeps a name it ends). It is created with signals held and
+    removed again if this call is interrupted; a caller assigns the result inside the `try` whose clean-up
+    removes it."""
     target = Path(target)
     remove_stale_temporaries(target, suffix)
     prefix = f"{_temporary_prefix(target, 'tmp', suffix)}{owner_record()}-"
-    if folder:
-        return Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=target.parent))
-    fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=target.parent)
-    os.close(fd)
-    return Path(name)
+    made = None
+    try:
+        with held_signals():
+            if folder:
+                made = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=target.parent))
+            else:
+                fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=target.parent)
+                made = Path(name)
+                os.close(fd)
+        return made
+    except BaseException:
+        if made is not None:
+            remove_tree(made)
+        raise
 
 
 def open_temporary(path: PathLike, mode: str = "wb"):
-    """A temporary (one `make_temporary` made, or a new file inside a temporary folder), opened for writing
-    without following a link at its name (it is emptied, except with mode "r+b"): what a writer hands a
-    library instead of the path, which the library would open following links."""
+    """A temporary (or a new file inside a temporary folder) opened for writing without following a link at
+    its name (emptied, except with mode "r+b"): what a writer hands a library instead of the path."""
     flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_RDWR if "+" in mode else os.O_WRONLY | os.O_TRUNC)
     return os.fdopen(os.open(path, flags, FILE_MODE), mode)
 
@@ -169,14 +186,14 @@ def current_umask() -> int:
 
 
 def fix_folder_mode(folder: PathLike) -> None:
-    """tempfile.mkdtemp makes 0700 folders (and some writers 0600 files); a finished output gets the usual
-    umask-based modes, like any folder the user would have made."""
+    """Give a finished output the usual umask-based modes (temporaries are 0700 folders, some files 0600);
+    links are never followed."""
     umask = current_umask()
     folder = Path(folder)
-    below = [Path(root) / name for root, dirs, files in os.walk(folder) for name in dirs + files]  # links not followed
+    below = [Path(root) / name for root, dirs, files in os.walk(folder) for name in dirs + files]
     for path in (folder, *below):
         with contextlib.suppress(OSError):
-            st = os.lstat(path)  # a link is never followed (chmod would change its target)
+            st = os.lstat(path)  # chmod would change a link's target
             if stat.S_ISDIR(st.st_mode):
                 os.chmod(path, FOLDER_MODE & ~umask)
             elif stat.S_ISREG(st.st_mode):
@@ -184,23 +201,18 @@ def fix_folder_mode(folder: PathLike) -> None:
 
 
 def replace_file(path: PathLike, data: str | bytes, option: str = "") -> Path:
-    """Write `data` into `path` under an exclusive temporary name beside it (created with O_EXCL, never
-    through a link) and rename it into place; inside a folder this run owns (no policy checks). A full disk
-    is one UserError naming `path` (and `option`), the temporary removed."""
-    path = Path(path)
+    """Write `data` into `path` under an exclusive temporary name beside it and rename it into place; inside a
+    folder this run owns (no policy checks). A full disk is one UserError naming `path` (and `option`)."""
+    path, name = Path(path), None
     with write_errors(path, option):
-        return _replace_file(path, data)
-
-
-def _replace_file(path: Path, data: str | bytes) -> Path:
-    name = make_temporary(path)
-    try:
-        with open_temporary(name) as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.chmod(name, FILE_MODE & ~current_umask())
-        os.replace(name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name)
-        raise
+        try:
+            name = make_temporary(path)
+            with open_temporary(name) as fh:
+                fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            os.chmod(name, FILE_MODE & ~current_umask())
+            os.replace(name, path)
+        except BaseException:
+            if name is not None:
+                remove_tree(name)
+            raise
     return path
