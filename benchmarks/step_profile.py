@@ -121,7 +121,7 @@ def profile_train(model: Path, strings: list[str], args, peak: float) -> dict:
     token_ids = tokenize_once(tok, strings, args.max_length)
     second = SecondViews(tok, strings, token_ids, "char", 5, 30, args.max_length).draw(
         derived_generator(42, STREAM_MASK, 0))
-    batches = BatchPlan(len(strings), args.batch_size, 42, STREAM_ORDER).epoch_batches(0)[: args.steps + 1]
+    batches = list(BatchPlan(len(strings), args.batch_size, 42, STREAM_ORDER).iter_batches(0))[: args.steps + 1]
     optimizer = build_optimizer(encoder, 2e-5, 0.01)
 
     def step(index: list[int]) -> None:

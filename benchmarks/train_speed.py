@@ -61,7 +61,7 @@ def same_batches(data: Path, steps: int, batch: int, seed: int = 42) -> list[lis
     from mirrorbert.training.plan import BatchPlan
 
     strings = load_training_strings(data=str(data), seed=seed).strings
-    order = BatchPlan(len(strings), batch, seed, STREAM_ORDER).epoch_batches(0)
+    order = list(BatchPlan(len(strings), batch, seed, STREAM_ORDER).iter_batches(0))
     return [[strings[i] for i in index] for index in order[: steps + 1]]
 
 

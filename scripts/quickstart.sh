@@ -29,13 +29,14 @@ bash scripts/setup_env.sh
 mkdir -p runs
 if [[ -z "${MODEL:-}" ]]; then
   # bert-base-uncased where it can be had, else the offline reference MLM (one line on stderr says which;
-  # the pre-training log goes to runs/quickstart-reference-mlm.log; the screen gets the quickstart's lines and
-  # a progress line at least every 30 s of corpus building and pre-training)
+  # the pre-training log goes to runs/quickstart-reference-mlm.log; the screen gets the quickstart's lines, each
+  # pre-training's headline and a progress line at least every 30 s of corpus building and pre-training: the
+  # heartbeat counts every line of the log, so a line it hides must not be the last one before a beat)
   if ! MODEL="$(.venv/bin/python -m mirrorbert.cli.reference_mlm --model "${QUICKSTART_DEFAULT_MODEL:-bert-base-uncased}" \
       --data-dir "$DATA_DIR" --work runs/quickstart-reference-mlm --corpus-script scripts/build_reference_corpus.py \
       --budget-s "${QUICKSTART_BUDGET_S:-600}" --architecture "${QUICKSTART_ARCH:-bert-mini}" \
       2> >(tee runs/quickstart-reference-mlm.log \
-           | grep --line-buffered -E '^quickstart:| mirrorbert\.(progress|mlm\.reference): ' >&2))"; then
+           | grep --line-buffered -E '^quickstart:| mirrorbert\.(progress|mlm\.reference): | mirrorbert\.mlm\.pretrain: MLM pre-training' >&2))"; then
     sleep 1; tail -n 5 runs/quickstart-reference-mlm.log >&2; exit 2
   fi
   MODEL="$(printf '%s\n' "$MODEL" | tail -n 1)"

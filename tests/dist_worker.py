@@ -87,7 +87,7 @@ def main(model: str, outdir: str) -> int:
         np.save(Path(outdir) / "vectors.npy", vectors)
 
     # 3. a crashed rank
-    ctx.barrier()
+    torch.distributed.barrier()
     if ctx.rank == 1:
         sys.exit(3)
     try:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -148,3 +150,35 @@ class LinearMethod:
     def checkpoint_meta(self):
         return {"config": self.config}
 
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file below `folder` with its bytes (to show that a refused command changed nothing)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_error_line(capsys, *fragments: str) -> str:
+    """The one `mirrorbert: error:` line on stderr (and no traceback), holding every fragment."""
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("mirrorbert: error:")]
+    assert len(lines) == 1, err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def can_mount() -> bool:
+    """Whether this process may mount a tmpfs (root on Linux): the tests of mount points need it."""
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        return False
+    probe = tempfile.mkdtemp()
+    try:
+        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", probe],
+                            capture_output=True).returncode == 0
+        if ok:
+            subprocess.run(["umount", probe], capture_output=True)
+        return ok
+    except OSError:
+        return False
+    finally:
+        os.rmdir(probe)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 LINE = re.compile(r"INFO mirrorbert\.progress: mirror: (\d+)/160 steps \(\d+%\), [0-9.]+ step/s, "
-                  r"(ETA \S+, elapsed \S+|done in \S+)")
+                  r"((ETA \S+, )?elapsed \S+|done in \S+)")  # no ETA before the first step
 
 
 def _train(tiny_bert, strings_file, out, *extra, interval="0.02", steps=160):

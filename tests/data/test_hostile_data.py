@@ -22,6 +22,7 @@ from mirrorbert.data import hf_datasets
 from mirrorbert.data.readers import MAX_LINE_BYTES, TextRows, json_safe_line, shown
 from mirrorbert.data.strings import check_utf8_file, read_rows, read_text_lines
 from mirrorbert.errors import UserError
+from support import one_error_line
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\r\n"), max_size=12)
 
@@ -44,12 +45,6 @@ def fifo(path: Path, rescue_after: float = 15.0) -> Path:
     return path
 
 
-def one_error(capsys) -> str:
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mirrorbert: error:")]
-    assert len(lines) == 1, lines
-    return lines[0]
-
-
 # ----------------------------------------------------------------------------- FIFOs, endless lines, wide headers
 @pytest.mark.parametrize("suffix", [".txt", ".csv", ".jsonl", ".parquet", ".arrow"])
 def test_a_fifo_is_refused_at_once_for_every_data_option(tmp_path, capsys, suffix):
@@ -67,7 +62,7 @@ def test_a_fifo_is_refused_at_once_for_every_data_option(tmp_path, capsys, suffi
         started = time.monotonic()
         assert main([str(a) for a in argv + extra]) == 2
         assert time.monotonic() - started < 10
-        line = one_error(capsys)
+        line = one_error_line(capsys)
         assert f"{path}: is a FIFO, expected a regular file" in line, line
 
 
@@ -112,7 +107,7 @@ def test_a_million_column_csv_header_is_refused_before_csv_splits_it(tmp_path, c
     started = time.monotonic()
     assert main(["encode", "--model", "unused", "--input", str(path), "--column", "c0", "--output",
                  str(tmp_path / "v.npy")]) == 2
-    assert "a header of 1000000 columns" in one_error(capsys) and time.monotonic() - started < 10
+    assert "a header of 1000000 columns" in one_error_line(capsys) and time.monotonic() - started < 10
 
 
 def test_a_table_wider_than_the_bound_is_refused(tmp_path, monkeypatch):

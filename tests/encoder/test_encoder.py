@@ -221,3 +221,22 @@ def test_search_is_a_function_that_takes_the_encoder(tiny_bert):
     encoder = Encoder.load(tiny_bert, pooling="cls")
     hits = search(encoder, "a dog", ["a dog", "stock markets fell"], top_k=1)
     assert [h.corpus_id for h in hits] == [0]
+
+
+def test_model_max_length_is_the_usable_positions_or_the_tokenizers_limit():
+    """One rule for the encoder, GR-BERT and lexical substitution: RoBERTa-style positions lose the padding
+    index and those before it; a smaller tokenizer limit wins; an unset one (a huge number) does not count."""
+    from types import SimpleNamespace
+
+    from mirrorbert.encoder.masked_lm import model_max_length
+
+    def model(**config):
+        return SimpleNamespace(config=SimpleNamespace(**config))
+
+    roberta = model(model_type="roberta", max_position_embeddings=514, pad_token_id=1)
+    assert model_max_length(roberta) == 512
+    assert model_max_length(roberta, SimpleNamespace(model_max_length=128)) == 128
+    assert model_max_length(roberta, SimpleNamespace(model_max_length=int(1e30))) == 512
+    assert model_max_length(model(model_type="bert", max_position_embeddings=64)) == 64
+    assert model_max_length(model(model_type="bert"), SimpleNamespace(model_max_length=1024)) == 1024
+    assert model_max_length(model(model_type="bert")) == 512

@@ -48,7 +48,7 @@ def test_every_rank_writing_its_slice_gives_the_whole_matrix(tmp_path):
 
 def test_one_process_job_writes_everything(tmp_path):
     target = tmp_path / "out.npy"
-    written = encode_sharded(DistContext(), _fake_encode, _source(5), 2, tmp_path / "tmp.npy", target, 4)
+    written = encode_sharded(DistContext(), _fake_encode, _source(5), 2, tmp_path / "tmp.npy", target, chunk_rows=4)
     assert written == len(TEXTS) and np.array_equal(np.load(tmp_path / "tmp.npy"), _fake_encode(TEXTS))
 
 

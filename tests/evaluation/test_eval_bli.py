@@ -12,7 +12,7 @@ import scipy.linalg
 
 from mirrorbert.errors import DatasetMissing, UserError
 from mirrorbert.evaluation import bli
-from mirrorbert.evaluation.retrieval import csls_topk
+from mirrorbert.evaluation.bli import csls_topk
 
 
 def random_rotation(d: int, seed: int) -> np.ndarray:

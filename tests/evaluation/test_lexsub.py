@@ -16,6 +16,7 @@ from mirrorbert.evaluation.lexsub_data import (
     parse_answer_line,
     read_gold,
     read_preprocessed,
+    word_span,
     write_system_file,
 )
 from mirrorbert.evaluation.lexsub_scoring import normalize_answer, prepare_gold, score_lexsub
@@ -124,8 +125,8 @@ def test_loaders_and_errors(tmp_path):
     assert [i.key for i in items] == [("side.n", "301"), ("bright.a", "1"), ("cat.n", "7")]
     it = items[0]
     assert it.target == "side" and it.lemma == "side" and it.pos == "n"
-    s, e = it.target_span()
-    assert it.sentence[s:e] == "side"
+    s, e = word_span(it.tokens, it.index)
+    assert " ".join(it.tokens)[s:e] == "side"
     assert dict(it.gold) == {"position": 2, "standpoint": 1}
     assert items[2].gold == ()
     assert LexSubItem("free.J", "1", ("free",), 0).pos == "a"
@@ -205,7 +206,7 @@ def test_word_candidates_are_whole_words(tiny):
 
 def _independent_ranking(model, tok, item, allowed):
     """Full-vocabulary logits at the target position via the model's own forward."""
-    enc = tok(item.sentence, return_tensors="pt")
+    enc = tok(" ".join(item.tokens), return_tensors="pt")
     word_ids = enc.word_ids()
     pos = [i for i, w in enumerate(word_ids) if w == item.index]
     with torch.no_grad():
@@ -234,7 +235,7 @@ def test_post_emb_matches_manual_mixture(small_data, tiny):
     ranked = LexSubGenerator(model, tok, wn, config=cfg).rank([item])[item.key]
     vocab = tok.get_vocab()
     ids, words = word_candidates(tok)
-    enc = tok(item.sentence, return_tensors="pt")
+    enc = tok(" ".join(item.tokens), return_tensors="pt")
     pos = [i for i, w in enumerate(enc.word_ids()) if w == item.index][0]
     with torch.no_grad():
         logits = model(**enc).logits[0, pos][ids].double().numpy()
@@ -295,7 +296,7 @@ def test_real_lexsub_files_load(shared_data):
     ls07 = load_lexsub("LS07", shared_data)
     assert len(ls07) == 1710
     for it in ls07[:200]:
-        assert it.target_span()[1] <= len(it.sentence)
+        assert word_span(it.tokens, it.index)[1] <= len(" ".join(it.tokens))
     gold = {it.key: dict(it.gold) for it in ls07 if it.gold}
     assert len(gold) == 1703
     ls14 = load_lexsub("LS14", shared_data)

@@ -5,7 +5,8 @@
   1 GB sparse file, invalid UTF-8; each through `mirrorbert encode` and through `Encoder.load`;
 * every path modules.json names, made `..`, absolute, or a symlink out of the folder;
 * parsers' own failures: a tokenizer whose pattern exhausts its match budget (a panic inside tokenizers),
-  `max_seq_length` beyond the model's positions, a pooling config naming an unknown mode;
+  `max_seq_length` beyond the model's positions, a pooling config naming an unknown mode, a
+  `model_max_length` that is no length (negative, zero, a string, a bool, a float, null: the model decides);
 * the sentence-transformers backend: a module folder whose config.json has an `auto_map`, a module type that
   names a function of sentence-transformers (`sentence_transformers.util.misc.import_from_string`).
 """
@@ -205,6 +206,35 @@ def _bool_pooling_flag(ctx: Context) -> None:
     path.write_text(json.dumps(cfg), encoding="utf-8")
 
 
+def _tokenizer_max_length(value):
+    """tokenizer_config.json's model_max_length set to something that is no length: the model's positions
+    decide, as for a tokenizer that sets none."""
+    def setup(ctx: Context) -> None:
+        folder = saved_model(ctx)
+        path = folder / "tokenizer_config.json"
+        config = json.loads(path.read_text(encoding="utf-8"))
+        config["model_max_length"] = value
+        path.write_text(json.dumps(config), encoding="utf-8")
+    return setup
+
+
+def _same_vectors(ctx: Context, result: Result) -> str | None:
+    """The load gives the untouched model's vectors, up to its own maximum length."""
+    import numpy as np
+
+    from mirrorbert.encoder.model import Encoder
+
+    texts = ["a heart attack", " ".join(["the bank"] * 300)]
+    intact = Encoder.load(ctx.env["root"] / "saved-model", device="cpu")
+    if result.value.max_length != intact.max_length:
+        return f"max_length {result.value.max_length}, the untouched model's {intact.max_length}"
+    same = np.allclose(result.value.encode(texts), intact.encode(texts), atol=1e-5)
+    return None if same else "other vectors than the untouched model's"
+
+
+NO_LENGTH = {"negative": -1, "zero": 0, "string": "512", "bool": True, "float": 3.5, "null": None}
+
+
 def _train_command(ctx: Context) -> list[str]:
     return ["train", "--model", ctx.folder / "model", "--data", ctx.env["data"], "--output", ctx.folder / "out",
             "--steps", "1", "--batch-size", "4", "--device", "cpu"]
@@ -227,6 +257,11 @@ def _parsers() -> list[FileCase]:
                                ("pooling-flag-not-bool", _bool_pooling_flag, ("1_Pooling", "pooling_mode"))):
         found.append(FileCase(f"mf-encode-{slug}", WHAT_PARSER, setup, _encode_command, REFUSED, names, timeout=60))
         found.append(FileCase(f"mf-load-{slug}", WHAT_PARSER, setup, _load, REFUSED, names, timeout=60))
+    for slug, value in NO_LENGTH.items():
+        found.append(FileCase(f"mf-encode-model-max-length-{slug}", WHAT_PARSER, _tokenizer_max_length(value),
+                              _encode_command, WORKS, check=_encode_worked, timeout=60))
+        found.append(FileCase(f"mf-load-model-max-length-{slug}", WHAT_PARSER, _tokenizer_max_length(value), _load,
+                              WORKS, check=_same_vectors, timeout=60))
     found.append(FileCase("mf-train-tokenizer-panic", WHAT_PARSER, _panicking_tokenizer, _train_command, REFUSED,
                           ("tokenizer",), timeout=90))
     found.append(FileCase("mf-api-train-tokenizer-panic", WHAT_PARSER, _panicking_tokenizer, _api_train, REFUSED,

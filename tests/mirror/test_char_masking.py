@@ -139,7 +139,7 @@ def test_train_writes_the_masking_shares_of_every_epoch(tiny_bert, corpus, tmp_p
     expected = SecondViews.from_lists(tok, strings, tokenize_once(tok, strings, 16), "char", 3, 30, 16)
     plan = BatchPlan(len(strings), 6, 4, STREAM_ORDER)
     for epoch in range(2):  # the shares of the batches trained (a trailing single string is never trained)
-        for batch in plan.epoch_batches(epoch):
+        for batch in plan.iter_batches(epoch):
             expected.views_for(batch, 4, epoch)
     assert result.info["masked_token_share"] == meta["masked_token_share"] == expected.stats.shares()["masked_token_share"]
     assert meta["masked_string_share"] == expected.stats.shares()["masked_string_share"]
@@ -161,7 +161,7 @@ def test_views_made_ahead_but_never_trained_are_not_counted(tiny_bert, corpus, t
     tok = AutoTokenizer.from_pretrained(tiny_bert)
     strings = load_training_strings(data=str(data)).strings
     expected = SecondViews.from_lists(tok, strings, tokenize_once(tok, strings, 16), "char", 3, 30, 16)
-    batches = BatchPlan(len(strings), 2, 9, STREAM_ORDER).epoch_batches(0)
+    batches = list(BatchPlan(len(strings), 2, 9, STREAM_ORDER).iter_batches(0))
     assert len(batches) > 2 + 2  # more batches than trained exist to be made ahead
     for batch in batches[:2]:
         expected.views_for(batch, 9, 0)

@@ -166,7 +166,9 @@ def test_tokenizer_without_mask_token_is_a_user_error(bert_tok):
         MlmMasker.from_tokenizer(NoMask())
 
 
-def test_bad_probabilities_are_user_errors(bert_tok):
+def test_bad_probabilities_are_refused_by_the_config():
+    from mirrorbert.mlm.config import PretrainConfig
+
     for probability in (0.0, 1.0):
-        with pytest.raises(UserError, match="mlm-probability"):
-            MlmMasker.from_tokenizer(bert_tok, probability=probability)
+        with pytest.raises(UserError, match="mlm_probability"):
+            PretrainConfig(corpus=["c.txt"], model="m", mlm_probability=probability)

@@ -198,3 +198,19 @@ def test_cli_main_end_to_end(tmp_path, toy_corpus, tiny_bert, capsys):
     (tmp_path / "again").mkdir()
     assert cli.main(_cli_args(tmp_path / "again", tmp_path / "missing.txt", tiny_bert)) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_the_quickstart_screen_shows_the_pretraining_headline(tmp_path, toy_corpus, tiny_bert, caplog):
+    """The heartbeat counts every logged line; the quickstart's screen filter must not hide the headline, the
+    last line before the first beat of the pre-training, or the screen goes silent for longer than the beat."""
+    import logging
+    import re
+
+    quickstart = (Path(__file__).resolve().parents[2] / "scripts" / "quickstart.sh").read_text(encoding="utf-8")
+    screen = re.compile(re.search(r"grep --line-buffered -E '([^']+)'", quickstart).group(1))
+    caplog.set_level(logging.INFO)
+    pretrain(_cfg(tmp_path, toy_corpus, model=str(tiny_bert), epochs=1, stop_after_steps=1))
+    form = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    lines = [form.format(record) for record in caplog.records if record.name.startswith("mirrorbert.mlm.pretrain")]
+    headline = next(line for line in lines if "train sequences" in line)
+    assert screen.search(headline), headline

@@ -18,6 +18,7 @@ from mirrorbert.encoder.model import Encoder
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.confined import ConfinedFolder
 from mirrorbert.safeguards.writes import MARKER
+from support import one_error_line, snapshot
 
 TEXTS = ["a cat sat on the mat", "heart attack", "the bank raised rates"]
 REPO = "me/tiny-encoder"
@@ -26,20 +27,6 @@ REPO = "me/tiny-encoder"
 def upload_files(folder: Path) -> list[str]:
     """The files of a saved model folder that would go to the Hub, sorted."""
     return list(hub.list_upload(ConfinedFolder(folder, "--model", kind="model folder")))
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def one_error_line(capsys, *fragments: str) -> str:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if line.startswith("mirrorbert: error:")]
-    assert len(lines) == 1, err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +84,8 @@ def test_dry_run_writes_exactly_the_upload(saved, tmp_path, capsys, no_model_loa
     record = dry_run(capsys, saved, out)
     written = snapshot(out)
     # the marker is the write policy's claim on the dry-run folder; it is not part of the upload
-    assert set(written) - {MARKER} == set(record["files"]) == set(hub.plan_upload(saved, REPO).files)
+    planned = hub.plan_upload(hub.open_model_folder(saved), REPO)
+    assert set(written) - {MARKER} == set(record["files"]) == set(planned.files)
     assert record["files"] == upload_files(saved) and record["repo"] == REPO
     assert record["bytes"] == sum(len(v) for k, v in written.items() if k != MARKER)
     for name in ("model.safetensors", "config.json", "tokenizer.json", "modules.json", "1_Pooling/config.json",

@@ -18,6 +18,7 @@ from mirrorbert.publish import hub
 from mirrorbert.publish.model_card import model_architecture, public_name, render_model_card
 from mirrorbert.safeguards.confined import ConfinedFolder
 from mirrorbert.safeguards.writes import MARKER
+from support import one_error_line
 
 REPO = "me/tiny-encoder"
 SECRET = "SECRET-FROM-OUTSIDE"
@@ -64,13 +65,7 @@ def refused(capsys, model: Path, out: Path, *fragments: str) -> str:
     lines = []
     for argv in (["--dry-run", "--output", str(out)], []):
         assert main(["push", "--model", str(model), "--repo", REPO, *argv]) == 2
-        err = capsys.readouterr().err
-        assert "Traceback" not in err, err
-        errors = [line for line in err.splitlines() if line.startswith("mirrorbert: error:")]
-        assert len(errors) == 1, err
-        for fragment in fragments:
-            assert fragment in errors[0], errors[0]
-        lines.append(errors[0])
+        lines.append(one_error_line(capsys, *fragments))
     assert not out.exists()
     assert not [p for p in model.parent.iterdir() if ".tmp-push-" in p.name]
     return lines[0]

@@ -98,6 +98,28 @@ def test_inside_a_long_step_the_open_bar_speaks_and_counts_it_as_its_line(fake_b
     assert lines[-1].startswith("still running eval: ")  # the closed bar is no longer spoken for
 
 
+def test_a_phase_open_under_a_second_within_a_bar_gives_only_the_bar_line(fake_beat, monkeypatch):
+    beat, clock, lines = fake_beat
+    monkeypatch.setattr(progress, "say", lambda line: None)
+    with beating("running train", interval=3600):
+        bar = LogProgress(total=47, desc="mirror", unit="step", interval=30)
+        heartbeat.track(bar)
+        clock.now += 30
+        with activity("masking a batch"):
+            clock.now += 0.5
+            beat.beat()
+            assert lines[-1].startswith("mirror: 0/47 steps")  # a phase of half a second is noise
+            clock.now += 30
+            beat.beat()
+            assert lines[-1].startswith("still masking a batch: 30s; mirror: 0/47 steps")
+        bar.close()
+    clock.now += 30
+    with activity("masking a batch"):  # no bar: the phase is named however short
+        clock.now += 0.5
+        beat.beat()
+    assert lines[-1] == "still masking a batch: 0s"
+
+
 def test_a_tqdm_bar_on_a_terminal_is_redrawn_not_written_across(fake_beat):
     class Bar:
         desc, disable, refreshed = "encode", False, 0

@@ -1,8 +1,7 @@
 """Several processes on CPU (gloo): gathered negatives, DDP, rank-0 output, resume across world sizes, encode.
 
-The multi-process tests launch `torchrun --standalone --nproc_per_node 2` exactly as users do. Each one is
-bounded: the process group times out (MIRRORBERT_DIST_TIMEOUT) and the launcher itself is killed after
-PROCESS_TIMEOUT_S; the launcher forwards its SIGTERM to the workers it started.
+The multi-process tests launch `torchrun --standalone --nproc_per_node 2` as users do, each bounded by
+MIRRORBERT_DIST_TIMEOUT and PROCESS_TIMEOUT_S (the launcher, killed, forwards its SIGTERM to its workers).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -52,6 +53,17 @@ def test_a_link_out_is_refused_naming_the_file_that_named_it(folder):
         ConfinedFolder(folder, "--index", "index folder").read_json("link.json", named_in="manifest.json")
     message = str(caught.value)
     assert "manifest.json names 'link.json'" in message and "leads out of the index folder" in message
+
+
+def test_a_link_swapped_back_for_a_file_mid_walk_is_refused(folder, monkeypatch):
+    os.symlink("config.json", folder / "alias.json")
+
+    def swapped(*args, **kwargs):  # what readlink says when the link became a file after the walk's stat
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "readlink", swapped)
+    with pytest.raises(UserError, match="alias.json: changed while it was read"):
+        ConfinedFolder(folder, "--model").read_json("alias.json")
 
 
 def test_a_fifo_is_refused_at_once(folder):

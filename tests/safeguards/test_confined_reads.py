@@ -1,11 +1,9 @@
 """Libraries that open files from native code never get a path into a stranger's folder.
 
-Python-level opens are watched at run time (tests/audit_opens.py: every test fails when mirrorbert opens a file
-of an untrusted folder around the reader). tokenizers, safetensors, faiss, onnxruntime, OpenVINO, pyarrow and
-numpy's memmap open files from native code, which raises no audit event; so every call of theirs that takes a
-file is checked here, by what it is handed: a name bound by `ConfinedFolder.library_path(...)` (the checked
-descriptor), the private snapshot of a model (`ModelHandle.path`, `snapshot.path`), or an open file object or
-buffer the reader made. The only other files such a call may read are named in PACKAGED, with the reason.
+Python-level opens are watched at run time (tests/audit_opens.py). Native readers (tokenizers, safetensors,
+faiss, onnxruntime, OpenVINO, pyarrow, numpy's memmap) raise no audit event, so each call of theirs that takes a
+file is checked here by what it is handed: a name bound by `library_path(...)`, a model's private snapshot
+(`ModelHandle.path`, `snapshot.path`), or a file object or buffer the reader made; else PACKAGED, with the reason.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ def environment(tmp_path_factory, shared_data):
 def test_the_table_has_every_class_and_unique_ids():
     cases = harness.build_cases(_PLACEHOLDER)
     assert len(set(_IDS)) == len(_IDS)
-    assert len(cases) >= 450
+    assert len(cases) >= 860
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""No code from files (issue 26): remote code only with --trust-remote-code, never a prompt; pickle weights read
+"""No code from files: remote code only with --trust-remote-code, never a prompt; pickle weights read
 without running anything; encoder/source.py the one place that loads configs, tokenizers and models."""
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Issue 34, the write side: what a killed run leaves is removed by the next writer, and nothing is deleted or
-written on a file's word.
-
-Temporaries carry their writer's owner record (pid, boot, start time), so the next writer of the same target
-removes those whose writer is gone (really killed here with SIGKILL) and nothing else: not a live writer's,
-not another user's, not a link, not a name without an owner record. A marker or checkpoint manifest proves a
-file only with a real digest of the file as it is. A link at an output's name is replaced, never followed; a
-folder swapped for a link mid-write is refused; a mount point is never an output; a path that cannot hold a
-folder (a file in it, a link to nothing, /proc) is one line.
+"""What a killed run (really killed, SIGKILL) leaves is removed by the next writer, and nothing else; nothing is
+deleted or written on a file's word: a marker or manifest proves a file only with its real digest; a link at an
+output is replaced, never followed; a mount point is never an output; a path that cannot hold a folder is one line.
 """
 
 from __future__ import annotations
@@ -31,6 +25,7 @@ from mirrorbert.safeguards.writes.paths import OWN_TEMPORARY
 from mirrorbert.safeguards.writes.plan import check_checkpoints_proven, check_replaceable
 from mirrorbert.safeguards.writes.temporaries import (boot_id, owner_gone, owner_record, remove_stale_temporaries,
                                                       set_aside_name, start_ticks)
+from support import can_mount
 
 NOBODY = 65534
 
@@ -381,24 +376,7 @@ def test_a_folder_swapped_for_a_link_mid_write_is_refused_and_nothing_lands_anyw
 
 
 # --------------------------------------------------------------------------- places that cannot be written
-def _can_mount() -> bool:
-    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
-        return False
-    probe = Path(os.path.realpath(os.environ.get("TMPDIR", "/tmp"))) / f"mirrorbert-mount-probe-{os.getpid()}"
-    probe.mkdir()
-    try:
-        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(probe)],
-                            capture_output=True).returncode == 0
-        if ok:
-            subprocess.run(["umount", str(probe)], capture_output=True)
-        return ok
-    except OSError:
-        return False
-    finally:
-        probe.rmdir()
-
-
-@pytest.mark.skipif(not _can_mount(), reason="needs root and permission to mount a tmpfs")
+@pytest.mark.skipif(not can_mount(), reason="needs root and permission to mount a tmpfs")
 def test_a_mount_point_is_never_an_output(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()

@@ -1,10 +1,6 @@
-"""No write follows a link or replaces what is not ours; failures lose nothing (issue 26).
-
-The write policy (`mirrorbert.safeguards.writes`) creates its locks and temporaries exclusively without following links,
-replaces only regular files and folders, removes a symlinked folder by unlinking it, publishes only regular
-files, turns a full disk (or a name too long) into one line, and the API leaves an encoder as it was when a
-call fails. Faults are simulated with links, FIFOs, sockets, monkeypatched system calls and (where this
-process may mount one) a small tmpfs; never with chmod, since the tests may run as root.
+"""No write follows a link or replaces what is not ours; failures lose nothing: a full disk or a name too long is
+one line, and a failed API call leaves an encoder as it was. Faults are simulated with links, FIFOs, sockets,
+monkeypatched system calls and (where this process may mount one) a tmpfs; never with chmod (tests may run as root).
 """
 
 from __future__ import annotations
@@ -15,8 +11,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +22,7 @@ from mirrorbert.safeguards.writes.markers import foreign_file
 from mirrorbert.safeguards.writes.paths import OWN_TEMPORARY, own_name
 from mirrorbert.safeguards.writes.plan import check_replaceable, check_replaceable_file
 from mirrorbert.errors import UserError
+from support import can_mount
 
 
 def _victim(path: Path, content: bytes = b"precious\n") -> Path:
@@ -304,23 +299,7 @@ def test_preallocation_turns_a_full_disk_into_an_error_before_the_memory_map(tmp
     assert calls == [1 << 20]
 
 
-def _can_mount() -> bool:
-    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
-        return False
-    probe = tempfile.mkdtemp()
-    try:
-        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", probe],
-                            capture_output=True).returncode == 0
-        if ok:
-            subprocess.run(["umount", probe], capture_output=True)
-        return ok
-    except OSError:
-        return False
-    finally:
-        os.rmdir(probe)
-
-
-@pytest.mark.skipif(not _can_mount(), reason="needs root and permission to mount a tmpfs")
+@pytest.mark.skipif(not can_mount(), reason="needs root and permission to mount a tmpfs")
 def test_encode_to_npy_on_a_nearly_full_tmpfs_is_an_error_not_a_sigbus(tmp_path):
     from mirrorbert.encoder.streaming import ChunkedInput, encode_to_npy
 

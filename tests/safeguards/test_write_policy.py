@@ -1,9 +1,6 @@
-"""The write policy (issue 17): every command writes every path through `mirrorbert.safeguards.writes`.
-
-The seven data-loss cases of the issue each run through the real CLI and then show that nothing was
-lost; the parametrised test shows every writing command refuses, before any model is loaded, an
-output inside its input and an existing file or folder without --overwrite. Faults are simulated by
-putting files where folders go, never by chmod (the tests may run as root).
+"""The write policy: every command writes every path through `mirrorbert.safeguards.writes`. Each data-loss case
+runs through the real CLI and shows that nothing was lost; every writing command refuses, before any model is
+loaded, an output inside its input and an existing file or folder without --overwrite.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ from mirrorbert.safeguards import writes as safety
 from mirrorbert.safeguards.writes.markers import foreign_file
 from mirrorbert.cli.app import main
 from mirrorbert.errors import UserError
+from support import one_error_line, snapshot
 
 
 @pytest.fixture
@@ -52,18 +50,6 @@ def no_model_load(monkeypatch):
     monkeypatch.setattr(mirrorbert.encoder.model.Encoder, "load", trap)
     for name in ("AutoConfig", "AutoTokenizer", "AutoModel", "AutoModelForMaskedLM"):
         monkeypatch.setattr(getattr(transformers, name), "from_pretrained", trap)
-
-
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def one_error_line(capsys, *fragments: str) -> str:
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mirrorbert: error:")]
-    assert len(err) == 1, err
-    for fragment in fragments:
-        assert fragment in err[0], err[0]
-    return err[0]
 
 
 def refused(capsys, argv: list[str], *fragments: str) -> str:

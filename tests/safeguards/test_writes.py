@@ -1,7 +1,5 @@
-"""Never lose a user's files (issue 11, sections 1-2): path rules, --overwrite, locks, typed config, up-front checks.
-
-Every data-loss case is run through the real CLI and then shows that nothing was lost; every up-front
-check shows its one-line error with the model loader replaced by a trap, so it provably came first.
+"""Never lose a user's files: path rules, --overwrite, locks, typed config, up-front checks, each through the real
+CLI; an up-front check's one line comes with the model loader replaced by a trap, so it provably came first.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ from mirrorbert.safeguards.writes.paths import check_not_overlapping
 from mirrorbert.cli.app import main
 from mirrorbert.mirror.config import load_config_file, resolve_config
 from mirrorbert.errors import UserError
+from support import one_error_line, snapshot
 
 
 @pytest.fixture
@@ -49,21 +48,9 @@ def no_model_load(monkeypatch):
     monkeypatch.setattr(mirrorbert.mirror.train, "open_start_model", trap)
 
 
-def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 def train_args(model, data, output, *extra) -> list[str]:
     return ["train", "--model", str(model), "--data", str(data), "--output", str(output), "--steps", "1",
             "--batch-size", "4", "--max-length", "16", "--no-progress", "--device", "cpu", *extra]
-
-
-def one_error_line(capsys, *fragments: str) -> str:
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mirrorbert: error:")]
-    assert len(err) == 1, err
-    for fragment in fragments:
-        assert fragment in err[0], err[0]
-    return err[0]
 
 
 # --------------------------------------------------------------------------- section 1: data loss

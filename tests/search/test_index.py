@@ -189,7 +189,7 @@ def test_an_index_s_texts_are_read_when_a_hit_needs_them_not_held(capsys, tiny_b
     corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
     folder = tmp_path / "index"
     assert run(capsys, ["index", "--model", tiny_bert, "--corpus", corpus, "--output", folder, "--no-progress"])[0] == 0
-    index = SearchIndex.from_stored(read_index(folder, check_index(Path(folder), str(tiny_bert)), use_faiss=False))
+    index = SearchIndex(**read_index(folder, check_index(Path(folder), str(tiny_bert)), use_faiss=False))
     assert isinstance(index.texts, StoredTexts) and len(index.texts) == len(lines)
     assert list(index.texts) == lines and index.texts[-1] == "last" and index.texts[1:3] == lines[1:3]
     with pytest.raises(IndexError):

@@ -61,7 +61,7 @@ def test_ties_go_to_the_smaller_id_on_every_path(use_faiss):
 @has_faiss
 def test_faiss_equals_exact_path_on_tie_heavy_count_vectors():
     """Bag-of-n-gram counts tie (and nearly tie after rounding) all the time: faiss must still agree."""
-    from mirrorbert.evaluation.retrieval import csls_topk
+    from mirrorbert.evaluation.bli import csls_topk
 
     rng = np.random.default_rng(2)
     keys = rng.poisson(0.3, size=(2000, 24)).astype(np.float32)

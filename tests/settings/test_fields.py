@@ -1,8 +1,7 @@
 """An option is declared once, on its config field: its flag, its --help, its checks, whether a resume may change
 it, whether a preset sets it and whether the model card shows it all come from that field (settings/fields.py).
 
-The expected sets below are written out, so that a change to what a resume accepts, what a preset sets or what
-the card shows is a visible change to this file, never a silent one.
+The expected sets below are written out: a change to what a resume, a preset or the card takes shows here.
 """
 
 from __future__ import annotations

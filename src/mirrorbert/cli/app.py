@@ -60,8 +60,7 @@ class AppOptions(Options):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="mirrorbert", description="Mirror-BERT and GR-BERT: turn masked language models into word, "
-                                                   "phrase and sentence encoders.")
-    parser.add_argument("--version", action="version", version=f"mirrorbert {__version__}")
+                                                   "phrase and sentence encoders.", version=f"mirrorbert {__version__}")
     add_options(parser, AppOptions)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add_command in (add_train_parser, add_encode_parser, add_search_parser, add_index_parser, add_export_parser,

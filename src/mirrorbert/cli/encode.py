@@ -66,7 +66,7 @@ def run_encode(args) -> int:
 
     from mirrorbert.encoder.streaming import chunked_input
     from mirrorbert.runtime.device import check_device_and_precision
-    from mirrorbert.runtime.distributed import launched_world_size
+    from mirrorbert.runtime.distributed import launch_environment
 
     opts = options_from_args(EncodeOptions, args)  # every value checked here, as in Python
     output = Path(opts.output)
@@ -84,7 +84,7 @@ def run_encode(args) -> int:
         source = chunked_input(opts.input, opts.column, opts.field, opts.skip_bad_lines,  # before the model loads
                                header=opts.header)
         if opts.quantize == "float32":  # vectors straight to disk, chunk by chunk (each process its own rows)
-            encode_on_disk = _encode_streaming if launched_world_size() == 1 else _encode_sharded
+            encode_on_disk = _encode_streaming if launch_environment()[0] == 1 else _encode_sharded
             n_rows, dim, pooling = encode_on_disk(opts, source, output)
             if n_rows is None:
                 return 0
@@ -130,13 +130,19 @@ def note_if_untuned(encoder, model: str) -> None:
             "TEXTS --output DIR) or use a sentence encoder", model, heads[0], model)
 
 
+def load_encoder(opts, device: str):
+    """The encoder --model names, with --pooling and --max-length (encode, search, index, export)."""
+    from mirrorbert.encoder.model import Encoder
+
+    return Encoder.load(opts.model, pooling=opts.pooling, device=device, max_length=opts.max_length,
+                        trust_remote_code=opts.trust_remote_code, cli=True)
+
+
 def _chunk_encoder(opts, device: str):
     """The encoder --model names, and the function that encodes a list of strings as the options ask."""
-    from mirrorbert.encoder.model import Encoder
     from mirrorbert.encoder.packing import packing_flag
 
-    encoder = Encoder.load(opts.model, pooling=opts.pooling, device=device, max_length=opts.max_length,
-                           trust_remote_code=opts.trust_remote_code, cli=True)
+    encoder = load_encoder(opts, device)
     note_if_untuned(encoder, opts.model)
 
     def encode(chunk: list[str], show_progress: bool = False):
@@ -170,10 +176,11 @@ def _encode_sharded(opts, source, output: Path):
     show = opts.show_progress and dist_ctx.is_main
     with progress_bar(total=stop - start, show=show, desc="encode (rank 0's rows)", unit="string") as bar:
         if not dist_ctx.is_main:
-            encode_sharded(dist_ctx, encode, source, encoder.dim, None, output, STREAM_ROWS)
+            encode_sharded(dist_ctx, encode, source, encoder.dim, None, output, chunk_rows=STREAM_ROWS)
             return None, encoder.dim, encoder.pooling
         with atomic_output_file(output, overwrite=opts.overwrite) as tmp:
-            encode_sharded(dist_ctx, encode, source, encoder.dim, Path(tmp), output, STREAM_ROWS, bar.update)
+            encode_sharded(dist_ctx, encode, source, encoder.dim, Path(tmp), output, chunk_rows=STREAM_ROWS,
+                           on_rows=bar.update)
     return source.count, encoder.dim, encoder.pooling
 
 

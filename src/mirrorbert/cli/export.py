@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass
 
 import mirrorbert.jsonio as jsonio
-from mirrorbert.cli.encode import ENCODER
+from mirrorbert.cli.encode import ENCODER, load_encoder
 from mirrorbert.cli.options import command, options_from_args
 from mirrorbert.settings.choices import DEFAULT_ONNX_OPSET, EXPORT_FORMATS, EXPORT_MIN_COSINE
 from mirrorbert.settings.fields import option
@@ -52,11 +52,9 @@ def run_export(args) -> int:
     opts = options_from_args(ExportOptions, args)  # every value checked, as in Python
     check_export_packages(opts.formats)  # before the model loads
     with WritePlan({"--model": opts.model}, overwrite=opts.overwrite).folder("--output", opts.output).locked():
-        from mirrorbert.encoder.model import Encoder
         from mirrorbert.encoder.export import ExportMismatch, write_export
 
-        encoder = Encoder.load(opts.model, pooling=opts.pooling, device="cpu", max_length=opts.max_length,
-                               trust_remote_code=opts.trust_remote_code, cli=True)
+        encoder = load_encoder(opts, "cpu")
         print(f"exporting {opts.model} ({encoder.pooling} pooling) to {', '.join(opts.formats)} -> {opts.output}",
               file=sys.stderr)
         with atomic_output_dir(opts.output, overwrite=opts.overwrite, kind="export") as tmp:

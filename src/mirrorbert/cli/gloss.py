@@ -18,7 +18,6 @@ from mirrorbert.settings.fields import option
 from mirrorbert.settings.validation import Options
 
 
-# The --help groups of `gloss-pretrain`, in order, by the `group` key of GlossPretrainConfig's fields.
 GLOSS_GROUPS = {"output": "model, data and output", "data": "model, data and output", "method": "method",
                 "optimisation": "optimisation", "hardware": "hardware and bookkeeping"}
 

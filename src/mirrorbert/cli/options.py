@@ -1,13 +1,6 @@
-"""The one place command-line flags are made: from the fields of a command's options dataclass.
-
-    command(sub, "encode", run_encode, EncodeOptions, summary="encode strings into a .npy matrix")
-
-adds the subcommand with one flag per option field (settings/fields.py): its spelling, its help with its default
-(or "(required)", and what each preset sets), argparse's type from the annotation (a list as comma-separated
-values, repeated flags (`repeat`) or several values (`nargs`); a mapping as repeated KEY=VALUE), store_true or
-store_false for a bool. The values are checked by the fields' own rules when `options_from_args` makes the
-options. Every parser is a `Parser`: no abbreviations, and a mistake is one line naming the likely flag.
-"""
+"""The one place command-line flags are made: `command` adds a subcommand with one flag per option field of its
+options dataclasses (settings/fields.py), checked by the fields' own rules when `options_from_args` makes the
+options. Every parser is a `Parser`: no abbreviations, and a mistake is one line naming the likely flag."""
 
 from __future__ import annotations
 
@@ -28,9 +21,11 @@ from mirrorbert.settings.typed import union_members
 class Parser(argparse.ArgumentParser):
     """argparse without abbreviations, whose errors are one line naming the option (did-you-mean included)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, version: str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        if version:
+            self.add_argument("--version", action="version", version=version)
 
     def error(self, message: str) -> typing.NoReturn:
         """A UserError (one line, exit 2, as any user mistake), never argparse's usage dump and exit."""

@@ -9,7 +9,6 @@ from mirrorbert.cli.options import command, options_from_args
 from mirrorbert.cli.train import stopped
 from mirrorbert.mlm.config import PretrainConfig
 
-# The --help groups of `pretrain-mlm`, in order, by the `group` key of the fields.
 GROUPS = {"output": "model and output", "data": "data and objective", "optimisation": "optimisation",
           "hardware": "hardware and bookkeeping"}
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mirrorbert.jsonio as jsonio
-from mirrorbert.cli.encode import ENCODER, TEXT_FILES
+from mirrorbert.cli.encode import ENCODER, TEXT_FILES, load_encoder
 from mirrorbert.cli.options import command, options_from_args
 from mirrorbert.errors import UserError
 from mirrorbert.settings.choices import AUTO_IVF_ROWS, INDEX_TYPES, SEARCH_QUANTIZATIONS
@@ -155,7 +155,7 @@ def run_search(args) -> int:
         results, ids = _search_streamed(opts, queries, use_faiss)
     else:  # quantisation ranges come from the whole corpus's vectors: it is encoded whole
         ids, _, texts = _corpus_stream(opts)
-        encoder = _corpus_encoder(opts)
+        encoder = load_encoder(opts, opts.device)
         index = build_index(encoder, [text for chunk in texts() for text in chunk], batch_size=opts.batch_size,
                             use_faiss=use_faiss, show_progress=opts.show_progress)
         results = search(encoder, queries, index, top_k=opts.top_k, batch_size=opts.batch_size, use_faiss=use_faiss,
@@ -199,17 +199,10 @@ def _open_index(opts, use_faiss):
     check_max_length(manifest.max_length, encoder.model.config, f"--index {folder / MANIFEST}: max_length",
                      str(model))
     encoder.max_length = manifest.max_length  # what the vectors were encoded with
-    index = SearchIndex.from_stored(read_index(folder, manifest, use_faiss, corpus=opts.corpus,
-                                               skip_bad_lines=opts.skip_bad_lines))
+    index = SearchIndex(**read_index(folder, manifest, use_faiss, corpus=opts.corpus,
+                                     skip_bad_lines=opts.skip_bad_lines))
     check_vectors_match_model(encoder, index, folder)
     return encoder, index
-
-
-def _corpus_encoder(opts):
-    from mirrorbert.encoder.model import Encoder
-
-    return Encoder.load(opts.model, pooling=opts.pooling, device=opts.device, max_length=opts.max_length,
-                        trust_remote_code=opts.trust_remote_code, cli=True)
 
 
 def _search_streamed(opts, queries: list[str], use_faiss):
@@ -219,7 +212,7 @@ def _search_streamed(opts, queries: list[str], use_faiss):
     from mirrorbert.search.streaming import RunningTopK
 
     ids, rows, texts = _corpus_stream(opts)  # the file is read and checked before the model loads
-    encoder = _corpus_encoder(opts)
+    encoder = load_encoder(opts, opts.device)
     running = RunningTopK(encoder.encode(queries, batch_size=opts.batch_size, normalize=True), opts.top_k,
                           use_faiss)
     with progress_bar(total=rows, desc="corpus", unit="row", show=opts.show_progress) as bar:
@@ -289,7 +282,7 @@ def run_index(args) -> int:
     with plan.folder("--output", opts.output).locked():
         ids, rows, texts = _corpus_stream(opts)
         fingerprint = model_fingerprint(opts.model)  # before encoding: the files the vectors come from
-        encoder = _corpus_encoder(opts)
+        encoder = load_encoder(opts, opts.device)
         corpus_sha256, corpus_lines = corpus_digest(Path(opts.corpus))
         # a local folder by its absolute path (a search may run from another folder), a hub id as given
         model = str(Path(opts.model).resolve()) if Path(opts.model).is_dir() else opts.model

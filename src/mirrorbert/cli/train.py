@@ -18,7 +18,6 @@ from mirrorbert.settings.fields import names_with, option
 from mirrorbert.settings.validation import Options
 
 EXIT_INTERRUPTED = 130
-# The --help groups of `train`, in order, by the `group` key of the fields.
 GROUPS = {"output": "model and output", "data": "training strings", "method": "method",
           "optimisation": "optimisation", "hardware": "hardware and bookkeeping",
           "eval": "evaluation after training (model card)"}
@@ -109,16 +108,16 @@ def run_train(args) -> int:
     with pending_phase("data"):  # the trainer's phase timings take this over
         strings = strings_for_config(cfg, stream=True)  # data mistakes surface before torch is even imported
     with pending_phase("import"):  # torch and the trainer's modules
-        from mirrorbert.runtime.distributed import launched_rank
+        from mirrorbert.runtime.distributed import launch_environment
         from mirrorbert.mirror.train import train
 
-    main_rank = launched_rank() == 0  # under torchrun/accelerate only rank 0 speaks
+    main_rank = launch_environment()[1] == 0  # under torchrun/accelerate only rank 0 speaks
     if main_rank:
         logging.getLogger("mirrorbert").debug("resolved configuration:\n%s", jsonio.dumps(cfg.to_dict(), indent=2))
         print(train_headline(cfg, len(strings.strings)), file=sys.stderr)
     result = train(cfg, strings)
     if result.interrupted:  # every process of an interrupted job names the checkpoint that rank 0 wrote
-        return stopped(result, launched_rank())
+        return stopped(result, launch_environment()[1])
     if not main_rank:
         return 0
     print(train_summary(result), file=sys.stderr)

@@ -1,11 +1,7 @@
 """Strings from Hugging Face / Arrow data: Parquet and Arrow files, folders written by `Dataset.save_to_disk`,
-Hub datasets (`hf:OWNER/NAME[/CONFIG][:SPLIT]`) and in-memory `datasets.Dataset` objects (Python API).
-
-pyarrow never gets a path: each file is opened here (non-blocking, a regular file) and pyarrow reads a
-read-only memory map of that descriptor. A saved dataset folder is read through `ConfinedFolder`, not
-`datasets.load_from_disk`: `state.json` and `dataset_info.json` bounded, shallow JSON, every shard it names a
-regular file inside the folder. A Hub name cannot be a path, and `load_dataset` runs from an empty folder. A
-row's id is its place in the table.
+Hub datasets (`hf:OWNER/NAME[/CONFIG][:SPLIT]`) and in-memory `datasets.Dataset` objects (Python API); a row's id
+is its place in the table. pyarrow never gets a path, only a memory map of a descriptor opened here; a saved
+dataset folder is read through `ConfinedFolder`, every shard `state.json` names a regular file inside it.
 """
 
 from __future__ import annotations

@@ -157,9 +157,6 @@ class _LineWindow:
         for key in [k for k in self.held if k < index]:
             del self.held[key]
 
-    def texts_from(self, index: int) -> list[str]:
-        return [self.held[k][1] for k in sorted(self.held) if k >= index]
-
 
 def _csv_records(path: Path, lines: Iterator[tuple[int, str]], delimiter: str, column: str,
                  skipped: list[int], header: bool = True) -> Iterator[tuple[int, str]]:
@@ -245,7 +242,7 @@ def _column_number(path: Path, column: str) -> int:
 def _check_last_row_closed(path: Path, window: _LineWindow, last_start: int, delimiter: str) -> None:
     """csv (non-strict) ends a quoted field left open at the end of the file without a word, swallowing every
     line after the quote into one row: the last row, when it spans several lines, is read again strictly."""
-    tail = "\n".join(window.texts_from(last_start))
+    tail = "\n".join(window.held[k][1] for k in sorted(window.held) if k >= last_start)
     try:
         for _ in csv.reader(io.StringIO(tail), delimiter=delimiter, strict=True):
             pass

@@ -108,9 +108,10 @@ class Rows:
     skipped: list[int]
 
 
-def _is_table(path: str | Path, field: str | None, option: str) -> bool:
+def _is_table(path: str | Path, field: str | None, header: bool, option: str) -> bool:
     """Whether `path` is read as a table (a Hub dataset, a Parquet/Arrow file, a saved dataset folder), where
-    --field has no place."""
+    --field has no place (nor has --no-header, anywhere but in a .csv/.tsv file)."""
+    check_header_applies(path, header, option)
     hub = is_hub_dataset(path)
     if not hub and input_kind(Path(path), option) != "table":
         return False
@@ -125,8 +126,7 @@ def read_rows(path: str | Path, column: str | None = None, field: str | None = N
     """The strings of a .txt/.csv/.tsv/.jsonl file (one per line or row; a .csv/.tsv without a `header`: every
     line data), a Parquet/Arrow file, a saved dataset folder or a Hub dataset (`hf:OWNER/NAME[/CONFIG][:SPLIT]`),
     each with its record id."""
-    check_header_applies(path, header, option)
-    if _is_table(path, field, option):
+    if _is_table(path, field, header, option):
         read = iter_hub_column if is_hub_dataset(path) else iter_table_column
         texts = list(itertools.chain.from_iterable(read(path, column, option)))
         return Rows(texts, list(range(len(texts))), [])
@@ -285,8 +285,7 @@ def stream_training_strings(data: str | Path, *, column: str | None = None, fiel
                             seed: int = 42) -> TrainingStrings:
     """`load_training_strings` of a file or dataset folder without holding it: the same strings, counts, sample
     and fingerprint, read in passes (`FileStrings`)."""
-    check_header_applies(data, header, "--data")
-    if _is_table(data, field, "--data"):
+    if _is_table(data, field, header, "--data"):
         rows = TableRows(data, column, "--data")
     else:
         rows = TextRows(data, column, field, skip_bad_lines, option="--data", header=header)

@@ -1,15 +1,9 @@
-"""The one token cache: text tokenised once into flat arrays on disk, found again by what it was made from.
-
-A layout (`data.token_store`, `data.token_stream`) names its files and dtypes, its `key` (`cache_key`: format,
-content fingerprint, `tokenizer_fingerprint`, settings) and one pass appending its arrays to an `ArrayWriter`
-and returning the manifest's counts: `write` over the data, `replay` over a cached entry. An entry lives under
-`cache_root()` (which may be a link; a folder mirrorbert names below it, `tokens/` or `mlm-corpus/`, may not) or
-`--cache-dir`; it is built in a temporary folder (a killed build's is removed by the next) renamed into place
-after `manifest.json` (each file's count and SHA-256), and a failed write is one `UserError` that leaves nothing.
-Before use it is opened through `ConfinedFolder` (each file regular, of the manifest's size) and replayed, every
-row (up to `FULL_CHECK`) or a fresh `SAMPLE` tokenised again, files and counts compared with the manifest: a
-damaged entry is set aside with one warning and rebuilt; one that cannot be opened (no permission, no
-descriptors) is one error and left as it is.
+"""The one token cache: text tokenised once into flat arrays on disk, keyed by what it was made from (`cache_key`).
+A layout (`data.token_store`, `data.token_stream`) names its files, its key and one pass appending its arrays to an
+`ArrayWriter`: `write` over the data, `replay` over a cached entry. An entry is built in a temporary folder renamed
+into place after `manifest.json`; before use it is opened through `ConfinedFolder` and replayed (every row up to
+`FULL_CHECK`, else a fresh `SAMPLE`): a damaged entry is set aside with one warning and rebuilt, one that cannot be
+opened is one error and left as it is.
 """
 
 from __future__ import annotations
@@ -90,7 +84,6 @@ def cache_key(fmt: str, data: str, tokenizer, **settings: Any) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]  # key, not output
 
 
-# --------------------------------------------------------------------------- tokenising
 @contextlib.contextmanager
 def tokenizer_threads() -> Iterator[None]:
     """The fast tokenizer on every core for a pass (`TOKENIZERS_PARALLELISM`, which the command line sets to
@@ -156,7 +149,6 @@ def rows_to_check(n: int) -> np.ndarray | None:
     return np.sort(np.random.default_rng(secrets.randbits(128)).choice(n, size=SAMPLE, replace=False))
 
 
-# --------------------------------------------------------------------------- the files
 @contextlib.contextmanager
 def _writing() -> Iterator[None]:
     try:
@@ -227,7 +219,6 @@ class CacheEntry:
             reader.close()
 
 
-# --------------------------------------------------------------------------- open or build
 def open_cache(layout, folder: Path, *, own: bool) -> CacheEntry:
     """The entry of `layout` in `folder`: the cached one once checked, else built (module docstring). `own`:
     mirrorbert named `folder` below the cache root, so it is made here and may not be a link."""

@@ -6,9 +6,6 @@
 * `text.bin` (UTF-8), `text_offsets.bin` (int64, rows + 1): the string itself;
 * `dropped_at.bin` (int64): the rows whose ids are all special tokens, left out of training (the store's
   string i is the i-th other row).
-
-A batch reads only its rows (positioned reads, nothing mapped). The strings streamed while building must hash to
-the fingerprint, else nothing is kept and the run stops with one error.
 """
 
 from __future__ import annotations

@@ -7,9 +7,6 @@ documents are held out (`is_eval_document`). The entry, `<--cache-dir>/<name>-<k
 * `{split}.tokens` (uint16, or uint32 above 65,536 ids): each non-blank line's ids without special tokens, each
   followed by the separator (a document opened by a line without tokens starts at the next line with tokens);
 * `{split}.docs`, `{split}.ends` (uint64): where each document starts, where each non-blank line ends.
-
-Each file's bytes are hashed as they are tokenised (a file edited during the run stops it with one error, nothing
-cached); the check reads the corpus again and replays the build with each line's ids taken from the stream.
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ BLOCK = 1 << 22  # tokens whose ids a check bounds at a time
 BATCH_LINES = 4096  # corpus lines a tokenizer call
 
 
-# --------------------------------------------------------------------------- the corpus, line by line
 def check_corpus_files(paths: Sequence[str | Path]) -> list[Path]:
     """The corpus files, each a regular UTF-8 file (a mis-encoded one is refused, not read as U+FFFD) with text."""
     if not paths:
@@ -127,14 +123,11 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
 
 
-# --------------------------------------------------------------------------- the layout
 def prepare_corpus(corpus: str | Path | Sequence[str | Path], tokenizer, cache_dir: str | Path | None = None,
                    eval_fraction: float = 0.01, show_progress: bool = True) -> "TokenizedCorpus":
     """The corpus tokenised into the cache (`cache_dir`, default `<cache>/mlm-corpus`), unless an identical
     preparation is already there and holds this corpus's tokens."""
     paths = check_corpus_files([corpus] if isinstance(corpus, (str, Path)) else list(corpus))
-    if not 0.0 <= eval_fraction < 1.0:
-        raise UserError(f"--eval-fraction must be in [0, 1), got {eval_fraction}")
     layout = CorpusLayout(paths, tokenizer, eval_fraction, show_progress)
     folder = Path(cache_dir) if cache_dir is not None else cache_root() / "mlm-corpus"
     return TokenizedCorpus(open_cache(layout, folder, own=cache_dir is None))
@@ -161,13 +154,9 @@ class CorpusLayout:
     def write(self, writer: ArrayWriter) -> dict[str, Any]:
         from mirrorbert.reporting.progress import progress_bar
 
-        bar = progress_bar(total=sum(int(s["size"]) for s in self.sources), unit="B", unit_scale=True,
-                           desc="tokenising corpus", show=self.show_progress)
-        try:
-            with tokenizer_threads():
-                meta = self._pass(writer, self._batches(bar))
-        finally:
-            bar.close()
+        with progress_bar(total=sum(int(s["size"]) for s in self.sources), unit="B", unit_scale=True,
+                          desc="tokenising corpus", show=self.show_progress) as bar, tokenizer_threads():
+            meta = self._pass(writer, self._batches(bar))
         if not any(meta["splits"][s]["sentences"] for s in SPLITS):
             names = ", ".join(str(p) for p in self.paths)
             raise UserError(f"--corpus {names}: the corpus is empty (no non-blank line gives any token)")
@@ -255,7 +244,7 @@ class CorpusLayout:
 
 
 class TokenizedCorpus:
-    """A prepared corpus: each split's token stream and document starts, mapped from the checked files."""
+    """A prepared corpus: each split's token stream, mapped from the checked files."""
 
     def __init__(self, entry: CacheEntry):
         self.entry, self.root, self.meta = entry, entry.root, entry.manifest
@@ -263,9 +252,6 @@ class TokenizedCorpus:
     def stream(self, split: str) -> np.ndarray:
         """The split's token stream, read-only (an empty array for an empty split)."""
         return self.entry.array(f"{split}.tokens")
-
-    def doc_starts(self, split: str) -> np.ndarray:
-        return self.entry.array(f"{split}.docs")
 
     def n_tokens(self, split: str, with_separators: bool = True) -> int:
         info = self.meta["splits"][split]

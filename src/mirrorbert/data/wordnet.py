@@ -1,11 +1,6 @@
-"""A reader of the WordNet 3.0 database files (``data.*``, ``index.*``, ``*.exc``) and a morphy-style lemmatiser:
-synsets, lemmas, glosses and examples for GR-BERT, POS checks and lemmatisation for lexical substitution.
-
-File formats (wndb(5WN)): a data line is
-``offset lex_filenum ss_type w_cnt word lex_id [word lex_id ...] p_cnt [ptr ...] [frames] | gloss``
-with ``w_cnt`` and ``lex_id`` in hexadecimal; an index line is
-``lemma pos synset_cnt p_cnt [ptr_symbol ...] sense_cnt tagsense_cnt offset [offset ...]``;
-an exception line is ``inflected base [base ...]``. Licence header lines start with spaces.
+"""A reader of the WordNet 3.0 database files (``data.*``, ``index.*``, ``*.exc``; their formats: wndb(5WN)) and a
+morphy-style lemmatiser: synsets, lemmas, glosses and examples for GR-BERT, POS checks and lemmatisation for
+lexical substitution.
 """
 
 from __future__ import annotations
@@ -21,8 +16,7 @@ from mirrorbert.safeguards.readback import open_text
 
 logger = logging.getLogger(__name__)
 
-#: WordNet POS letters and the file suffixes that hold them. Adjective satellites ("s")
-#: live in the adjective files.
+#: WordNet POS letters and the file suffixes that hold them (adjective satellites, "s", are in the adjective files).
 POS_FILES: dict[str, str] = {"n": "noun", "v": "verb", "a": "adj", "r": "adv"}
 
 #: Morphy's detachment rules (suffix, replacement), from the morphy(7WN) manual.
@@ -103,25 +97,6 @@ def _content_lines(path: Path):
             yield lineno, line.rstrip("\n")
 
 
-def resolve_wordnet_dir(data_dir: str | os.PathLike | None) -> Path:
-    """The WordNet folder, ``<data_dir>/wordnet`` or ``data_dir`` itself (default: $MIRRORBERT_DATA), holding
-    every data and index file (a UserError names the one missing)."""
-    data_dir = data_dir if data_dir is not None else os.environ.get("MIRRORBERT_DATA")
-    if not data_dir:
-        raise UserError("no data directory given: pass --data-dir or set MIRRORBERT_DATA")
-    base = Path(data_dir)
-    root = next((cand for cand in (base / "wordnet", base) if (cand / "data.noun").is_file()), None)
-    if root is None:
-        raise UserError(f"WordNet 3.0 not found: expected {base / 'wordnet' / 'data.noun'} "
-                        "(the standard WordNet database files data.*, index.*, *.exc)")
-    for name in POS_FILES.values():
-        for prefix in ("data", "index"):
-            f = root / f"{prefix}.{name}"
-            if not f.is_file():
-                raise UserError(f"WordNet database incomplete: missing {f}")
-    return root
-
-
 class WordNet:
     """In-memory WordNet: synsets, lemma index and morphological exception lists."""
 
@@ -136,8 +111,22 @@ class WordNet:
 
     @classmethod
     def load(cls, data_dir: str | os.PathLike | None = None) -> "WordNet":
-        """Load from ``<data_dir>/wordnet`` (or ``data_dir`` if it holds the files itself)."""
-        return cls(resolve_wordnet_dir(data_dir))
+        """Load from ``<data_dir>/wordnet`` or ``data_dir`` itself (default: $MIRRORBERT_DATA), holding every data
+        and index file (a UserError names the one missing)."""
+        data_dir = data_dir if data_dir is not None else os.environ.get("MIRRORBERT_DATA")
+        if not data_dir:
+            raise UserError("no data directory given: pass --data-dir or set MIRRORBERT_DATA")
+        base = Path(data_dir)
+        root = next((cand for cand in (base / "wordnet", base) if (cand / "data.noun").is_file()), None)
+        if root is None:
+            raise UserError(f"WordNet 3.0 not found: expected {base / 'wordnet' / 'data.noun'} "
+                            "(the standard WordNet database files data.*, index.*, *.exc)")
+        for name in POS_FILES.values():
+            for prefix in ("data", "index"):
+                f = root / f"{prefix}.{name}"
+                if not f.is_file():
+                    raise UserError(f"WordNet database incomplete: missing {f}")
+        return cls(root)
 
     def _load(self, pos: str, name: str) -> None:
         data_path = self.root / f"data.{name}"
@@ -161,13 +150,9 @@ class WordNet:
             if len(fields) >= 2:
                 self.exceptions[pos][fields[0].lower()] = tuple(f.lower() for f in fields[1:])
 
-    # ------------------------------------------------------------------ queries
-    def all_synsets(self, pos: str | None = None):
-        """Iterate over synsets, optionally of one POS (n, v, a, r; ``a`` includes satellites)."""
-        want = normalize_pos(pos) if pos else None
-        for (file_pos, _), syn in self.synsets.items():
-            if want is None or file_pos == want:
-                yield syn
+    def all_synsets(self):
+        """Iterate over every synset (satellites among the adjectives), in the data files' order."""
+        yield from self.synsets.values()
 
     @staticmethod
     def _key(word: str) -> str:
@@ -184,15 +169,6 @@ class WordNet:
         itself, the exception list, then the detachment rules)."""
         p = normalize_pos(pos)
         return [cand for cand in candidate_base_forms(self._key(word), p, self.exceptions[p]) if cand in self.index[p]]
-
-    def lemmatize(self, word: str, pos: str) -> str:
-        """The shortest morphy base form ("eggs" -> "egg" although "eggs" is a lemma too),
-        or the lower-cased word when WordNet has none."""
-        return shortest_base_form(self.morphy(word, pos), self._key(word))
-
-    def pos_of(self, word: str) -> set[str]:
-        """The POS (n/v/a/r) under which ``word`` or one of its base forms is a lemma."""
-        return {p for p in POS_FILES if self.morphy(word, p)}
 
 
 def shortest_base_form(forms: list[str], word: str) -> str:

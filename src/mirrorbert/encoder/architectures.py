@@ -1,22 +1,7 @@
-"""What some encoder types need beyond the generic path, in one place.
-
-"Any masked LM" holds for every encoder type transformers builds as a masked LM
-(tests/encoder/test_architectures.py trains, encodes, saves and reloads a tiny one of each). A few types need
-a word here, applied wherever a model is loaded or a precision chosen:
-
-* precision (`REDUCED_PRECISION`): what a type needs under bf16 and fp16 autocast, decided once per model
-  (`usable_precision`) and recorded as the precision a run used. DeBERTa (v1) fills masked attention scores
-  with float32's minimum even under autocast, which bf16 and fp16 cannot hold: it runs in fp32, with one info
-  line. X-MOD's language adapters write their half-precision output into a float32 buffer: a hook casts each
-  adapter's output back to its input's type, so it runs in the precision asked;
-* X-MOD picks a language adapter per input; a config without `default_language` gets its first language
-  (one info line), so strings without a language tag still encode;
-* Nyströmformer's landmark attention reshapes queries by its configured sequence length, so every batch is
-  padded to exactly that length; on transformers 5 that attention cannot take a padding mask at all, so a
-  model using it (fewer landmarks than positions) is refused before loading, saying why;
-* RoFormer's sinusoid table (its rotary angles) is a constant: kept out of training;
-* SqueezeBERT calls its pooler unconditionally: the pooler taken out of the model (no pooling here uses
-  it) is replaced by a module without weights that hands back its input, not by None.
+"""What some encoder types need beyond the generic path, applied wherever a model is loaded or a precision
+chosen: the precision a type can run in (`REDUCED_PRECISION`), the preparation every loaded model passes
+(`prepare_model`), the one length a type takes and the types refused before loading. The facts per type:
+docs/guide/architectures.md.
 """
 
 from __future__ import annotations
@@ -27,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from mirrorbert.compat import transformers_takes_4d_mask
+from mirrorbert.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +38,6 @@ REDUCED_PRECISION = {
     "yoso": ReducedPrecision("fp32", "its CUDA attention is a custom autograd function whose backward mixes "
                                      "float32 and half-precision tensors", devices=("cuda",)),
 }
-FP32_ONLY = {kind: need.reason for kind, need in REDUCED_PRECISION.items() if need.action == "fp32"}
 _told: "weakref.WeakKeyDictionary[torch.nn.Module, set[str]]" = weakref.WeakKeyDictionary()
 
 
@@ -71,7 +58,7 @@ def usable_precision(model: torch.nn.Module, precision: str, device: torch.devic
         told = _told.setdefault(model, set())
         if precision not in told:
             told.add(precision)
-            logger.info("precision %s -> fp32 for %s: %s", precision, kind, FP32_ONLY[kind])
+            logger.info("precision %s -> fp32 for %s: %s", precision, kind, need.reason)
         return "fp32"
     return precision
 
@@ -83,24 +70,13 @@ def fixed_length(model: torch.nn.Module) -> int | None:
     return _landmark_length(model.config)
 
 
-def unsupported_reason(config: Any) -> str | None:
-    """Why a model of this config cannot encode strings of different lengths here, or None."""
-    from mirrorbert.compat import transformers_takes_4d_mask
-
-    if model_type_of(config) == "nystromformer" and _landmark_length(config) and transformers_takes_4d_mask():
-        return (f"Nystromformer's landmark attention (num_landmarks {config.num_landmarks} < segment_means_seq_len "
-                f"{config.segment_means_seq_len}) takes no padding mask on transformers 5 (the mask cannot broadcast "
-                "over the landmarks), so padded strings would attend to padding; not supported")
-    return None
-
-
 def check_supported(config: Any, name: str, option: str = "--model") -> None:
-    """Refuse, before any weight is read, a model this version cannot run (`unsupported_reason`)."""
-    reason = unsupported_reason(config)
-    if reason is not None:
-        from mirrorbert.errors import UserError
-
-        raise UserError(f"{option} {name}: {reason}")
+    """Refuse, before any weight is read, a model that cannot encode strings of different lengths here."""
+    if model_type_of(config) == "nystromformer" and _landmark_length(config) and transformers_takes_4d_mask():
+        raise UserError(f"{option} {name}: Nystromformer's landmark attention (num_landmarks {config.num_landmarks} < "
+                        f"segment_means_seq_len {config.segment_means_seq_len}) takes no padding mask on transformers "
+                        "5 (the mask cannot broadcast over the landmarks), so padded strings would attend to padding; "
+                        "not supported")
 
 
 def _landmark_length(config: Any) -> int | None:
@@ -133,18 +109,13 @@ def _cast_adapter_outputs(model: torch.nn.Module) -> None:
     which X-MOD writes into a float32 buffer)."""
     for module in model.modules():
         if type(module).__name__ == "XmodAdapter" and not getattr(module, "_mirrorbert_cast", False):
-            module.register_forward_hook(_same_type_as_input)
+            module.register_forward_hook(lambda adapter, inputs, output: output.to(inputs[0].dtype))
             module._mirrorbert_cast = True
 
 
-def _same_type_as_input(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-    return output.to(inputs[0].dtype)
-
-
 def _freeze_sinusoids(model: torch.nn.Module) -> None:
-    """RoFormer's rotary angles come from a fixed sinusoid table, which transformers 5 loads as a trainable
-    weight; trained, it would stop being a function of the distance alone (and packed rows, which look it
-    up by column, would train other rows of it than padded ones)."""
+    """RoFormer's sinusoid table (its rotary angles), which transformers 5 loads as a trainable weight, kept out
+    of training: trained, it would stop being a function of the distance alone."""
     for name, module in model.named_modules():
         if name.endswith("embed_positions") and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
             module.weight.requires_grad_(False)
@@ -165,4 +136,5 @@ def _default_language(model: torch.nn.Module) -> None:
                 "(set default_language in config.json to choose another)", languages[0])
 
 
-__all__ = ["FP32_ONLY", "REDUCED_PRECISION", "ReducedPrecision", "NoPooler", "check_supported", "fixed_length", "unsupported_reason", "model_type_of", "prepare_model", "usable_precision"]
+__all__ = ["REDUCED_PRECISION", "ReducedPrecision", "NoPooler", "check_supported", "fixed_length", "model_type_of",
+           "prepare_model", "usable_precision"]

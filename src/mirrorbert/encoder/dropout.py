@@ -1,8 +1,5 @@
-"""Dropout as the source of the two views' difference: the config rates of any encoder, and DropHead.
-
-Dropout rates are set through the model config for any Hugging Face encoder; DropHead (per-example
-attention-head dropout) hooks BERT-style self-attention. Packed execution tells DropHead which view each
-token belongs to (`drophead_groups`), so a view draws the same head mask packed or padded.
+"""Dropout as the source of the two views' difference: the config rates of any encoder, and DropHead
+(per-example attention-head dropout on BERT-style self-attention; one mask per view, packed or padded).
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ import torch
 
 from mirrorbert.errors import UserError
 
-# Config attributes that carry dropout probabilities in Hugging Face encoders (BERT/RoBERTa/XLM-R use
-# the first two; embeddings dropout is hidden_dropout_prob there). Other families name them differently.
+# Config attributes that carry dropout probabilities, as the Hugging Face encoder families name them.
 DROPOUT_CONFIG_KEYS = (
     "hidden_dropout_prob",
     "attention_probs_dropout_prob",
@@ -70,13 +66,8 @@ def drophead_groups(view_of_token: torch.Tensor, n_views: int) -> Iterator[None]
 
 
 class DropHead:
-    """Drop whole attention heads per example (Zhou et al. 2020), rescaling the kept ones by 1/(1-p).
-
-    Implemented as forward hooks on the self-attention blocks, acting on the per-head context vectors
-    before the output projection; active only in training mode. In packed execution the mask is drawn
-    per view (same draws, in the same order, as the padded batch of those views) and spread over the
-    view's tokens.
-    """
+    """Drop whole attention heads per example (Zhou et al. 2020), rescaling the kept ones by 1/(1-p), in
+    training mode only; packed, one mask per view (the padded batch's draws, in its order)."""
 
     def __init__(self, model: torch.nn.Module, p: float):
         self.p = p

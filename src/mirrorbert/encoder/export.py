@@ -1,27 +1,20 @@
 """Export an encoder for serving: ONNX and OpenVINO, laid out as sentence-transformers' backends read them.
 
-`mirrorbert export --model M --format onnx --output DIR` writes DIR as a complete saved model (the
-sentence-transformers folder mirrorbert always writes) plus `onnx/model.onnx` (and, with `openvino`,
-`openvino/openvino_model.xml`), so DIR loads with `SentenceTransformer(DIR, backend="onnx")` where
-optimum is installed, with onnxruntime or OpenVINO directly (`ExportedEncoder`), and still in PyTorch.
-
-The tracing is `torch.onnx.export` (the dynamo exporter) and `openvino.convert_model`'s; this module chooses
-the graph's inputs and outputs, lays out the files, and refuses to write an export whose vectors differ from
-PyTorch's (cosine below `EXPORT_MIN_COSINE` on probe strings).
-
-The graph takes `input_ids` and `attention_mask` (int64, any batch and length; token type ids stay zero,
-as in `Encoder.encode`) and returns `last_hidden_state` (what sentence-transformers' backends pool) and
-`sentence_embedding` (the model's final vector: its own pooling, cls | mean | first-last, then L2
-normalisation when the model has a Normalize module, computed in the graph, so a server needs only the
-tokenizer and onnxruntime). The saved tokenizer truncates at the model's maximum length (`Encoder.write`).
+The export folder is a complete saved model plus `onnx/model.onnx` and/or `openvino/openvino_model.xml`; the
+graph takes `input_ids` and `attention_mask` and returns `last_hidden_state` and `sentence_embedding` (the
+model's own pooling and normalisation). An export whose vectors differ from PyTorch's (cosine below
+`EXPORT_MIN_COSINE` on probe strings) is refused. The layout and its uses: docs/guide/export.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import logging
+import shutil
 import warnings
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,6 +23,7 @@ import numpy as np
 import mirrorbert.jsonio as jsonio
 from mirrorbert.settings.choices import DEFAULT_ONNX_OPSET, EXPORT_FORMATS, EXPORT_MIN_COSINE
 from mirrorbert.errors import UserError
+from mirrorbert.search.ranking import l2_normalize
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +61,6 @@ def parse_formats(value: str | Sequence[str], option: str = "--format") -> tuple
 
 def check_export_packages(formats: Sequence[str], option: str = "--format") -> None:
     """Every package the formats need, checked before the model loads (one line naming what to install)."""
-    import importlib.util
-
     missing = sorted({pip for name in formats for module, pip in FORMAT_PACKAGES[name]
                       if importlib.util.find_spec(module) is None})
     if missing:
@@ -76,7 +68,6 @@ def check_export_packages(formats: Sequence[str], option: str = "--format") -> N
                         f"(pip install {' '.join(missing)}, or pip install 'mirrorbert[export]')")
 
 
-# ------------------------------------------------------------------------------------------ the graph
 def _serving_graph(encoder):
     """The encoder as a module of two int64 inputs and the two named outputs (eval mode, no dropout):
     `sentence_embedding` is the model's final vector, L2-normalised when the model normalises."""
@@ -109,8 +100,7 @@ def export_onnx(encoder, path: Path, opset: int = DEFAULT_ONNX_OPSET) -> Path:
     graph = _serving_graph(encoder)
     example = encoder.tokenizer(["a short example", "a second, slightly longer example string"], padding=True,
                                 return_tensors="pt")
-    # the example inputs go where the weights are: an encoder on CUDA (the Python API allows it; the command
-    # loads on the CPU) would otherwise be traced with CPU inputs against CUDA weights and fail
+    # the example inputs go where the weights are (an encoder on CUDA, through the Python API)
     device = next(encoder.model.parameters()).device
     args = (example["input_ids"].to(device=device, dtype=torch.long),
             example["attention_mask"].to(device=device, dtype=torch.long))
@@ -118,8 +108,7 @@ def export_onnx(encoder, path: Path, opset: int = DEFAULT_ONNX_OPSET) -> Path:
     dynamic = {name: {0: batch, 1: length} for name in INPUT_NAMES}
     size = sum(p.numel() * p.element_size() for p in encoder.model.parameters())
     path.parent.mkdir(parents=True, exist_ok=True)
-    # The exporter prints its progress to stdout, logs each graph rewrite and warns about renamed axes and
-    # a missing torchvision: none of it is for our user (-v shows the log)
+    # the exporter's progress, rewrite logs and warnings are not for our user (-v shows the log)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), _quiet_exporter_logs(), \
             torch.no_grad():
         warnings.simplefilter("ignore")
@@ -154,20 +143,18 @@ def export_openvino(onnx_path: Path, path: Path) -> Path:
     return path
 
 
-# ------------------------------------------------------------------------------------------ serving
 class ExportedEncoder:
     """Encode with an exported folder through onnxruntime or OpenVINO: no torch, no transformers needed.
 
-    Tokenises with the folder's `tokenizer.json` (the `tokenizers` library, what transformers' fast
-    tokenizers run), batches strings sorted by length, and returns the graph's `sentence_embedding`
-    rows in input order, L2-normalised when the saved model normalises (a Normalize module; the graph of
-    such a model returns unit vectors already) or asked to.
+    Tokenises with the folder's `tokenizer.json` and returns the graph's `sentence_embedding` rows in input
+    order, L2-normalised when the saved model normalises (a Normalize module) or asked to.
     """
 
     def __init__(self, folder: str | Path, backend: str = "onnx", threads: int | None = None):
         folder = Path(folder)
         if backend not in BACKENDS:
             raise UserError(f"backend: unknown value {backend!r}; choose one of {', '.join(BACKENDS)}")
+        from mirrorbert.encoder.pooling import pooling_from_sentence_transformers
         from mirrorbert.safeguards.model_files import check_model_folder
         from mirrorbert.safeguards.snapshot import Snapshot
 
@@ -178,7 +165,7 @@ class ExportedEncoder:
                                 f"{backend})")
             self.folder, self.backend = folder, backend
             self.tokenizer, self.pad_id, self.max_length = _load_tokenizer(model)
-            self.normalize_default = _saved_normalize(model)
+            self.normalize_default = pooling_from_sentence_transformers(model)[1]
             snapshot = Snapshot(model.copied, model.opened)  # the graph and its companions, as checked
             try:
                 graph_file = snapshot.path / BACKENDS[backend]
@@ -217,7 +204,7 @@ class ExportedEncoder:
         width = rows[0].shape[0] if rows else 0
         vectors = np.stack(rows).astype(np.float32) if rows else np.zeros((0, width), np.float32)
         if self.normalize_default if normalize is None else normalize:
-            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+            vectors = l2_normalize(vectors)
         return vectors[0] if single else vectors
 
 
@@ -245,12 +232,6 @@ def _load_tokenizer(model):
         pad_token = pad_token.get("content")
     pad_id = tokenizer.token_to_id(pad_token) if isinstance(pad_token, str) else None
     return tokenizer, (pad_id if pad_id is not None else 0), int(max_length)
-
-
-def _saved_normalize(model) -> bool:
-    from mirrorbert.encoder.pooling import pooling_from_sentence_transformers
-
-    return pooling_from_sentence_transformers(model)[1]
 
 
 def _saved_dict(model, name: str) -> dict:
@@ -281,11 +262,8 @@ def _openvino_runner(graph_file: Path, threads: int | None):
         {"input_ids": input_ids, "attention_mask": attention_mask})[output]
 
 
-# ------------------------------------------------------------------------------------------ the folder
 def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a = a / np.maximum(np.linalg.norm(a, axis=1, keepdims=True), 1e-12)
-    b = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-12)
-    return float(np.min(np.sum(a * b, axis=1)))
+    return float(np.min(np.sum(l2_normalize(a) * l2_normalize(b), axis=1)))
 
 
 class ExportMismatch(RuntimeError):
@@ -294,13 +272,9 @@ class ExportMismatch(RuntimeError):
 
 def write_export(encoder, folder: Path, formats: Sequence[str], opset: int = DEFAULT_ONNX_OPSET,
                  probe: Sequence[str] = PROBE_STRINGS) -> dict[str, Any]:
-    """Write the saved model, the requested graphs and `mirrorbert-export.json` into `folder` (a fresh one).
-
-    Raises ExportMismatch, and the caller's atomic folder is discarded, when a graph's vectors differ from
-    PyTorch's (minimum cosine over `probe` below EXPORT_MIN_COSINE) or it cannot run them.
-    """
-    import shutil
-
+    """Write the saved model, the requested graphs and `mirrorbert-export.json` into `folder` (a fresh one);
+    ExportMismatch when a graph cannot run `probe` or its vectors differ from PyTorch's (minimum cosine below
+    EXPORT_MIN_COSINE)."""
     encoder.eval()
     encoder.write(folder)
     onnx_path = export_onnx(encoder, folder / ONNX_FILE, opset)
@@ -336,8 +310,6 @@ def write_export(encoder, folder: Path, formats: Sequence[str], opset: int = DEF
 
 
 def _versions(formats: Sequence[str]) -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
     versions = {}
     for name in ("torch", "onnx", "onnxscript", "onnxruntime", "openvino"):
         if name == "openvino" and "openvino" not in formats:

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from mirrorbert.errors import UserError
+from mirrorbert.safeguards.preflight import max_positions
 
 
 def require_fast_tokenizer(tokenizer) -> None:
@@ -30,16 +31,12 @@ def span_token_positions(offsets: Sequence[tuple[int, int]], special: Sequence[i
 
 
 def model_max_length(model: nn.Module, tokenizer=None) -> int:
-    """The longest input the model accepts (position embeddings; RoBERTa reserves 2 for padding)."""
-    cfg = getattr(model, "config", None)
-    limit = int(getattr(cfg, "max_position_embeddings", 512) or 512)
-    model_type = str(getattr(cfg, "model_type", ""))
-    if "roberta" in model_type or "camembert" in model_type:
-        limit -= 2
-    tok_limit = getattr(tokenizer, "model_max_length", None) if tokenizer is not None else None
-    if isinstance(tok_limit, int) and 0 < tok_limit < 100_000:
-        limit = min(limit, tok_limit)
-    return limit
+    """The longest input the model takes: its usable positions (`max_positions`) or the tokenizer's own limit,
+    whichever is less (512 when neither gives one)."""
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    limits = [max_positions(getattr(model, "config", None))]
+    limits += [tok_limit] if isinstance(tok_limit, int) and 0 < tok_limit < 100_000 else []
+    return min((n for n in limits if n is not None), default=512)
 
 
 def lm_head_of(mlm: nn.Module) -> nn.Module | None:
@@ -53,11 +50,7 @@ def lm_head_of(mlm: nn.Module) -> nn.Module | None:
 
 def mlm_forward(mlm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 predict: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Last hidden states [B, L, H] and LM logits at the ``predict`` positions ([N, V]).
-
-    The LM head runs only on the positions that need a prediction: the full vocabulary
-    projection over every token would dominate the cost of a step.
-    """
+    """Last hidden states [B, L, H] and LM logits at the ``predict`` positions only ([N, V])."""
     head = lm_head_of(mlm)
     if head is not None:
         hidden = mlm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state

@@ -1,8 +1,5 @@
 """The encoder: a Hugging Face model + tokenizer + pooling, with loading, batched encoding and saving.
 
-Searching and uploading take an encoder rather than living on it: `mirrorbert.search.search` and
-`build_index` (search/exact.py), `mirrorbert.publish.hub.push_encoder`.
-
 Saved folders are at the same time a `transformers` model folder (AutoModel/AutoTokenizer load them) and
 a sentence-transformers folder (modules.json, pooling config), plus `mirrorbert.json` describing how the
 model was trained. `Encoder.load` reads any of: such a folder, a sentence-transformers folder, a plain
@@ -33,29 +30,21 @@ from mirrorbert.encoder.pooling import (
     sentence_transformers_modules,
 )
 from mirrorbert.search.exact import as_vectors
-from mirrorbert.safeguards.preflight import check_max_length, max_positions
+from mirrorbert.search.ranking import l2_normalize
+from mirrorbert.safeguards.preflight import check_max_length
 from mirrorbert.safeguards.writes import atomic_output_dir
 from mirrorbert.runtime.device import autocast, check_precision, resolve_device
 from mirrorbert.reporting.metrics import library_versions
+from mirrorbert.settings.choices import PACKING_MODES, PRECISIONS
 from mirrorbert.encoder.batching import pad_batch
 from mirrorbert.encoder.architectures import NoPooler, fixed_length, usable_precision
+from mirrorbert.encoder.masked_lm import model_max_length
 from mirrorbert.encoder.packing import choose_layout, grouped_embed, packed_embed
 from mirrorbert.encoder.source import ModelHandle, open_model
 
 logger = logging.getLogger(__name__)
 
 MIRRORBERT_JSON = "mirrorbert.json"
-
-
-def default_max_length(tokenizer, config) -> int:
-    candidates = []
-    tok_max = getattr(tokenizer, "model_max_length", None)
-    if isinstance(tok_max, int) and 0 < tok_max < 100_000:
-        candidates.append(tok_max)
-    positions = max_positions(config)
-    if positions is not None:
-        candidates.append(positions)
-    return min(candidates) if candidates else 512
 
 
 _PYTHON_NAMES = {"--model": "name_or_path", "--trust-remote-code": "trust_remote_code=True", "--pooling": "pooling", "--max-length": "max_length",
@@ -89,8 +78,6 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 def _check_encode_arguments(texts: Any, batch_size: Any, convert_to: Any, precision: Any, packing: Any,
                             normalize: Any = None) -> None:
-    from mirrorbert.settings.choices import PACKING_MODES, PRECISIONS
-
     if not isinstance(texts, str) and not (isinstance(texts, Sequence) and all(isinstance(t, str) for t in texts)):
         raise UserError(f"texts must be a string or a sequence of strings, not {type(texts).__name__}")
     for i, text in enumerate([texts] if isinstance(texts, str) else texts):
@@ -150,7 +137,7 @@ class Encoder(torch.nn.Module):
         self.model = model
         self.tokenizer = tokenizer
         self.pooling = pooling
-        self.max_length = max_length or default_max_length(tokenizer, model.config)
+        self.max_length = max_length or model_max_length(model, tokenizer)
         self.normalize_default = normalize_default
         self.source = source
         self.training_info: dict[str, Any] = {}
@@ -158,7 +145,6 @@ class Encoder(torch.nn.Module):
         # The model's pooler head (unused by every pooling here), kept aside and written back on save
         self.pooler_state: dict[str, torch.Tensor] = detach_pooler(model)
 
-    # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, name_or_path: str | os.PathLike, pooling: str | None = None, device: str | None = None,
              max_length: int | None = None, config_overrides: dict[str, Any] | None = None, *,
@@ -185,8 +171,6 @@ class Encoder(torch.nn.Module):
     def from_handle(cls, handle: ModelHandle, *, pooling: str | None = None, device: str | None = None,
                     max_length: int | None = None, config_overrides: dict[str, Any] | None = None) -> "Encoder":
         """The encoder of an opened model (`encoder.source.open_model`); pooling defaults to what was saved."""
-        if pooling is not None and pooling not in POOLINGS:
-            raise UserError(f"--pooling: unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
         saved_pooling, normalize, saved_max, info = _saved_settings(handle)
         config = handle.config(config_overrides)  # checked against the weights' headers before any weight is read
         handle.check_max_length(max_length)
@@ -226,7 +210,6 @@ class Encoder(torch.nn.Module):
     def dim(self) -> int:
         return int(self.model.config.hidden_size)
 
-    # ------------------------------------------------------------------ forward / encode
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra) -> torch.Tensor:
         outputs = self.model(
             input_ids=input_ids, attention_mask=attention_mask,
@@ -235,13 +218,9 @@ class Encoder(torch.nn.Module):
         return pool(outputs, attention_mask, self.pooling)
 
     def embed(self, sequences: Sequence[Sequence[int]], packing: bool | str | None = None) -> torch.Tensor:
-        """Pooled vectors of already tokenised sequences, in order, on the model's device.
-
-        The one entry point that training (both views), cached-gradient chunks, distributed shards and
-        `encode` share, so a change of batching (padding, length groups or packing) happens in one place.
-        `packing`: None = this encoder's default (`self.packing`, itself None = auto, see
-        `packing.choose_layout`), True = packed rows, "grouped" = length groups, False = padded.
-        """
+        """Pooled vectors of already tokenised sequences, in order, on the model's device (the one entry point of
+        training and `encode`). `packing`: None = this encoder's default (`self.packing`, itself None = auto, see
+        `packing.choose_layout`), True = packed rows, "grouped" = length groups, False = padded."""
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         layout = choose_layout(self.model, self.packing if packing is None else packing, sequences)
         if layout == "packed":
@@ -288,11 +267,11 @@ class Encoder(torch.nn.Module):
             home = self.device
             try:  # the encoder goes back where it was, whatever happens (the object as it was)
                 self.to(target)
-                out = self.encode(texts, batch_size, normalize, show_progress, convert_to, precision, packing)
+                out = self._encode(texts, batch_size, normalize, show_progress, convert_to, precision, packing)
             finally:
                 self.to(home)
-            return list(out) if as_list and out.ndim == 2 else out
-        out = self._encode(texts, batch_size, normalize, show_progress, convert_to, precision, packing)
+        else:
+            out = self._encode(texts, batch_size, normalize, show_progress, convert_to, precision, packing)
         return list(out) if as_list and out.ndim == 2 else out
 
     def _encode(self, texts, batch_size, normalize, show_progress, convert_to, precision, packing):
@@ -349,9 +328,8 @@ class Encoder(torch.nn.Module):
                 bad = next(i for i, item in enumerate(x) if not isinstance(item, str))
                 raise UserError(f"{name}: a list mixing strings and other values (item {bad} is "
                                 f"{type(x[bad]).__name__}); give strings or vectors")
-        return _unit(as_vectors(x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x, name, self.dim))
+        return l2_normalize(as_vectors(x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x, name, self.dim))
 
-    # ------------------------------------------------------------------ saving
     def write(self, folder: str | Path, training_info: dict[str, Any] | None = None) -> Path:
         """Write into an existing (empty) folder; use `save` for the atomic user-facing version."""
         from safetensors.torch import save_file
@@ -427,22 +405,14 @@ def _saved_settings(handle: ModelHandle) -> tuple[str | None, bool, int | None, 
 
 
 def detach_pooler(model) -> dict[str, torch.Tensor]:
-    """Take the pooler head (BERT/RoBERTa's tanh layer over [CLS]) out of the model, returning its weights.
-
-    No pooling here uses it, so it must not train (nor count as an unused parameter in distributed
-    runs); but a saved folder without it makes `AutoModel.from_pretrained` warn about newly initialised
-    pooler weights. So the weights the model was loaded with are kept and written back by `write`.
-    """
+    """Take the pooler head (BERT/RoBERTa's tanh layer over [CLS], which no pooling here uses and which must
+    not train) out of the model, returning its weights for `write` to save as loaded."""
     pooler = getattr(model, "pooler", None)
     if not isinstance(pooler, torch.nn.Module):
         return {}
     state = {f"pooler.{k}": v.detach().cpu().clone() for k, v in pooler.state_dict().items()}
     model.pooler = NoPooler()  # some types (SqueezeBERT) call their pooler without checking for one
     return state
-
-
-def _unit(v: np.ndarray) -> np.ndarray:
-    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
 
 
 def _write_json(path: Path, obj) -> None:

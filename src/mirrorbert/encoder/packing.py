@@ -1,20 +1,7 @@
-"""Padding-free execution layouts: packed rows (several views share one row) and length groups.
-
-Length groups (`grouped`: what models that cannot be packed run) sort the views by length and run small
-padded batches of similar lengths in one autograd graph: no model support needed and little padding.
-
-Packed rows (`on`, the default wherever supported): the views are placed into rows of `ROW_BUDGET` tokens
-by first-fit-decreasing; a view longer than the budget gets a row of its own. Each view attends only to its
-own tokens (a block-diagonal mask: 4D on transformers 5, whose mask builders pass it through unchanged to
-the model's SDPA or eager attention; 3D on transformers 4.x, whose `get_extended_attention_mask` makes it
-additive for both), its position ids restart at the model's own first position (after the padding index for
-RoBERTa/XLM-R), token type ids are zero, and pooling is per view. The result equals padded execution up to
-float rounding (tests/encoder/test_packing.py). A model that cannot be packed on the installed version
-(DistilBERT on 4.x: no `position_ids`) runs length groups, saying why in one line.
-
-Dropout masks are drawn over the packed tensor; DropHead draws one head mask per view
-(`views.drophead_groups`). The layout depends only on the view lengths, which are the same for x and x-bar,
-so controlled dropout's two replayed passes see the same layout.
+"""Padding-free execution layouts: packed rows (several views share one row, each attending only to its own
+tokens, positions restarting per view) and length groups (small padded batches of similar lengths, for models
+that cannot be packed). Either equals padded execution up to float rounding (tests/encoder/test_packing.py);
+why and how: docs/design.md, "Packed rows and length groups".
 """
 
 from __future__ import annotations
@@ -40,16 +27,11 @@ ROW_BUDGET = 128  # tokens per packed row (docs/design.md, "Packed rows and leng
 
 @dataclass(frozen=True)
 class PackingRecipe:
-    """How one model type takes a packed row, proven equal to padded execution per type in
-    tests/encoder/test_packing.py.
+    """How one model type takes a packed row (proven per type in tests/encoder/test_packing.py).
 
-    `positions`: "zero" or "after_pad" (absolute position embeddings: ids restart at the model's first
-    position for each view, 0 or padding_idx + 1), or "relative" (rotary or relative-position models,
-    whose scores depend only on the distance between two tokens of a view: nothing to pass).
-    `mask`: "prepared" (a block-diagonal 4D mask that transformers 5's mask builders pass through; the 3D
-    1/0 form on 4.x), "pairwise" (DeBERTa's own (rows, width, width) 1/0 mask, on any version) or
-    "per_layer_type" (ModernBERT: one prepared mask per layer type, the sliding-window one intersected
-    with the view's window)."""
+    `positions`: "zero" or "after_pad" (ids restart per view at 0 or padding_idx + 1), or "relative" (nothing to
+    pass). `mask`: "prepared" (block-diagonal, 4D on transformers 5, 3D 1/0 on 4.x), "pairwise" (DeBERTa's own
+    (rows, width, width) 1/0 mask) or "per_layer_type" (ModernBERT: one per layer type, windowed where sliding)."""
 
     positions: str
     mask: str = "prepared"
@@ -167,10 +149,10 @@ def length_groups(lengths: Sequence[int], budget: int | None = None) -> list[lis
 
 
 def grouped_embed(embed_padded: Callable[[Sequence[Sequence[int]]], torch.Tensor],
-                  sequences: Sequence[Sequence[int]], budget: int | None = None) -> torch.Tensor:
+                  sequences: Sequence[Sequence[int]]) -> torch.Tensor:
     """Pooled vectors, in input order, from padded forward passes over length groups (one autograd graph,
     so a loss over all of them backpropagates as through one padded batch)."""
-    groups = length_groups([len(s) for s in sequences], budget)
+    groups = length_groups([len(s) for s in sequences])
     vectors = torch.cat([embed_padded([sequences[i] for i in group]) for group in groups])
     order = torch.tensor([i for group in groups for i in group], device=vectors.device)
     return vectors[torch.argsort(order)]
@@ -224,10 +206,6 @@ class PackedBatch:
     first_token: torch.Tensor  # (views,): flat index (row * width + column) of each view's first token
     n_views: int
 
-    def to(self, device: torch.device) -> "PackedBatch":
-        return PackedBatch(self.input_ids.to(device), self.position_ids.to(device), self.view_of_token.to(device),
-                           self.first_token.to(device), self.n_views)
-
     def attention_mask(self, attention: str, dtype: torch.dtype, prepared: bool = True,
                        within: torch.Tensor | None = None) -> torch.Tensor:
         """A token sees the tokens of its own view (and of those, only the ones `within` allows, a
@@ -248,8 +226,8 @@ class PackedBatch:
 
 
 def pack(sequences: Sequence[Sequence[int]], pad_id: int, first_position: int = 0,
-         budget: int = ROW_BUDGET) -> PackedBatch:
-    """Lay the sequences out in rows; built as flat Python lists and converted once (fast on CPU)."""
+         budget: int = ROW_BUDGET, device: torch.device | None = None) -> PackedBatch:
+    """Lay the sequences out in rows of at most `budget` tokens (`plan_rows`), as tensors on `device`."""
     lengths = [len(s) for s in sequences]
     rows = plan_rows(lengths, budget)
     width = max(sum(lengths[i] for i in row) for row in rows)
@@ -266,10 +244,10 @@ def pack(sequences: Sequence[Sequence[int]], pad_id: int, first_position: int = 
             owner[offset:offset + size] = [i] * size
             first[i] = offset
             offset += size
-    shape = (len(rows), width)
+    shape, long = (len(rows), width), {"dtype": torch.long, "device": device}
     return PackedBatch(
-        torch.tensor(ids, dtype=torch.long).view(shape), torch.tensor(positions, dtype=torch.long).view(shape),
-        torch.tensor(owner, dtype=torch.long).view(shape), torch.tensor(first, dtype=torch.long), len(sequences),
+        torch.tensor(ids, **long).view(shape), torch.tensor(positions, **long).view(shape),
+        torch.tensor(owner, **long).view(shape), torch.tensor(first, **long), len(sequences),
     )
 
 
@@ -336,7 +314,7 @@ def packed_embed(model: torch.nn.Module, sequences: Sequence[Sequence[int]], poo
                  pad_id: int) -> torch.Tensor:
     """Pooled vectors of the sequences, in order, from one packed forward pass."""
     device = next(model.parameters()).device
-    packed = pack(sequences, pad_id, _first_position(model), row_budget(model)).to(device)
+    packed = pack(sequences, pad_id, _first_position(model), row_budget(model), device)
     inputs = {"input_ids": packed.input_ids, "attention_mask": _packed_mask(model, packed)}
     if PACKING_RECIPES[unwrapped(model).config.model_type].positions != "relative":
         inputs["position_ids"] = packed.position_ids

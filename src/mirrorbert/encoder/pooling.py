@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-POOLINGS = ("cls", "mean", "first-last")
+from mirrorbert.errors import UserError
+from mirrorbert.settings.choices import POOLINGS
 
 
 def needs_hidden_states(mode: str) -> bool:
@@ -22,33 +23,29 @@ def masked_mean(tokens: torch.Tensor, attention_mask: torch.Tensor) -> torch.Ten
     return (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
 
 
-def pool(outputs, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """`outputs` is a HF model output with last_hidden_state (and hidden_states for first-last)."""
-    if mode == "cls":
-        return outputs.last_hidden_state[:, 0]
-    if mode == "mean":
-        return masked_mean(outputs.last_hidden_state, attention_mask)
+def _pooled_tokens(outputs, mode: str) -> torch.Tensor:
+    """The token vectors `mode` pools: the last layer's, or for first-last the average of the first and last."""
     if mode == "first-last":
         hidden = outputs.hidden_states
         if hidden is None:
             raise ValueError("first-last pooling needs output_hidden_states=True")
-        return masked_mean((hidden[1] + hidden[-1]) / 2, attention_mask)
+        return (hidden[1] + hidden[-1]) / 2
+    if mode in ("cls", "mean"):
+        return outputs.last_hidden_state
     raise ValueError(f"unknown pooling {mode!r}")
+
+
+def pool(outputs, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """`outputs` is a HF model output with last_hidden_state (and hidden_states for first-last)."""
+    tokens = _pooled_tokens(outputs, mode)
+    return tokens[:, 0] if mode == "cls" else masked_mean(tokens, attention_mask)
 
 
 def pool_views(outputs, view_of_token: torch.Tensor, first_token: torch.Tensor, n_views: int,
                mode: str) -> torch.Tensor:
     """`pool` for packed rows holding several views: `view_of_token` (rows, length) names each token's
     view (-1 for padding), `first_token` (views,) is the flat index of each view's first token."""
-    if mode == "first-last":
-        hidden = outputs.hidden_states
-        if hidden is None:
-            raise ValueError("first-last pooling needs output_hidden_states=True")
-        tokens = (hidden[1] + hidden[-1]) / 2
-    elif mode in ("cls", "mean"):
-        tokens = outputs.last_hidden_state
-    else:
-        raise ValueError(f"unknown pooling {mode!r}")
+    tokens = _pooled_tokens(outputs, mode)
     flat = tokens.reshape(-1, tokens.shape[-1])
     if mode == "cls":
         return flat.index_select(0, first_token)
@@ -94,14 +91,11 @@ def sentence_transformers_modules(mode: str, dim: int, num_layers: int, normaliz
     return modules
 
 
-def pooling_from_sentence_transformers(folder) -> tuple[str | None, bool]:
+def pooling_from_sentence_transformers(model) -> tuple[str | None, bool]:
     """Read back (pooling mode, normalize) from a sentence-transformers folder; (None, False) if not one.
 
-    `folder` is a checked model folder (`safeguards.model_files.CheckedModel`): modules.json and each module's
+    `model` is a checked model folder (`safeguards.model_files.CheckedModel`): modules.json and each module's
     config.json are read as the check parsed them, never opened again."""
-    from mirrorbert.errors import UserError
-
-    model = folder
     if "modules.json" not in model.json:
         return None, False
     where = model.folder.given / "modules.json"
@@ -115,7 +109,7 @@ def pooling_from_sentence_transformers(folder) -> tuple[str | None, bool]:
         if kind.endswith("WeightedLayerPooling"):
             weighted = True
         elif kind.endswith("Pooling"):
-            cfg_name = f"{module_folder(module)}/config.json".lstrip("./")
+            cfg_name = f"{module.get('_folder', '.')}/config.json".lstrip("./")
             cfg = model.get(cfg_name, {})
             if not isinstance(cfg, dict):
                 raise UserError(f"--model: {model.folder.given / cfg_name} is damaged (expected a JSON object)")
@@ -130,8 +124,3 @@ def pooling_from_sentence_transformers(folder) -> tuple[str | None, bool]:
         elif kind.endswith("Normalize"):
             normalize = True
     return mode, normalize
-
-
-def module_folder(module: dict) -> str:
-    """The folder of a checked modules.json entry, relative to the model folder ('.' for the folder itself)."""
-    return str(module.get("_folder", "."))

@@ -1,15 +1,9 @@
 """`encode` under torchrun: every process writes its own rows into the one output .npy, nothing is gathered.
 
-Gathering every row back into rank 0 made the job's output limited by one process's memory. Here rank 0
-creates the output's temporary .npy at its full size (blocks reserved, as a one-process encode does), every
-process encodes a contiguous range of the input's rows chunk by chunk and writes them into its slice of
-that file (positioned writes), and once every process has reported success rank 0 renames the file into place.
-Each process holds one chunk of strings and vectors at a time, whatever the corpus size. The output must be
-on a filesystem every process sees (as a multi-node job's rank-0 output always had to be for the others to
-read it back).
-
-A process that fails tells the others at the closing agreement, so the job ends in one error and the
-partial file is removed with the temporary; nothing is renamed into place.
+Rank 0 creates the output's temporary .npy at full size; each process writes a contiguous range of rows into
+its slice, chunk by chunk; rank 0 renames the file into place only once every process has succeeded (one that
+fails tells the others at the closing agreement, and nothing is renamed). The output must be on a filesystem
+every process sees.
 """
 
 from __future__ import annotations
@@ -67,7 +61,7 @@ def write_rows(encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, 
 
 
 def encode_sharded(ctx: DistContext, encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, dim: int,
-                   tmp: Path | None, target: Path, chunk_rows: int,
+                   tmp: Path | None, target: Path, *, chunk_rows: int,
                    on_rows: Callable[[int], None] | None = None) -> int:
     """Every process's rows into rank 0's temporary .npy `tmp` (None on the other ranks); the rows written
     by this process. Raises on every process when any process failed."""

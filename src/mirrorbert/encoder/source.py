@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import re
 import sys
 import tempfile
@@ -28,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.safeguards.model_files import (TRUST_OPTION, CheckedModel, check_model_folder, module_type_allowed,
-                                               summary)
+from mirrorbert.safeguards.model_files import TRUST_OPTION, CheckedModel, check_model_folder, summary
 from mirrorbert.safeguards.preflight import check_max_length, check_model_exists, hub_reachable, is_decoder_config
 from mirrorbert.safeguards.snapshot import Snapshot
 
@@ -83,7 +83,7 @@ def local_folder(name: str, option: str = "--model", trust_remote_code: bool = F
     cached = cached_snapshot(name, option)
     if cached is not None:
         return cached
-    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True") or not hub_reachable():
+    if not hub_reachable():  # False under HF_HUB_OFFLINE
         raise UserError(f"{option} {name}: not a local folder and the Hugging Face hub is unreachable from this "
                         f"machine; {option} also takes a local folder holding a saved model (e.g. {option} "
                         "path/to/model)")
@@ -129,7 +129,6 @@ class ModelHandle:
         self._config: Any = None
         self._tokenizer: Any = None
 
-    # ------------------------------------------------------------------ lifetime
     def close(self) -> None:
         self.snapshot.close()
         self.files.close()
@@ -149,7 +148,6 @@ class ModelHandle:
         """A JSON file of the folder as the check parsed it."""
         return self.files.get(name, default)
 
-    # ------------------------------------------------------------------ config
     def config(self, overrides: dict[str, Any] | None = None):
         """The model's config (with `overrides` applied), checked against its weights before anything is built."""
         if self._config is None:
@@ -183,7 +181,6 @@ class ModelHandle:
                            "encoder-style masked LM (BERT, RoBERTa, ...), so its vectors may be poor", self.option,
                            self.name, getattr(config, "model_type", "?"))
 
-    # ------------------------------------------------------------------ tokenizer
     def tokenizer(self):
         """The model's tokenizer, checked on ordinary text (an empty vocabulary, a pattern that panics)."""
         if self._tokenizer is None:
@@ -204,7 +201,6 @@ class ModelHandle:
             raise UserError(f"{option}: the tokenizer of {self.name} has no mask token; masking needs one "
                             "([MASK] or <mask>)")
 
-    # ------------------------------------------------------------------ models
     def load(self, kind: str = "AutoModel", config: Any = None):
         """The model's weights in `kind` (AutoModel or AutoModelForMaskedLM), weights-only, prepared."""
         import transformers
@@ -237,7 +233,6 @@ class ModelHandle:
         except Exception as exc:  # noqa: BLE001  only the loader's refusals are worded here
             raise self._weights_failure(exc) from None
 
-    # ------------------------------------------------------------------ errors
     def _refusal(self, reason: str) -> UserError:
         return UserError(f"{self.option} {self.name}: {reason}; pass {TRUST_OPTION} if you trust its author")
 
@@ -246,7 +241,7 @@ class ModelHandle:
             return exc
         if isinstance(exc, ValueError) and "trust_remote_code" in str(exc):
             return self._refusal("it needs to run code shipped with the model (custom classes)")
-        if type(exc).__name__ == "PanicException":
+        if is_tokenizer_panic(exc):
             return UserError(f"{self.option} {self.name}: its tokenizer fails to load ({first_line(exc)[:160]}); "
                              "tokenizer.json is damaged or crafted")
         detail = f"no entry {exc}" if isinstance(exc, KeyError) else " ".join(str(exc).split())[:300] or \
@@ -254,8 +249,6 @@ class ModelHandle:
         return UserError(f"{self.option} {self.name}: cannot read the {what} in this folder: {detail}")
 
     def _weights_failure(self, exc: BaseException) -> UserError:
-        import pickle
-
         seen: BaseException | None = exc  # transformers 4.x wraps the unpickler's error in an OSError
         while seen is not None and not isinstance(seen, pickle.UnpicklingError):
             seen = seen.__cause__ or seen.__context__
@@ -297,28 +290,23 @@ def config_for_model(model_type: str, **values):
     return AutoConfig.for_model(model_type, **values)
 
 
-class quiet_transformers:
+@contextlib.contextmanager
+def quiet_transformers():
     """transformers' warnings (unused MLM-head weights, load reports) off inside the block, unless mirrorbert
     logs at DEBUG (-v)."""
+    if logging.getLogger("mirrorbert").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    from transformers.utils import logging as hf_logging
 
-    def __enter__(self):
-        self.old = None
-        if logging.getLogger("mirrorbert").isEnabledFor(logging.DEBUG):
-            return self
-        from transformers.utils import logging as hf_logging
-
-        self.old = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.old is not None:
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.set_verbosity(self.old)
+    old = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(old)
 
 
-# ------------------------------------------------------------------------------------------ config checks
 def _check_config_sizes(handle: ModelHandle, config) -> None:
     """Every size a positive whole number under CONFIG_SIZE_LIMITS, and the layer count the weights' names imply
     equal to config.json's: before anything, even on the meta device, is built from config.json."""
@@ -405,7 +393,6 @@ def _renamed_or_pooler(name: str) -> bool:
         "layernorm", "layer_norm", "ln")
 
 
-# ------------------------------------------------------------------------------------------ tokenizer checks
 def is_tokenizer_panic(exc: BaseException) -> bool:
     """tokenizers' Rust panics arrive as pyo3's PanicException, a BaseException of no importable type."""
     return type(exc).__name__ == "PanicException"
@@ -463,5 +450,5 @@ def _check_tokenizer(tokenizer, name: str, option: str) -> None:
     probe_tokenizer(lambda texts: tokenizer(texts, add_special_tokens=True, truncation=True), name, option)
 
 
-__all__ = ["ModelHandle", "config_for_model", "fresh_model", "is_tokenizer_panic", "local_folder",
-           "module_type_allowed", "open_model", "probe_tokenizer", "quiet_transformers"]
+__all__ = ["ModelHandle", "config_for_model", "fresh_model", "is_tokenizer_panic", "local_folder", "open_model",
+           "probe_tokenizer", "quiet_transformers"]

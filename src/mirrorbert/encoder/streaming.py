@@ -1,15 +1,11 @@
-"""`encode` for inputs larger than memory: the rows in chunks, the vectors straight into the .npy on disk.
-
-The vector matrix is what outgrows memory first (384 float32 dimensions are 1.5 kB per row, ten times a
-typical sentence), so `encode` always writes it into the .npy on disk (`RowWriter`: positioned writes)
-one chunk of `STREAM_ROWS` strings at a time; Parquet files are also read one record batch at a time and Arrow
-files and dataset folders are memory-mapped (data/hf_datasets.py), so their text is never held whole either. Each chunk
-is sorted by length inside `Encoder.encode`, as a whole input would be: the vectors equal an in-memory
-encode's. Text, CSV and JSONL files are read a chunk of lines at a time too (`data/readers.py`).
+"""`encode` for inputs larger than memory: the input read one chunk of `STREAM_ROWS` strings at a time, each
+chunk's vectors written straight into the .npy on disk (`RowWriter`: positioned writes); the vectors equal an
+in-memory encode's.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -66,8 +62,6 @@ def create_npy(path: Path, rows: int, dim: int, target: Path | None = None, opti
     """A float32 .npy of `rows` x `dim` at `path` (a temporary mirrorbert just made: opened without following
     a link), its blocks reserved before any row is written (`safeguards.writes.preallocate`): a full disk is
     one error naming `target` (what `path` becomes) and the bytes needed, not a SIGBUS halfway."""
-    import os
-
     from mirrorbert.safeguards.writes import open_temporary, preallocate
 
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
@@ -82,21 +76,16 @@ def create_npy(path: Path, rows: int, dim: int, target: Path | None = None, opti
 
 
 class RowWriter:
-    """Rows written into a .npy made by `create_npy` with plain positioned writes, not through a memory map: the
-    pages written stay in the page cache rather than in this process's resident set, so a process's memory
-    does not grow with the matrix it writes."""
+    """Rows written into a .npy made by `create_npy` with positioned writes (not a memory map), so a process's
+    memory does not grow with the matrix it writes."""
 
     def __init__(self, path: Path, rows: int, dim: int):
-        import os
-
         self.row_bytes = dim * np.dtype(np.float32).itemsize
         self.fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         self.offset = os.fstat(self.fd).st_size - rows * self.row_bytes  # the header's length
         self.rows, self.dim = rows, dim
 
     def write(self, start: int, block: np.ndarray) -> None:
-        import os
-
         data = np.ascontiguousarray(block, dtype=np.float32)
         if data.shape[1:] != (self.dim,) or start + len(data) > self.rows:
             raise ValueError(f"rows {start}..{start + len(data)} of width {data.shape[1:]} do not fit "
@@ -107,8 +96,6 @@ class RowWriter:
             view, position = view[done:], position + done
 
     def close(self) -> None:
-        import os
-
         os.close(self.fd)
 
     def __enter__(self) -> "RowWriter":
@@ -118,15 +105,14 @@ class RowWriter:
         self.close()
 
 
-def encode_to_npy(encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, dim: int, path: Path,
-                  show_progress: bool = False, what: str = "--input", target: Path | None = None,
-                  option: str = "--output") -> int:
+def encode_to_npy(encode: Callable[[list[str]], np.ndarray], source: ChunkedInput, dim: int, path: Path, *,
+                  show_progress: bool = False, what: str = "--input", target: Path | None = None) -> int:
     """Encode `source` chunk by chunk into a float32 .npy at `path` (see `create_npy`, `RowWriter`); the
     rows written."""
     from mirrorbert.reporting.progress import progress_bar
 
     written, any_text = 0, False
-    with RowWriter(create_npy(path, source.count, dim, target, option), source.count, dim) as out, \
+    with RowWriter(create_npy(path, source.count, dim, target), source.count, dim) as out, \
             progress_bar(total=source.count, show=show_progress, desc="encode", unit="string") as bar:
         for chunk in source.chunks():
             if written + len(chunk) > source.count:

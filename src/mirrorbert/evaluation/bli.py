@@ -1,17 +1,16 @@
 """Bilingual lexicon induction (BLI): Procrustes map + CSLS retrieval, acc@1 (Glavaš et al. 2019 data).
 
-For a pair ``src-tgt``: every word is encoded alone, unit length; an orthogonal map learned on the 5k training
-pairs maps each test source word, whose translation is retrieved by CSLS over the target vocabulary (the target
-words of both dictionaries plus the ``extra_vocab`` most frequent words of the language, from wordfreq); the
-source-side CSLS term runs over the source vocabulary built the same way. acc@1 is over the distinct test source
-words, any gold translation counting. A word is encoded once per call, whatever the pairs.
+For a pair ``src-tgt``: each word encoded alone, unit length, once per call; an orthogonal map learned on the 5k
+training pairs maps each test source word, translated by CSLS over the target vocabulary (both dictionaries' target
+words and the ``extra_vocab`` most frequent words, wordfreq; the source side likewise: docs/design.md). acc@1 is
+over the distinct test source words, any gold translation counting.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +19,11 @@ import numpy as np
 from mirrorbert.data.strings import read_text_lines
 from mirrorbert.errors import UserError
 from mirrorbert.evaluation import datasets as ds
-from mirrorbert.evaluation.retrieval import csls_topk
 from mirrorbert.evaluation.sts import TaskMetrics, TextEncoder
-from mirrorbert.search.exact import DEFAULT_CHUNK_SIZE, l2_normalize
+from mirrorbert.search.exact import DEFAULT_CHUNK_SIZE, chunked_topk, cosine_topk, l2_normalize
 
 logger = logging.getLogger(__name__)
+Embed = Callable[[Sequence[str]], np.ndarray]
 
 BLI_PAIRS: tuple[str, ...] = ds.BLI_PAIRS
 
@@ -43,7 +42,6 @@ class BliSettings:
     use_faiss: bool | None = None
 
 
-#: The runner passes a task's options as this dataclass (`settings=`) instead of as keywords.
 SETTINGS = BliSettings
 
 
@@ -52,7 +50,6 @@ def load_bli_dictionary(path: str | os.PathLike[str]) -> list[tuple[str, str]]:
     path = Path(path)
     pairs: list[tuple[str, str]] = []
     for lineno, line in enumerate(read_text_lines(path), 1):
-        line = line.rstrip("\n").rstrip("\r")
         if not line.strip():
             continue
         cols = line.split("\t")
@@ -62,6 +59,36 @@ def load_bli_dictionary(path: str | os.PathLike[str]) -> list[tuple[str, str]]:
     if not pairs:
         raise UserError(f"{path}: no word pairs")
     return pairs
+
+
+def csls_topk(
+    sources: np.ndarray,
+    targets: np.ndarray,
+    k: int = 1,
+    *,
+    csls_k: int = 10,
+    source_space: np.ndarray | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    use_faiss: bool | None = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` targets by CSLS (Conneau et al. 2018) of each (already mapped) source vector: ``2 cos(x, y) - r_T(x)
+    - r_S(y)``, ``r_T(x)`` the mean cosine of ``x`` to its ``csls_k`` nearest targets, ``r_S(y)`` that of ``y`` to
+    its nearest ``source_space`` vectors (the mapped source vocabulary; default ``sources``). Exact chunked search
+    (ties: the smaller key id; ``use_faiss=None``: faiss's exact ``IndexFlatIP`` when installed)."""
+
+    def density(queries: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        scores, _ = cosine_topk(queries, keys, csls_k, chunk_size=chunk_size, use_faiss=use_faiss)
+        return scores.mean(axis=1) if scores.shape[1] else np.zeros(scores.shape[0], np.float32)
+
+    src = l2_normalize(sources)
+    tgt = l2_normalize(targets)
+    r_t = density(src, tgt)
+    r_s = density(tgt, src if source_space is None else l2_normalize(source_space))
+    # for unit x, y: 2 x.y - r_S(y) = [x, 1] . [2y, -r_S(y)], one inner-product search
+    q_aug = np.hstack([src, np.ones((src.shape[0], 1), np.float32)])
+    k_aug = np.hstack([2.0 * tgt, -r_s[:, None].astype(np.float32)])
+    scores, ids = chunked_topk(q_aug, k_aug, k, chunk_size=chunk_size, use_faiss=use_faiss)
+    return scores - r_t[:, None], ids
 
 
 def procrustes(source: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -82,28 +109,23 @@ def frequent_words(lang: str, n: int) -> list[str]:
         raise UserError(f"wordfreq has no word list for language {lang!r} (BLI extra vocabulary)") from None
 
 
-class _EmbeddingCache:
+def _embedding_cache(encoder: TextEncoder, batch_size: int, show_progress: bool) -> Embed:
     """Unit-length word vectors, each word encoded once per evaluation."""
+    vectors: dict[str, np.ndarray] = {}
 
-    def __init__(self, encoder: TextEncoder, batch_size: int, show_progress: bool) -> None:
-        self.encoder = encoder
-        self.batch_size = batch_size
-        self.show_progress = show_progress
-        self.vectors: dict[str, np.ndarray] = {}
-
-    def __call__(self, words: Sequence[str]) -> np.ndarray:
-        new = [w for w in dict.fromkeys(words) if w not in self.vectors]
+    def embed(words: Sequence[str]) -> np.ndarray:
+        new = [w for w in dict.fromkeys(words) if w not in vectors]
         if new:
-            emb = l2_normalize(
-                self.encoder.encode(new, batch_size=self.batch_size, normalize=True, show_progress=self.show_progress)
-            )
+            emb = l2_normalize(encoder.encode(new, batch_size=batch_size, normalize=True, show_progress=show_progress))
             if emb.shape[0] != len(new):
                 raise RuntimeError(f"encoder returned {emb.shape[0]} vectors for {len(new)} words")
-            self.vectors.update(zip(new, emb))
-        return np.stack([self.vectors[w] for w in words]).astype(np.float32)
+            vectors.update(zip(new, emb))
+        return np.stack([vectors[w] for w in words]).astype(np.float32)
+
+    return embed
 
 
-def evaluate_pair(embed: _EmbeddingCache, train: Sequence[tuple[str, str]], test: Sequence[tuple[str, str]],
+def evaluate_pair(embed: Embed, train: Sequence[tuple[str, str]], test: Sequence[tuple[str, str]],
                   pair: str, settings: BliSettings) -> float:
     """acc@1 of one language pair ``src-tgt`` (see the module docstring for the protocol)."""
     source_lang, target_lang = pair.split("-")
@@ -137,7 +159,7 @@ def evaluate_bli(encoder: TextEncoder, data_dir: str | os.PathLike[str] | None =
             raise UserError(f"BLI pair must look like 'en-fr', got {pair!r}")
     folders, skipped = ds.present_sets(data_dir, names, explicit=settings.pairs is not None, what="BLI pair",
                                        entry=ds.bli_entry)
-    embed = _EmbeddingCache(encoder, batch_size=batch_size, show_progress=show_progress)
+    embed = _embedding_cache(encoder, batch_size, show_progress)
     metrics = TaskMetrics()
     metrics.skipped.update(skipped)
     for pair, folder in folders.items():

@@ -9,6 +9,7 @@ official source, so the runner reports the task as *skipped*. To add a set, add 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -166,7 +167,6 @@ REGISTRY: dict[str, DatasetInfo] = {entry.name: entry for entry in (
 )}
 
 
-# ------------------------------------------------------------------------------------------ lookup
 def resolve_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
     """The data directory: the argument if given, else ``$MIRRORBERT_DATA``; a clear error otherwise."""
     if data_dir is None or str(data_dir) == "":
@@ -257,8 +257,6 @@ def gold_score(value: str, path: str | os.PathLike, lineno: int,
                score_range: tuple[float, float] | None = None) -> float:
     """A gold score read from an evaluation file: a finite number inside the set's published range (when given).
     NaN, infinity, text or an out-of-range value (`-7` on a 0-5 scale) is one error naming the file and line."""
-    import math
-
     text = value.strip()
     try:
         number = float(text)

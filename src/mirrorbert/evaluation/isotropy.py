@@ -4,9 +4,7 @@
   Z(c) = sum_i exp(c . v_i), over the unit eigenvectors c of V^T V and their opposites; near 1 for an isotropic
   cloud, near 0 when every vector points into one narrow cone.
 * MVN: the norm of the mean of the unit-length vectors (0 = spread out, 1 = all identical).
-* Plot: histograms of cos(s1, s2) of high- and low-scored STS-B test pairs, for the model and, when given, a
-  reference "before" model, side by side.
-
+* Plot: histograms of cos(s1, s2) of high- and low-scored STS-B test pairs, the model's beside a reference's.
 The texts embedded default to the distinct sentences of the STS-B test split.
 """
 
@@ -60,8 +58,7 @@ def plot_cosine_distributions(
     panels: dict[str, tuple[np.ndarray, np.ndarray]], path: str | Path, high: float, low: float
 ) -> Path:
     """One histogram panel per model: cosine of high- vs low-scored pairs."""
-    fig, axes = pyplot_figure(nrows=1, ncols=len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False,
-                              sharey=False)
+    fig, axes = pyplot_figure(ncols=len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     bins = np.linspace(-1.0, 1.0, 81)
     for ax, (label, (hi, lo)) in zip(axes[0], panels.items()):
         ax.hist(hi, bins=bins, alpha=0.6, density=True, label=f"gold >= {high:g} (n={len(hi)})", color="tab:blue")
@@ -88,7 +85,6 @@ class IsotropySettings:
     reference_label: str | None = None
 
 
-#: The runner passes a task's options as this dataclass (`settings=`) instead of as keywords.
 SETTINGS = IsotropySettings
 
 
@@ -120,11 +116,8 @@ def evaluate_isotropy(
     show_progress: bool = False,
     **_: Any,
 ) -> TaskMetrics:
-    """IS (``primary``) and MVN of the model (and of ``reference_encoder`` as ``*_before``), plus the plot.
-
-    ``cos_gap`` (and ``cos_gap_before``) = mean cosine of high-scored minus low-scored STS-B pairs, the
-    separation the plot shows.
-    """
+    """IS (``primary``) and MVN of the model (and of ``reference_encoder`` as ``*_before``), with the plot:
+    ``cos_gap`` (``cos_gap_before``) = mean cosine of high- minus low-scored STS-B pairs, the separation it shows."""
     settings = settings or IsotropySettings()
     texts, pairs = _texts(settings, data_dir)
     encoders: dict[str, TextEncoder] = {"": encoder}

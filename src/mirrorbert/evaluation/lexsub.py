@@ -24,7 +24,6 @@ from mirrorbert.settings.option_help import COUNT, MODEL_POSITIONS
 from mirrorbert.settings.validation import Options
 
 
-# --------------------------------------------------------------------------- generation
 @dataclass(kw_only=True)
 class GenerationConfig(Options):
     """How substitutes are generated and re-ranked; each field is a `lexsub` option (settings/fields.py)."""
@@ -51,18 +50,11 @@ def word_candidates(tokenizer) -> tuple[list[int], list[str]]:
     ids, words = [], []
     # Byte-level BPE / SentencePiece mark word starts; WordPiece marks continuations with ##.
     n = max(1, len(vocab))
-    markers = [m for m in ("\u0120", "\u2581") if sum(t.startswith(m) for t in vocab) / n > 0.1]
+    marker = next((m for m in ("\u0120", "\u2581") if sum(t.startswith(m) for t in vocab) / n > 0.1), "")
     for tok, idx in vocab.items():
-        if idx in special:
+        if idx in special or (marker and not tok.startswith(marker)) or (not marker and tok.startswith("##")):
             continue
-        if markers:
-            if not tok.startswith(markers[0]):
-                continue
-            word = tok[len(markers[0]):]
-        else:
-            if tok.startswith("##"):
-                continue
-            word = tok
+        word = tok[len(marker):]
         if len(word) >= 2 and word.isascii() and word.isalpha():
             ids.append(idx)
             words.append(word.lower())
@@ -75,7 +67,7 @@ class LexSubGenerator:
     def __init__(self, model, tokenizer, wordnet, device="cpu", config: GenerationConfig | None = None):
         import torch
 
-        from mirrorbert.encoder.masked_lm import require_fast_tokenizer
+        from mirrorbert.encoder.masked_lm import model_max_length, require_fast_tokenizer
 
         require_fast_tokenizer(tokenizer)
         self.model = model.to(device).eval()
@@ -90,11 +82,8 @@ class LexSubGenerator:
         if not self.cand_words:
             raise UserError("the tokenizer vocabulary has no whole-word entries to use as substitutes")
         self._morphy = functools.lru_cache(maxsize=None)(wordnet.morphy)
-        from mirrorbert.encoder.masked_lm import model_max_length
-
         self.max_length = min(self.config.max_length, model_max_length(model, tokenizer))
 
-    # ------------------------------------------------------------------ helpers
     def _forward(self, sentences: Sequence[str], spans: Sequence[tuple[int, int]]):
         """(final hidden states, input ids, attention mask, target mask) of ``sentences`` on the device; a target
         cut off by truncation falls back to the last real token."""
@@ -114,11 +103,7 @@ class LexSubGenerator:
         return hidden, ids, att, tmask
 
     def _fit(self, item: LexSubItem) -> tuple[tuple[str, ...], int]:
-        """The item's words, cropped around the target when the sentence exceeds the model's length.
-
-        Cropping (dropping words alternately from the longer side) keeps the target and
-        the nearest context instead of truncating the target away.
-        """
+        """The item's words, cropped around the target (from the longer side) to fit the model's length."""
         tokens, index = tuple(item.tokens), item.index
         limit = self.max_length - 4  # room for special tokens and substitutes longer than the target
         while len(tokens) > 1 and len(self.tokenizer(" ".join(tokens), add_special_tokens=False)["input_ids"]) > limit:
@@ -143,7 +128,7 @@ class LexSubGenerator:
                 continue
             if w in target_forms or any(l in target_forms for l in lemmas):
                 continue
-            lemma = shortest_base_form(lemmas, w)  # as WordNet.lemmatize: "eggs" -> "egg"
+            lemma = shortest_base_form(lemmas, w)  # "eggs" -> "egg"
             if lemma in seen:
                 continue
             seen.add(lemma)
@@ -152,7 +137,6 @@ class LexSubGenerator:
                 break
         return out
 
-    # ------------------------------------------------------------------ main
     def rank(self, items: Sequence[LexSubItem], show_progress: bool = False) -> dict[tuple[str, str], list[str]]:
         """Ranked, filtered substitutes (lemmas) per item key."""
         import torch
@@ -201,12 +185,9 @@ class LexSubGenerator:
         return torch.log_softmax(sims / self.config.emb_temperature, dim=-1)
 
     def _validate(self, fitted: tuple[tuple[str, ...], int], kept, hidden, tmask, att):
-        """Re-rank the top ``valid_top`` by how little the substitution changes the sentence.
-
-        Validation score: mean cosine between the original and the substituted sentence's
-        final hidden states over aligned positions (every context token, plus the target slot
-        as the mean over its sub-tokens); final = validation + valid_weight * proposal score.
-        """
+        """Re-rank the top ``valid_top`` by validation + valid_weight * proposal score, the validation score being
+        the mean cosine of the original and the substituted sentence's final hidden states over aligned positions
+        (every context token, and the target slot as the mean over its sub-tokens)."""
         import torch.nn.functional as F
 
         from mirrorbert.encoder.masked_lm import span_mean
@@ -251,18 +232,17 @@ def evaluate_lexsub(
     show_progress: bool = False,
     trust_remote_code: bool = False,
 ) -> LexSubScores:
-    """Load a masked LM, generate substitutes for a test set and score them (`trust_remote_code`: see
-    `Encoder.load`)."""
+    """A masked LM's substitutes for a test set, scored (`trust_remote_code`: see `Encoder.load`)."""
     from mirrorbert.data.wordnet import WordNet
+    from mirrorbert.encoder.masked_lm import load_masked_lm
     from mirrorbert.runtime.device import resolve_device
 
     config = config or GenerationConfig()
+    name = resolve_dataset(dataset)
     items = load_lexsub(dataset, data_dir)
     wn = WordNet.load(data_dir)
     if limit:
         items = items[:limit]
-    from mirrorbert.encoder.masked_lm import load_masked_lm
-
     tok, model = load_masked_lm(str(model_path), trust_remote_code)
     gen = LexSubGenerator(model, tok, wn, device=resolve_device(device), config=config)
     ranked = gen.rank(items, show_progress=show_progress)
@@ -270,12 +250,11 @@ def evaluate_lexsub(
     best = {k: v[:1] for k, v in ranked.items()}
     oot = {k: v[:10] for k, v in ranked.items()}
     scores = score_lexsub(gold, best, oot, ranked)
-    scores.extra.update({"dataset": resolve_dataset(dataset), "model": str(model_path),
+    scores.extra.update({"dataset": name, "model": str(model_path),
                          "post": "+".join(gen.config.post) or "none"})
     if output_dir is not None:
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        name = resolve_dataset(dataset)
         write_system_file(out / f"{name}.best", best)
         write_system_file(out / f"{name}.oot", oot, oot=True)
         (out / f"{name}.scores.json").write_text(jsonio.dumps(scores.as_dict(), indent=2) + "\n", encoding="utf-8")

@@ -60,13 +60,6 @@ class LexSubItem:
     def target(self) -> str:
         return self.tokens[self.index]
 
-    @property
-    def sentence(self) -> str:
-        return " ".join(self.tokens)
-
-    def target_span(self) -> tuple[int, int]:
-        return word_span(self.tokens, self.index)
-
 
 def word_span(tokens: Sequence[str], index: int) -> tuple[int, int]:
     """Character span of ``tokens[index]`` in ``" ".join(tokens)``."""
@@ -107,10 +100,8 @@ _GOLD_ENTRY = re.compile(r"^\s*(.*\S)\s+(\d+)\s*$")
 
 
 def parse_answer_line(line: str) -> tuple[str, str, str, list[str]] | None:
-    """Split ``lemma.pos id :: a;b`` (best) or ``lemma.pos id ::: a;b`` (oot).
-
-    Returns (lemma.pos, id, separator, entries) or None for a line in neither format.
-    """
+    """(lemma.pos, id, separator, entries) of ``lemma.pos id :: a;b`` (best) or ``lemma.pos id ::: a;b`` (oot), or
+    None for a line in neither format."""
     m = re.match(r"^(.*\S)\s+(\S+)\s+(:::?)\s?(.*)$", line.rstrip("\r\n"))
     if not m:
         return None
@@ -154,19 +145,12 @@ def resolve_dataset(name: str) -> str:
     return key
 
 
-def lexsub_dir(data_dir: str | os.PathLike | None) -> Path:
-    """``<data_dir>/lexsub``, or ``data_dir`` itself when it holds the sets."""
-    base = resolve_data_dir(data_dir)
-    return base / "lexsub" if (base / "lexsub").is_dir() else base
-
-
 def load_lexsub(name: str, data_dir: str | os.PathLike | None = None) -> list[LexSubItem]:
-    """Test items of LS07 or LS14 (CoInCo) with their gold substitutes attached.
-
-    Items without a gold line are kept (with empty gold): the scorer ignores them.
-    """
+    """Test items of LS07 or LS14 (CoInCo), from ``<data_dir>/lexsub`` (or ``data_dir`` itself when it holds the
+    sets), with their gold substitutes attached (empty for an item without a gold line: the scorer ignores it)."""
     key = resolve_dataset(name)
-    root = lexsub_dir(data_dir)
+    base = resolve_data_dir(data_dir)
+    root = base / "lexsub" if (base / "lexsub").is_dir() else base
     pre, gold_path = (root / p for p in DATASETS[key])
     for p in (pre, gold_path):
         if not p.is_file():

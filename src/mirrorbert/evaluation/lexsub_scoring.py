@@ -1,17 +1,13 @@
-"""Lexical substitution metrics: the official SemEval-2007 scorer (McCarthy & Navigli 2007, ``score.pl``) and P@k.
+"""Lexical substitution metrics, percentages as the official SemEval-2007 scorer (``score.pl``) prints them, and P@k.
 
-* scored items: gold lines with at least two responses after dropping the entries containing ``pn`` (the
-  annotators' proper-noun marker); H_i = the item's total response count;
+* scored items: gold lines with at least two responses once the entries containing ``pn`` (proper nouns) are
+  dropped; H_i = the item's total response count; P averages over the attempted items, R over all scored ones;
 * **best**: the gold counts of the guesses summed / number of guesses / H_i; **best-mode**: over the items with a
-  unique most frequent response, 1 when the *first* guess is that mode;
-* **oot**: up to 10 guesses, their gold counts summed / H_i; **oot-mode**: 1 when the mode is among the guesses;
-* precision averages over the attempted items, recall over all scored items;
-* answers normalised as the scorer does (one apostrophe removed, hyphens read as spaces, ``non-x``/``non x`` ->
-  ``nonx``), plus lower-casing of both sides and the same normalisation of the mode (docs/design.md);
-* P@k: over the scored items, the share of the top-k substitutes in the gold set (any count), an item with fewer
-  than k guesses still dividing by k.
-
-All scores are percentages, as the official scorer prints them.
+  unique most frequent response, 1 when the *first* guess is that mode; **oot**: up to 10 guesses, their gold
+  counts summed / H_i; **oot-mode**: 1 when the mode is among the guesses;
+* answers and mode normalised as the scorer does (one apostrophe removed, hyphens as spaces, ``non-x``/``non x``
+  -> ``nonx``) and lower-cased (docs/design.md); P@k: the share of the top-k in the gold set (any count) over the
+  scored items, an item with fewer than k guesses still dividing by k.
 """
 
 from __future__ import annotations
@@ -40,11 +36,7 @@ class ScoredGold:
 
 
 def prepare_gold(gold: Mapping[str, int]) -> ScoredGold | None:
-    """Apply the scorer's item rules; None when the item is not scored.
-
-    Entries containing ``pn`` are dropped; an item is scored when at least two responses
-    remain in total; the mode is the single response with the strictly highest count.
-    """
+    """The item as the scorer sees it (module docstring), or None when it is not scored."""
     counts: dict[str, int] = {}
     for sub, n in gold.items():
         if "pn" in sub:
@@ -81,9 +73,7 @@ class LexSubScores:
     extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "extra"}
-        d.update(self.extra)
-        return d
+        return {**{k: v for k, v in self.__dict__.items() if k != "extra"}, **self.extra}
 
 
 def _pct(num: float, den: float) -> float:
@@ -97,13 +87,9 @@ def score_lexsub(
     ranked: Mapping[tuple[str, str], Sequence[str]] | None = None,
     oot_k: int = 10,
 ) -> LexSubScores:
-    """Official best / best-mode / oot / oot-mode (P and R) and P@1, P@3.
-
-    ``best`` holds each item's best guesses (usually one), ``oot`` up to 10 guesses (more
-    are cut, as the scorer does), ``ranked`` the full ranked list for P@k; ``oot`` and
-    ``ranked`` default to ``best``. Items absent from a mapping or with no guess are
-    unanswered.
-    """
+    """Official best / best-mode / oot / oot-mode (P and R) and P@1, P@3 of each item's ``best`` guesses, ``oot``
+    guesses (cut to ``oot_k``) and ``ranked`` list (for P@k); ``oot`` defaults to ``best``, ``ranked`` to ``oot``.
+    An item absent from a mapping or without a guess is unanswered."""
     oot = best if oot is None else oot
     ranked = oot if ranked is None else ranked
     items = [(g, _answers(best, key), _answers(oot, key)[:oot_k], _answers(ranked, key))

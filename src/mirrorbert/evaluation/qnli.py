@@ -26,9 +26,7 @@ NEGATIVE = "not_entailment"
 def load_qnli(path: str | Path) -> tuple[list[str], list[str], np.ndarray]:
     """GLUE QNLI tsv (header index, question, sentence, label) -> questions, sentences, 0/1 labels."""
     path = Path(path)
-    questions: list[str] = []
-    sentences: list[str] = []
-    labels: list[int] = []
+    questions, sentences, labels = [], [], []
     lines = read_text_lines(path)
     header = (lines[0] if lines else "").split("\t")
     try:
@@ -38,7 +36,7 @@ def load_qnli(path: str | Path) -> tuple[list[str], list[str], np.ndarray]:
     for lineno, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
-        fields = line.rstrip("\n\r").split("\t")
+        fields = line.split("\t")
         if len(fields) <= max(iq, isent, ilab):
             raise UserError(f"{path}:{lineno}: expected {len(header)} TAB-separated fields, got {len(fields)}")
         label = fields[ilab].strip()
@@ -79,7 +77,6 @@ def roc_curve_points(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray
 
 
 def plot_roc(fpr: np.ndarray, tpr: np.ndarray, auc: float, path: str | Path, title: str = "QNLI dev") -> Path:
-    """Write the ROC curve PNG."""
     fig, ax = pyplot_figure(figsize=(4.5, 4.5))
     ax.plot(fpr, tpr, label=f"cosine (AUC = {auc * 100:.2f})")
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=0.8, label="chance")

@@ -182,9 +182,8 @@ class EvaluationResult:
                 out += [f"- {part}: {msg}" for part, msg in o.skipped_parts.items()]
                 out.append("")
             for label, path in o.artifacts.items():
-                link = Path(path)
-                if base_dir is not None:
-                    link = Path(os.path.relpath(Path(path).resolve(), Path(base_dir).resolve()))
+                link = Path(path) if base_dir is None else Path(os.path.relpath(Path(path).resolve(),
+                                                                                Path(base_dir).resolve()))
                 out += [f"![{label}]({link.as_posix()})", ""]
             out.append(f"_{o.seconds:.1f} s_")
             out.append("")
@@ -210,25 +209,12 @@ def _ordered_metrics(metrics: Mapping[str, float]) -> list[tuple[str, float]]:
 
 
 def check_eval_data(root: str | Path, tasks: Iterable[str]) -> None:
-    """The selected tasks' files checked before any model loads: UTF-8, and the gold scores of the STS and
-    word-similarity sets read as the tasks read them (a NaN, infinite or out-of-range score is one error naming
-    the file and line)."""
+    """The selected tasks' files checked before any model loads: UTF-8, and the STS and word-similarity gold scores
+    as the tasks read them (a NaN, infinite or out-of-range score is one error naming the file and line)."""
     wanted = set(tasks)
     datasets.check_eval_files(root, wanted)
     for task in sorted(wanted & {"sts", "wordsim"}):
         _task_module(task).check_gold_files(root)
-
-
-def _as_float_dict(task: str, result: Mapping[str, Any]) -> dict[str, float]:
-    if not isinstance(result, Mapping) or "primary" not in result:
-        raise TypeError(f"task {task} returned {type(result).__name__} without a 'primary' key")
-    out: dict[str, float] = {}
-    for k, v in result.items():
-        try:
-            out[str(k)] = float(v)
-        except (TypeError, ValueError):
-            raise TypeError(f"task {task}: metric {k!r} is not a number ({v!r})") from None
-    return out
 
 
 def evaluate(
@@ -311,8 +297,7 @@ class _TaskRun:
     model_name: str | None
 
     def task_kwargs(self, name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The keywords of one task's call: the run's own, then the user's options (those of a task's
-        ``SETTINGS`` fields as one ``settings=``)."""
+        """One task's keywords: the run's, then the user's options (a task's ``SETTINGS`` fields as ``settings=``)."""
         kwargs: dict[str, Any] = {"batch_size": self.batch_size, "show_progress": self.show_progress}
         options = dict(options)
         if name in PLOTTING_TASKS and self.plot_dir is not None:
@@ -340,7 +325,7 @@ def _run_task(encoder: Any, name: str, options: Mapping[str, Any], run: _TaskRun
         outcome = TaskOutcome(
             name,
             "ok",
-            metrics=_as_float_dict(name, result),
+            metrics={str(k): float(v) for k, v in result.items()},
             skipped_parts=dict(getattr(result, "skipped", {}) or {}),
             artifacts=dict(getattr(result, "artifacts", {}) or {}),
         )

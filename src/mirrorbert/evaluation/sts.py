@@ -9,7 +9,6 @@ each distinct text once, row-wise cosine, Spearman, the result type) are here to
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,11 +35,8 @@ class TextEncoder(Protocol):
 
 
 class TaskMetrics(dict):
-    """A flat ``{metric: float}`` dict (with ``primary``) plus what the report needs besides numbers.
-
-    ``skipped`` maps a sub-set that could not be evaluated to the reason (e.g. STS13 absent while
-    STS-B ran); ``artifacts`` maps a label to a written file (plots).
-    """
+    """A flat ``{metric: float}`` dict (with ``primary``); ``skipped`` maps a part not evaluated to the reason (STS13
+    absent while STS-B ran), ``artifacts`` a label to a written file (plots)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -48,7 +44,6 @@ class TaskMetrics(dict):
         self.artifacts: dict[str, str] = {}
 
 
-# ------------------------------------------------------------------------------------------ helpers
 def encode_unique(
     encoder: TextEncoder, texts: Sequence[str], batch_size: int = 64, show_progress: bool = False
 ) -> np.ndarray:
@@ -119,7 +114,6 @@ def save_figure(fig: Any, path: str | Path, dpi: int) -> Path:
     return path
 
 
-# ------------------------------------------------------------------------------------------ loaders
 @dataclass
 class PairSet:
     """Text pairs (sentences or words) with gold similarity scores."""
@@ -207,7 +201,6 @@ def load_sts_year(data_dir: str | Path | None, name: str) -> dict[str, PairSet]:
     return subsets
 
 
-# --------------------------------------------------------------------------------------------- task
 def score_pairs(encoder: TextEncoder, pairs: PairSet, batch_size: int = 64, show_progress: bool = False) -> float:
     """Spearman (fraction, not x100) of cosine similarity against gold scores."""
     sims = pair_similarities(encoder, pairs.s1, pairs.s2, batch_size=batch_size, show_progress=show_progress)
@@ -240,18 +233,13 @@ def load_set(data_dir: str | Path | None, name: str, split: str = "test") -> Pai
     if name in _SPLIT_FILES:
         loader, files = _SPLIT_FILES[name]
         return loader(datasets.require(data_dir, name, files=(files[split],)) / files[split])
-    entry = datasets.info(name)
+    inputs, gold = datasets.info(name).files  # the pair/score layout: STS.input.*, STS.gs.*
     folder = datasets.require(data_dir, name)
-    inputs = [f for f in entry.files if f.startswith("STS.input.")]
-    gold = [f for f in entry.files if f.startswith("STS.gs.")]
-    if len(inputs) != 1 or len(gold) != 1:
-        raise UserError(f"registry entry {name!r} is not a single pair/score set")
-    return load_pair_score(folder / inputs[0], folder / gold[0])
+    return load_pair_score(folder / inputs, folder / gold)
 
 
 def check_gold_files(data_dir: str | Path) -> None:
-    """Every present STS file of the data directory read as the task reads it (gold scores checked), before
-    any model loads."""
+    """Every present STS file read as the task reads it (gold scores checked), before any model loads."""
     for name in ENGLISH_SETS + OTHER_LANGUAGE_SETS:
         for split in ("test", "dev") if name == "stsb" else ("test",):
             try:
@@ -282,12 +270,9 @@ def evaluate_sts(
     show_progress: bool = False,
     **_: Any,
 ) -> TaskMetrics:
-    """STS task: Spearman (fraction) per set, per-year aggregations, English average as ``primary``.
-
-    ``sets`` defaults to the seven English sets plus the other-language ones; absent sets are listed in
-    ``.skipped`` (other-language sets only when asked for explicitly). ``extra`` maps a name to
-    ``(input_path, gold_path)`` files in the pair/score layout. Raises DatasetMissing if nothing ran.
-    """
+    """Spearman (fraction) per set, per-year aggregations, the English average as ``primary``. ``sets``: default the
+    English and other-language sets, absent ones in ``.skipped`` (other-language ones only when named); ``extra``:
+    name -> ``(input_path, gold_path)`` in the pair/score layout. DatasetMissing if nothing ran."""
     check_options(sets)
     explicit = sets is not None
     wanted = list(sets) if sets is not None else list(ENGLISH_SETS) + list(OTHER_LANGUAGE_SETS)
@@ -310,8 +295,6 @@ def evaluate_sts(
         out[name] = score_pairs(encoder, load_pair_score(inp, gs, score_range=None), batch_size=batch_size,
                                 show_progress=show_progress)
     _set_primary(out, [*wanted, *(extra or {})], list(absent.values()))
-    if any(isinstance(v, float) and math.isnan(v) for v in out.values()):
-        logger.warning("some STS scores are NaN (constant similarities or constant gold scores)")
     return out
 
 

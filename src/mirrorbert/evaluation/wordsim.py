@@ -62,7 +62,6 @@ class WordsimSettings:
     max_score_diff: float | None = None
 
 
-#: The runner passes a task's options as this dataclass (`settings=`) instead of as keywords.
 SETTINGS = WordsimSettings
 
 
@@ -72,8 +71,7 @@ def clean_word(cell: str) -> str:
 
 
 def load_word_pairs(path: str | Path, score_range: tuple[float, float] | None = None) -> PairSet:
-    """``w1 w2 score`` per line (TAB or spaces; eval-word-vectors layout), no header; scores finite (and in
-    ``score_range`` when given)."""
+    """``w1 w2 score`` lines (TAB or spaces, no header); scores finite, and in ``score_range`` when given."""
     path = Path(path)
     rows = []
     for lineno, line in enumerate(read_text_lines(path), start=1):
@@ -104,22 +102,19 @@ def load_simlex(path: str | Path) -> PairSet:
     return PairSet.of(pairs)
 
 
-def _lang_code(language: str) -> str:
+def _lang_code(language: str, flag: str = "--wordsim-languages") -> str:
     lang = language.strip().lower()
     if lang in MSIMLEX_LANGUAGES:
         return lang
     for code, name in MSIMLEX_LANGUAGES.items():
         if name.lower() == lang:
             return code
-    raise UserError(f"unknown Multi-SimLex language {language!r}; known: {', '.join(MSIMLEX_LANGUAGES)}")
+    raise UserError(f"{flag}: unknown Multi-SimLex language {language!r}; known: {', '.join(MSIMLEX_LANGUAGES)}")
 
 
 def load_multisimlex(path: str | Path) -> dict[str, list[tuple[str, str, float] | None]]:
-    """Multi-SimLex table -> {iso code: [(w1, w2, score) or None per pair ID]} for languages present.
-
-    Rows stay aligned by pair ID across languages (needed for the cross-lingual variant); a cell that
-    is empty in some language gives None there.
-    """
+    """Multi-SimLex table -> {iso code: [(w1, w2, score) or None per pair ID]} for the languages present: rows stay
+    aligned by pair ID across languages, a cell empty in some language gives None there."""
     path = Path(path)
     rows = [line.split("\t") for line in read_text_lines(path)]
     if not rows:
@@ -180,8 +175,7 @@ def _load_english(name: str, path: Path) -> PairSet:
 
 
 def check_gold_files(data_dir: str | Path) -> None:
-    """Every present word-similarity file read as the task reads it (gold scores checked), before any model
-    loads."""
+    """Every present word-similarity file read as the task reads it (gold scores checked), before any model loads."""
     for name in (*ENGLISH_SETS, "multisimlex"):
         path = Path(data_dir) / datasets.REGISTRY[name].folder / datasets.REGISTRY[name].files[0]
         if path.is_file() and name == "multisimlex":
@@ -190,37 +184,28 @@ def check_gold_files(data_dir: str | Path) -> None:
             _load_english(name, path)
 
 
-def _pair_specs(cross_lingual: Iterable[str] | str | None) -> list[str]:
-    """The cross-lingual pairs asked for, as a list (a comma string split)."""
+def _parse_pairs(cross_lingual: Iterable[str] | str | None) -> list[tuple[str, str]]:
+    """The cross-lingual pairs asked for (a list or a comma string), as pairs of language codes."""
     specs = cross_lingual.split(",") if isinstance(cross_lingual, str) else list(cross_lingual or [])
-    return [spec for spec in specs if spec.strip()]
-
-
-def _parse_pair(spec: str) -> tuple[str, str]:
-    parts = re.split(r"[-_:]", spec.strip())
-    if len(parts) != 2:
-        raise UserError(f"cross-lingual pair {spec!r}: expected 'L1-L2', e.g. 'en-fr'")
-    return _lang_code(parts[0]), _lang_code(parts[1])
+    pairs = []
+    for spec in [s for s in specs if s.strip()]:
+        parts = re.split(r"[-_:]", spec.strip())
+        if len(parts) != 2:
+            raise UserError(f"--xling-pairs: cross-lingual pair {spec!r}: expected 'L1-L2', e.g. 'en-fr'")
+        pairs.append((_lang_code(parts[0], "--xling-pairs"), _lang_code(parts[1], "--xling-pairs")))
+    return pairs
 
 
 def check_options(sets: Iterable[str] | None = None, languages: Iterable[str] | None = None,
                   cross_lingual: Iterable[str] | str | None = None, **_: Any) -> None:
-    """The option values checked before any model loads (the runner calls this for `--option`,
-    `--wordsim-languages` and `--xling-pairs`)."""
+    """The option values checked before any model loads (`--option`, `--wordsim-languages`, `--xling-pairs`)."""
     for name in sets or []:
         if name not in ENGLISH_SETS and name != "multisimlex":
             raise UserError(f"--option wordsim.sets: unknown word-similarity set {name!r}; known: "
                             f"{', '.join([*ENGLISH_SETS, 'multisimlex'])}")
-    try:
-        for language in languages or []:
-            _lang_code(language)
-    except UserError as exc:
-        raise UserError(f"--wordsim-languages: {exc}") from None
-    try:
-        for pair in _pair_specs(cross_lingual):
-            _parse_pair(pair)
-    except UserError as exc:
-        raise UserError(f"--xling-pairs: {exc}") from None
+    for language in languages or []:
+        _lang_code(language)
+    _parse_pairs(cross_lingual)
 
 
 def evaluate_wordsim(encoder: TextEncoder, data_dir: str | Path | None = None, *,
@@ -231,7 +216,7 @@ def evaluate_wordsim(encoder: TextEncoder, data_dir: str | Path | None = None, *
     settings = settings or WordsimSettings()
     check_options(**asdict(settings))
     wanted = list(settings.sets) if settings.sets is not None else [*ENGLISH_SETS, "multisimlex"]
-    xpairs = [_parse_pair(p) for p in _pair_specs(settings.cross_lingual)]
+    xpairs = _parse_pairs(settings.cross_lingual)
     scoring = _Scoring(encoder, batch_size, show_progress)
     for name in wanted:
         folder = scoring.folder(data_dir, name) if name != "multisimlex" else None
@@ -281,8 +266,7 @@ class _Scoring:
 
 def _score_multisimlex(scoring: _Scoring, data_dir: str | Path | None, monolingual: list[str] | None,
                        xpairs: list[tuple[str, str]], max_score_diff: float | None) -> None:
-    """Multi-SimLex: the ``monolingual`` languages (None: every language of the file) and the cross-lingual
-    pairs ``xpairs``."""
+    """Multi-SimLex: the ``monolingual`` languages (None: all of the file) and the cross-lingual pairs ``xpairs``."""
     folder = scoring.folder(data_dir, "multisimlex")
     if folder is None:
         return

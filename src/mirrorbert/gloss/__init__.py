@@ -1,6 +1,3 @@
-"""GR-BERT: gloss-regularised MLM pre-training on WordNet (word, sentence, gloss) triplets, and STS fine-tuning.
-
-Modules: `config` (GlossPretrainConfig), `triplets` (triplets from WordNet's examples), `model` (the context and
-gloss encoders, mt and sc architectures, their losses), `method` (what the training engine runs), `parts` (a
-checkpoint's encoders), `pretrain` (the recipe: `pretrain()`), `finetune_sts`.
-"""
+"""GR-BERT: gloss-regularised MLM pre-training on (word, sentence, gloss) triplets, and STS fine-tuning. Modules:
+`config`, `triplets`, `model` (the context and gloss encoders, mt and sc, their losses), `method` (what the engine
+runs), `parts` (a checkpoint's encoders), `pretrain` (the recipe), `finetune_sts`."""

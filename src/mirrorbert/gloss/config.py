@@ -12,9 +12,8 @@ from mirrorbert.settings.run_options import RunOptions
 
 @dataclass(kw_only=True)
 class GlossPretrainConfig(RunOptions):
-    """Options of ``mirrorbert gloss-pretrain``; each field is the long CLI option of the same name (`lam`:
-    `--lambda`), declared once with its help and facts (settings/fields.py); the bookkeeping ones come from
-    `RunOptions`. `resume_safe` options may change on --resume (the triplets are checked by fingerprint)."""
+    """Options of ``mirrorbert gloss-pretrain`` (the bookkeeping ones from `RunOptions`); `resume_safe` options may
+    change on --resume (the triplets are checked by fingerprint)."""
 
     model: str | None = option(None, shared="model", note="the masked LM to start from", group="output",
                                required=True, resume_safe=True)
@@ -26,7 +25,6 @@ class GlossPretrainConfig(RunOptions):
                                range="[2, inf)", group="data", resume_safe=True)
     export_triplets: str | None = option(None, help="also write the (training) triplets to this TSV file",
                                          group="data", resume_safe=True)
-    # the method
     arch: str = option("mt", help="mt: one encoder, L = MLM + lambda*GR(h_s); sc: separate context encoders, GR on "
                                   "h_s(enc2) - h_c(enc1), only enc2 saved", choices=("mt", "sc"), group="method")
     lam: float = option(2.0, help="weight of the gloss loss", flag="--lambda", range="[0, inf)", group="method")
@@ -37,7 +35,6 @@ class GlossPretrainConfig(RunOptions):
                                   flag="--no-hard-negatives", group="method")
     max_length: int = option(128, shared="max_length", note=MODEL_POSITIONS, group="method")
     max_gloss_length: int = option(64, help="gloss tokens", range=COUNT, group="method")
-    # optimisation
     lr: float = option(2e-5, shared="lr", group="optimisation")
     weight_decay: float = option(0.01, shared="weight_decay", group="optimisation")
     warmup: float = option(0.1, shared="warmup", group="optimisation")
@@ -46,7 +43,6 @@ class GlossPretrainConfig(RunOptions):
     epochs: int = option(10, shared="epochs", group="optimisation", resume_safe=True)
     steps: int | None = option(None, shared="steps", group="optimisation", resume_safe=True)
     max_grad_norm: float = option(1.0, shared="max_grad_norm", group="optimisation")
-    # hardware and bookkeeping
     eval_batch_size: int = option(64, shared="eval_batch_size", group="hardware", resume_safe=True)
     output: str | None = redeclare(RunOptions, "output", note="the trained MLM's folder")
     save_every: int = redeclare(RunOptions, "save_every", note="0: at epoch ends and on interrupt only")

@@ -91,6 +91,7 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
     import torch
     from mirrorbert.reporting.progress import progress_bar
 
+    from mirrorbert.encoder.architectures import usable_precision
     from mirrorbert.encoder.model import Encoder
     from mirrorbert.evaluation.sts import score_pairs
     from mirrorbert.runtime.device import autocast, make_grad_scaler, resolve_device, resolve_precision
@@ -105,8 +106,6 @@ def finetune_once(cfg: FinetuneStsConfig, train, test, fraction: float, seed: in
     idx = subset_indices(len(train), fraction, seed)
     encoder = Encoder.load(cfg.model, pooling=cfg.pooling, device=str(device), trust_remote_code=cfg.trust_remote_code,
                            cli=True)  # errors name the options, as FinetuneStsConfig's own do
-    from mirrorbert.encoder.architectures import usable_precision
-
     precision = usable_precision(encoder.model, precision)
     encoder.max_length = min(cfg.max_length, encoder.max_length)  # at most the model's positions, like gloss-pretrain
     encoder.train()

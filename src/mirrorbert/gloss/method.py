@@ -12,8 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from mirrorbert.gloss.config import GlossPretrainConfig
+from mirrorbert.gloss.model import collate, gloss_matching_accuracy
 from mirrorbert.gloss.parts import cpu_state, save_parts
+from mirrorbert.reporting.metrics import MetricLogger
+from mirrorbert.runtime.device import autocast, make_grad_scaler
+from mirrorbert.runtime.randomness import derived_generator
+from mirrorbert.safeguards.writes import make_temporary, mark_folder, record_files, remove_tree
 from mirrorbert.training.loss_record import LossRecord
+from mirrorbert.training.optim import backward_and_step, build_optimizer, build_scheduler
 from mirrorbert.training.plan import BatchPlan
 from mirrorbert.training.run import keeps_checkpoints
 
@@ -40,10 +46,6 @@ class GlossMethod:
     """GR-BERT for the engine: triplet batches of the epoch's order, held-out evaluation at every epoch end."""
 
     def __init__(self, cfg: GlossPretrainConfig, model, tokenizer, data: GlossData, plan: BatchPlan, run_ctx):
-        from mirrorbert.reporting.metrics import MetricLogger
-        from mirrorbert.runtime.device import make_grad_scaler
-        from mirrorbert.training.optim import build_optimizer, build_scheduler
-
         self.cfg, self.model, self.tokenizer, self.plan = cfg, model, tokenizer, plan
         self.data, self.per_epoch, self.total_steps = data, plan.batches_per_epoch, plan.total_steps
         self.device, self.precision = run_ctx.device, run_ctx.precision
@@ -66,11 +68,6 @@ class GlossMethod:
             yield from self.plan.iter_batches(self.epoch, self.next_batch)
 
     def train_step(self, index, engine) -> dict[str, str]:
-        from mirrorbert.gloss.model import collate
-        from mirrorbert.runtime.device import autocast
-        from mirrorbert.training.optim import backward_and_step
-        from mirrorbert.runtime.randomness import derived_generator
-
         cfg, step = self.cfg, engine.step
         generator = derived_generator(cfg.seed, STREAM_MASK, step)
         batch = collate(
@@ -108,8 +105,6 @@ class GlossMethod:
             self.record_eval(self.epoch + 1, self.total_steps)
 
     def record_eval(self, tag_epoch: int, step: int) -> None:
-        from mirrorbert.gloss.model import gloss_matching_accuracy
-
         if not self.data.held_enc:
             return
         res = gloss_matching_accuracy(self.model, self.tokenizer, self.data.held_t, self.data.held_enc,
@@ -131,8 +126,6 @@ class GlossMethod:
 
     def save_best_dir(self) -> None:
         """Keep the best model on disk too, so that a resumed run still knows it."""
-        from mirrorbert.safeguards.writes import make_temporary, mark_folder, record_files, remove_tree
-
         self.ckpt_root.mkdir(parents=True, exist_ok=True)
         mark_folder(self.ckpt_root)  # a later run over this folder needs --resume or --overwrite
         final = self.ckpt_root / "best-model"

@@ -26,6 +26,7 @@ from mirrorbert.encoder.masked_lm import (mlm_forward, require_fast_tokenizer, s
                                          span_token_positions)
 from mirrorbert.gloss.triplets import Triplet
 from mirrorbert.mlm.masking import IGNORE_INDEX
+from mirrorbert.runtime.device import autocast
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ DEFAULT_LAMBDA = 2.0
 DEFAULT_TAU = 0.05
 
 
-# --------------------------------------------------------------------------- losses
 def cosine_logits(queries: torch.Tensor, candidates: torch.Tensor, tau: float = DEFAULT_TAU) -> torch.Tensor:
     """``cos(q_i, e_j) / tau`` for all pairs: [B, d] x [G, d] -> [B, G], computed in float32."""
     q = F.normalize(queries.float(), dim=-1)
@@ -88,7 +88,6 @@ def pick_hard_negative(word: str, gloss: str, inventory: Mapping[str, Sequence[s
     return rng.choice(others) if others else None
 
 
-# --------------------------------------------------------------------------- tokenisation
 @dataclass(frozen=True)
 class EncodedTriplet:
     """A triplet's sentence token ids and the positions of the target's sub-tokens."""
@@ -184,7 +183,6 @@ def collate(
     )
 
 
-# --------------------------------------------------------------------------- model
 @dataclass
 class GROutput:
     loss: torch.Tensor
@@ -200,8 +198,6 @@ class GlossRegularizedMLM(nn.Module):
     def __init__(self, context: nn.Module, gloss_encoder: nn.Module, arch: str = "mt",
                  context2: nn.Module | None = None, lam: float = DEFAULT_LAMBDA, tau: float = DEFAULT_TAU):
         super().__init__()
-        if arch == "sc" and context2 is None:
-            raise ValueError("arch 'sc' needs a second context encoder")
         self.arch = arch
         self.context = context  # mt: the model; sc: enc1 (masked context only)
         self.context2 = context2 if arch == "sc" else None  # sc: enc2 (kept for inference)
@@ -221,14 +217,11 @@ class GlossRegularizedMLM(nn.Module):
         """The masked LM that users get: the single encoder (mt) or enc2 (sc)."""
         return self.context2 if self.arch == "sc" else self.context
 
-    def save_inference(self, path: str | Path, tokenizer=None) -> None:
+    def save_inference(self, path: str | Path, tokenizer) -> None:
         """Save only the inference MLM (HF ``*ForMaskedLM`` format) and the tokenizer."""
-        path = Path(path)
         self.inference_model.save_pretrained(path)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(path)
+        tokenizer.save_pretrained(path)
 
-    # ------------------------------------------------------------------ pieces
     def encode_glosses(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """First-token vectors of the gloss texts: e_t."""
         return self.gloss_encoder(input_ids=ids, attention_mask=attention).last_hidden_state[:, 0]
@@ -275,8 +268,6 @@ def gloss_matching_accuracy(
     """Held-out gloss matching on the model's device: pick each triplet's gloss by cosine to its query.
     ``accuracy``: among all distinct glosses of the held-out triplets (what the loss trains); ``accuracy_word``:
     among the glosses the same word has in the held-out set, over triplets whose word has at least two."""
-    from mirrorbert.runtime.device import autocast
-
     device = next(model.parameters()).device
     glosses, gold = gloss_candidates([triplets[e.index].gloss for e in encoded], [])
     was_training = model.training

@@ -6,16 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mirrorbert.errors import UserError
+from safetensors.torch import load_file, save_file
+
+from mirrorbert.encoder.masked_lm import load_masked_lm
+from mirrorbert.errors import UserError, first_line
 from mirrorbert.gloss.config import GlossPretrainConfig
+from mirrorbert.gloss.model import GlossRegularizedMLM
+from mirrorbert.mlm.models import load_mlm
+from mirrorbert.training.checkpoints import checkpoint_folder
 
 GLOSS_ENCODER = "gloss_encoder.safetensors"
 
 
 def save_parts(model, tokenizer, folder: Path) -> None:
     """Everything a resumed run needs: every encoder, not just the inference one."""
-    from safetensors.torch import save_file
-
     folder.mkdir(parents=True, exist_ok=True)
     model.context.save_pretrained(folder / "context")
     tokenizer.save_pretrained(folder / "context")
@@ -26,10 +30,6 @@ def save_parts(model, tokenizer, folder: Path) -> None:
 
 
 def load_parts(folder: Path, cfg: GlossPretrainConfig):
-    from mirrorbert.encoder.masked_lm import load_masked_lm
-    from mirrorbert.gloss.model import GlossRegularizedMLM
-    from mirrorbert.mlm.models import load_mlm
-
     option, trust = f"--resume {folder.parent}:", cfg.trust_remote_code
     ck = _checkpoint(folder)
     context = ck.subfolder(f"{folder.name}/context")  # the encoders' folders inside the checkpoint, never a link out
@@ -45,20 +45,14 @@ def load_parts(folder: Path, cfg: GlossPretrainConfig):
 
 def _checkpoint(folder: Path):
     """The confined reader of the checkpoint holding the parts folder `folder` (`step-N/model`)."""
-    from mirrorbert.training.checkpoints import checkpoint_folder
-
     return checkpoint_folder(folder.parent, f"--resume {folder.parent}:")
 
 
 def _gloss_encoder_state(folder: Path) -> dict[str, Any]:
     """The gloss encoder's weights of a checkpoint (safetensors), read only inside the checkpoint folder, a
     regular file."""
-    from mirrorbert.errors import first_line
-
     option, ck = f"--resume {folder.parent}", _checkpoint(folder)
     if ck.exists(f"{folder.name}/{GLOSS_ENCODER}"):
-        from safetensors.torch import load_file
-
         with ck.library_path(f"{folder.name}/{GLOSS_ENCODER}") as checked:
             try:
                 return load_file(str(checked), device="cpu")

@@ -14,11 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import mirrorbert.jsonio as jsonio
-from mirrorbert.encoder.masked_lm import load_masked_lm
+from mirrorbert.encoder.architectures import usable_precision
+from mirrorbert.encoder.masked_lm import load_masked_lm, model_max_length
 from mirrorbert.errors import UserError
 from mirrorbert.gloss.config import GlossPretrainConfig
 from mirrorbert.gloss.method import STREAM_ORDER, GlossData, GlossMethod
+from mirrorbert.gloss.model import GlossRegularizedMLM, encode_triplets
 from mirrorbert.gloss.parts import cpu_state, load_parts
+from mirrorbert.gloss.triplets import load_triplets, split_holdout, triplet_stats, write_triplets_tsv
+from mirrorbert.mlm.masking import MlmMasker
+from mirrorbert.mlm.models import load_mlm
+from mirrorbert.reporting.metrics import library_versions
+from mirrorbert.training.checkpoints import checkpoint_folder
 from mirrorbert.training.plan import contrastive_plan
 from mirrorbert.training.run import GuardedPaths, Recipe, RunContext, run
 
@@ -47,7 +54,6 @@ class GlossPretrainResult:
                 "best": self.best, "wall_time_s": round(self.wall_time_s, 2)}
 
 
-# --------------------------------------------------------------------------- data
 def _fingerprint(triplets) -> str:
     h = hashlib.sha256()
     for t in triplets:
@@ -57,8 +63,6 @@ def _fingerprint(triplets) -> str:
 
 def prepare_triplets(cfg: GlossPretrainConfig):
     """Load triplets, optionally subsample (seeded), split off the held-out set."""
-    from mirrorbert.gloss.triplets import load_triplets, split_holdout, triplet_stats, write_triplets_tsv
-
     triplets, inventory = load_triplets(cfg.triplets, cfg.data_dir, show_progress=cfg.show_progress)
     stats: dict[str, Any] = {"source": cfg.triplets, **triplet_stats(triplets)}
     if cfg.limit and cfg.limit < len(triplets):
@@ -74,7 +78,6 @@ def prepare_triplets(cfg: GlossPretrainConfig):
     return train, heldout, inventory, stats
 
 
-# --------------------------------------------------------------------------- the run
 def pretrain(cfg: GlossPretrainConfig) -> GlossPretrainResult:
     """Run GR-BERT pre-training as configured and write the best model to ``cfg.output``."""
     cfg.validate()
@@ -104,8 +107,6 @@ class GlossRecipe(Recipe):
             raise UserError(f"--resume {resume.path}: checkpoint was written with --arch {resume.meta.get('arch')}")
 
     def build(self, run_ctx: RunContext) -> GlossMethod:
-        from mirrorbert.encoder.architectures import usable_precision
-
         cfg = self.cfg
         tokenizer, model, data = self._model_and_data(run_ctx)
         run_ctx.precision = usable_precision(model.context, run_ctx.precision, run_ctx.device)
@@ -114,9 +115,6 @@ class GlossRecipe(Recipe):
 
     def _model_and_data(self, run_ctx: RunContext):
         """The model (from the checkpoint when resuming), the encoded triplets and the optional MLM masker."""
-        from mirrorbert.encoder.masked_lm import model_max_length
-        from mirrorbert.gloss.model import GlossRegularizedMLM, encode_triplets
-
         cfg = self.cfg
         if run_ctx.resume is not None:
             tokenizer, model = load_parts(run_ctx.resume.model_dir, cfg)
@@ -132,8 +130,6 @@ class GlossRecipe(Recipe):
             raise UserError(f"only {len(train_enc)} usable training triplets: need at least 2")
         masker = None
         if cfg.mlm_prob > 0:
-            from mirrorbert.mlm.masking import MlmMasker
-
             vocab = model.context.get_input_embeddings().weight.shape[0]
             masker = MlmMasker.from_tokenizer(tokenizer, probability=cfg.mlm_prob, vocab_size=vocab)
         return tokenizer, model, GlossData(self.train_t, self.held_t, train_enc, held_enc, self.inventory, masker,
@@ -146,9 +142,6 @@ class GlossRecipe(Recipe):
         method.losses.restore(extra, f"--resume {resume.path}")
         best_dir = method.ckpt_root / "best-model"
         if method.best is not None and best_dir.is_dir():
-            from mirrorbert.mlm.models import load_mlm
-            from mirrorbert.training.checkpoints import checkpoint_folder
-
             best = checkpoint_folder(method.ckpt_root, "--checkpoint-dir").subfolder("best-model")  # never a link out
             method.best_state = cpu_state(load_mlm(str(best.root), f"--resume {resume.path}:",
                                                    self.cfg.trust_remote_code))
@@ -186,8 +179,6 @@ class GlossRecipe(Recipe):
 
 def _run_info(recipe: GlossRecipe, method: GlossMethod, step: int, wall: float) -> dict[str, Any]:
     """What the model folder's training-info file records about the run."""
-    from mirrorbert.reporting.metrics import library_versions
-
     cfg, plan = recipe.cfg, method.plan
     return {
         "method": "gr-bert",

@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from mirrorbert.data.strings import check_utf8_file
-from mirrorbert.errors import UserError
-from mirrorbert.safeguards.readback import open_text
 from mirrorbert.data.wordnet import POS_FILES, WordNet, candidate_base_forms
+from mirrorbert.errors import UserError
+from mirrorbert.reporting.progress import progress_bar
+from mirrorbert.safeguards.readback import open_text
+from mirrorbert.safeguards.writes import atomic_output_file
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +58,6 @@ def tokenize_spans(text: str) -> list[tuple[str, int, int]]:
     return out
 
 
-def _lemma_parts(lemma: str) -> list[str]:
-    return [t for t, _, _ in tokenize_spans(lemma.replace("_", " ").lower())]
-
-
 def find_target_span(
     sentence: str,
     lemma: str,
@@ -69,7 +67,7 @@ def find_target_span(
     """Character span of the first occurrence of ``lemma`` (possibly inflected) in ``sentence``: a token sequence
     matches when each token, or the sequence joined with ``_``, has the lemma's part among its morphy base forms for
     one of the POS (one letter or several). Exact matches are preferred over inflected ones."""
-    parts = _lemma_parts(lemma)
+    parts = [t for t, _, _ in tokenize_spans(lemma.replace("_", " ").lower())]
     if not parts:
         return None
     poses = [pos] if isinstance(pos, str) else list(pos)
@@ -111,8 +109,6 @@ def find_target_span(
 def build_wordnet_triplets(wn: WordNet, show_progress: bool = False) -> list[Triplet]:
     """One triplet per (synset, lemma, example) where the example contains the lemma; the gloss is the synset's
     definition, the lemma written with spaces instead of WordNet's underscores."""
-    from mirrorbert.reporting.progress import progress_bar
-
     out: list[Triplet] = []
     synsets = list(wn.all_synsets())
     for syn in progress_bar(synsets, desc="wordnet triplets", show=show_progress):
@@ -208,8 +204,6 @@ def write_triplets_tsv(triplets: Iterable[Triplet], path: str | os.PathLike) -> 
     """Write triplets as ``word TAB sentence TAB gloss`` (the format load_triplets_tsv reads)."""
     def clean(x: str) -> str:
         return re.sub(r"[\t\r\n]+", " ", x)
-
-    from mirrorbert.safeguards.writes import atomic_output_file
 
     # gloss-pretrain applied the write policy to --export-triplets before any work
     with atomic_output_file(path, overwrite=True, option="--export-triplets") as tmp, \

@@ -1,12 +1,6 @@
-"""A mirrorbert encoder as an MTEB model (mteb >= 2.0, `pip install "mirrorbert[mteb]"`; docs/guide/mteb.md):
-
-    model = MirrorBertMTEB("runs/mirror-bert", batch_size=64)   # a folder, a hub id or a loaded `Encoder`
-    results = mteb.evaluate(model, mteb.get_tasks(tasks=["STSBenchmark"]), cache=mteb.ResultCache("mteb-results"))
-
-`encode` returns one float32 row per text of mteb's batches, in order; `similarity` and `similarity_pairwise`
-are cosine; the metadata's `revision` is, unless given, `weights-<12 hex>`, a hash of the weights, pooling and
-maximum length (a model retrained into the same folder gets a new one). Only this module imports mteb, and only
-for the metadata.
+"""A mirrorbert encoder as an MTEB model (mteb >= 2.0, `pip install "mirrorbert[mteb]"`; usage: docs/guide/mteb.md).
+`similarity` and `similarity_pairwise` are cosine; the metadata's `revision` is, unless given, `weights-<12 hex>`
+(`weights_revision`). Only this module imports mteb, and only for the metadata.
 """
 
 from __future__ import annotations
@@ -20,6 +14,8 @@ import numpy as np
 import torch
 
 from mirrorbert.errors import UserError
+from mirrorbert.publish.model_card import public_name
+from mirrorbert.safeguards.confined import ConfinedFolder
 
 if TYPE_CHECKING:
     from mirrorbert.encoder.model import Encoder
@@ -54,14 +50,10 @@ def _as_matrix(x: Any) -> torch.Tensor:
 
 
 class MirrorBertMTEB:
-    """A mirrorbert `Encoder` behind mteb's encoder protocol.
-
-    model: an `Encoder`, or what `Encoder.load` reads, with `pooling`, `max_length` and `device` (an `Encoder`
-    given is moved to `device`); a model that ships its own code is refused (pass an `Encoder` loaded with
-    `trust_remote_code=True`). batch_size: texts per forward pass (None: mteb's `encode_kwargs` batch size,
-    else 64). normalize: unit-length vectors (None: the model's default). precision: auto | fp32 | bf16 | fp16.
-    name, revision: override the metadata's.
-    """
+    """A mirrorbert `Encoder` behind mteb's encoder protocol. model: an `Encoder` (moved to `device`), or what
+    `Encoder.load` reads with `pooling`, `max_length` and `device` (a model that ships its own code is refused).
+    batch_size: texts per forward pass (None: mteb's, else 64). normalize: unit-length vectors (None: the model's
+    default). precision: auto | fp32 | bf16 | fp16. name, revision: override the metadata's."""
 
     def __init__(self, model: "Encoder | str | os.PathLike", revision: str | None = None, *,
                  device: str | None = None, batch_size: int | None = None, normalize: bool | None = None,
@@ -96,22 +88,17 @@ class MirrorBertMTEB:
     def __repr__(self) -> str:
         return f"MirrorBertMTEB({self.encoder.source or type(self.encoder.model).__name__!r})"
 
-    # ------------------------------------------------------------------ encoding
     def encode(self, inputs, *, task_metadata=None, hf_split: str | None = None, hf_subset: str | None = None,
                prompt_type=None, **kwargs: Any) -> np.ndarray:
-        """One float32 row per text of the DataLoader's batches (`batch["text"]`), in order.
-
-        Also takes a plain list of strings. Of mteb's encode keywords, `batch_size` is used when the adapter
-        has none, `show_progress_bar` shows a bar, `precision` (output quantisation) must be float32.
-        """
+        """One float32 row per text of the DataLoader's batches (`batch["text"]`) or of a list of strings, in order.
+        Of mteb's keywords, `batch_size` is used when the adapter has none, `show_progress_bar` shows a bar,
+        `precision` (output quantisation) must be float32."""
         output_precision = kwargs.get("precision")
         if output_precision not in (None, "float32"):
             raise UserError(f"encode: mteb precision={output_precision!r}: mirrorbert returns float32 vectors; "
                             "for quantised ones leave precision out and compress them afterwards")
         texts = self._texts(inputs)
         batch_size = self.batch_size or kwargs.get("batch_size") or 64
-        if not texts:
-            return np.zeros((0, self.encoder.dim), dtype=np.float32)
         vectors = self.encoder.encode(texts, batch_size=batch_size, normalize=self.normalize,
                                       show_progress=bool(kwargs.get("show_progress_bar", False)),
                                       convert_to="numpy", precision=self.precision)
@@ -133,7 +120,6 @@ class MirrorBertMTEB:
             texts.extend([batch] if isinstance(batch, str) else batch)
         return texts
 
-    # ------------------------------------------------------------------ similarity
     def similarity(self, embeddings1, embeddings2) -> torch.Tensor:
         """[n1, n2] cosine similarity matrix (1-D inputs count as one row; a zero vector has cosine 0)."""
         a, b = _as_matrix(embeddings1), _as_matrix(embeddings2)
@@ -146,7 +132,6 @@ class MirrorBertMTEB:
             raise UserError(f"similarity_pairwise: shapes {tuple(a.shape)} and {tuple(b.shape)} differ")
         return (a * b.to(a.device)).sum(-1)
 
-    # ------------------------------------------------------------------ metadata
     @property
     def mteb_model_meta(self):
         """An `mteb.models.ModelMeta` for this model (built once; `ModelMeta.load_model` may replace it)."""
@@ -164,8 +149,6 @@ class MirrorBertMTEB:
 
     def model_name(self) -> str:
         """The metadata's name: given, else a hub id as it is, else `mirrorbert/<folder name>`."""
-        from mirrorbert.publish.model_card import public_name
-
         if self._name:
             return self._name
         source = self.encoder.source
@@ -176,9 +159,6 @@ class MirrorBertMTEB:
 
     def base_model(self) -> str | None:
         """The model this one was trained from (mirrorbert.json `base_model`), by hub id or folder name."""
-        from mirrorbert.publish.model_card import public_name
-        from mirrorbert.safeguards.confined import ConfinedFolder
-
         folder = self._local_folder()
         confined = ConfinedFolder(folder, "model", "model folder") if folder is not None else None
         if confined is None or not confined.exists("mirrorbert.json"):

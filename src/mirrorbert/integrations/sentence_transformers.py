@@ -1,22 +1,8 @@
-"""Mirror-BERT as a sentence-transformers loss: `SentenceTransformerTrainer` with a one-column dataset of strings.
-
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
-    from mirrorbert.integrations.sentence_transformers import MirrorBertDataCollator, MirrorBertLoss
-
-    model = SentenceTransformer("bert-base-uncased")           # any encoder; mean pooling is added
-    loss = MirrorBertLoss(model, temperature=0.04)             # InfoNCE over the 2B-2 in-batch negatives
-    collator = MirrorBertDataCollator(model, mask_span=5)      # the second view: a 5-character span masked
-    trainer = SentenceTransformerTrainer(model=model, train_dataset=dataset, loss=loss, data_collator=collator)
-
-`MirrorBertLoss` embeds the two views of every string (with dropout on, as in training mode) and calls the very
-loss object of `mirrorbert train` (`mirrorbert.mirror.loss`: InfoNCE over the 2B views, or multi-similarity),
-gathering the views of every process first when the trainer runs on several (differentiable all-gather). With
-one text column and no collator the two views differ by dropout alone; `MirrorBertDataCollator` adds the masked
-second view as the authors ran it (one span of `mask_span` characters replaced by the tokenizer's mask token,
-strings of at most `mask_min_chars` characters left whole; `mask_unit="token"` masks tokens instead, as
-`--mask-unit token` does), drawn from `seed`, the batch number and, in DataLoader workers, the worker's seed, so
-a rerun masks the same way and every batch, worker and epoch draws anew. The defaults are `mirrorbert train
---preset sentence`'s.
+"""Mirror-BERT as a sentence-transformers loss: `SentenceTransformerTrainer` with a one-column dataset of strings,
+`MirrorBertLoss` (InfoNCE over the 2B-2 in-batch negatives) and `MirrorBertDataCollator` (docs/guide/saved-model.md).
+Without the collator the two views of a string differ by dropout alone; `MirrorBertDataCollator` adds the masked
+second view as `mirrorbert train` makes it (`mask_span`, `mask_min_chars`, `mask_unit`), drawn from `seed`, the
+batch number and a DataLoader worker's seed. The defaults are `mirrorbert train --preset sentence`'s.
 """
 
 from __future__ import annotations
@@ -29,7 +15,6 @@ from mirrorbert.errors import UserError
 from mirrorbert.mirror.config import TrainConfig
 from mirrorbert.mirror.loss import build_loss
 from mirrorbert.runtime.randomness import derived_generator
-from mirrorbert.settings.choices import MASK_UNITS
 from mirrorbert.mirror.views import char_starts_from_draws, mask_chars, special_token_ids
 from mirrorbert.mirror.views import mask_span as mask_span_ids
 from mirrorbert.publish.model_card import CITATION
@@ -88,15 +73,15 @@ def MirrorBertDataCollator(model, mask_span: int = SENTENCE.mask_span, mask_min_
         from sentence_transformers.sentence_transformer.data_collator import SentenceTransformerDataCollator as base
     except ImportError:
         raise UserError('this needs sentence-transformers: pip install "mirrorbert[st]"') from None
-    if not isinstance(mask_span, int) or isinstance(mask_span, bool) or mask_span < 0:
-        raise UserError(f"mask_span: must be an integer >= 0, not {mask_span!r}")
-    if mask_unit not in MASK_UNITS:
-        raise UserError(f"mask_unit: must be one of {', '.join(MASK_UNITS)}, not {mask_unit!r}")
+    TrainConfig(preset="sentence", mask_span=mask_span, mask_min_chars=mask_min_chars, mask_unit=mask_unit,
+                seed=seed)  # the one check of these values, in the caller's words
     mask_token = getattr(model.tokenizer, "mask_token", None)
     if mask_span > 0 and not mask_token:
         raise UserError("mask_span: the model's tokenizer has no mask token; masking needs one ([MASK] or <mask>)")
 
     class _Collator(base):
+        _batches = 0  # batches drawn so far (each copy of the collator counts its own)
+
         def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
             text_columns = [k for k, v in features[0].items() if isinstance(v, str) and k != "dataset_name"]
             if len(text_columns) != 1:
@@ -137,9 +122,7 @@ def MirrorBertDataCollator(model, mask_span: int = SENTENCE.mask_span, mask_min_
             return [s if start is None else mask_chars(s, start, mask_span, mask_token)
                     for s, start in zip(strings, starts)]
 
-    collator = _Collator(model.preprocess, **kwargs)
-    collator._batches = 0
-    return collator
+    return _Collator(model.preprocess, **kwargs)
 
 
 __all__ = ["MirrorBertDataCollator", "MirrorBertLoss"]

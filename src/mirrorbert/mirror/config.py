@@ -1,9 +1,5 @@
-"""Training configuration: one typed dataclass, the paper's presets, config files and overrides.
-
-Precedence (lowest to highest): dataclass defaults < preset < config file < command-line options.
-Every value is checked from its field's facts (settings/validation.py) when the config is made and whenever a
-field is set, so the rest of the code can trust the values.
-"""
+"""Training configuration: one typed dataclass, the paper's presets, config files and overrides
+(defaults < preset < config file < command-line options)."""
 
 from __future__ import annotations
 
@@ -32,21 +28,14 @@ MEAN_POOLING_SENTENCE_MODEL_TYPES = ("bert",)  # mean pooling at sentence level 
 
 @dataclass(kw_only=True)
 class TrainConfig(RunOptions):
-    """Every knob of a Mirror-BERT run; each field is the long CLI option of the same name (`_` -> `-`), declared
-    once with its help and facts (settings/fields.py); the bookkeeping ones come from `RunOptions`.
+    """Every option of a Mirror-BERT run (the bookkeeping ones from `RunOptions`), checked when made and whenever a
+    field is set (UserError naming the option); `preset` fills every preset field not given. `pooling_given`:
+    pooling was given (made with it or set since), so it wins over a start model's own."""
 
-    Fields as keywords; `preset` fills every preset field not given explicitly. Every value is checked when
-    the config is made and whenever a field is set afterwards: a bad one raises UserError (a ValueError)
-    naming the option (`lr=` in Python, `--lr` on the command line), so code that receives a TrainConfig can
-    trust it. `pooling_given`: pooling was given (made with it or set since), so it wins over a start model's own.
-    """
-
-    # what to train
     model: str = option(DEFAULT_MODEL, shared="model", note="the masked LM to start from", group="output",
                         resume_safe=True)
     preset: str | None = option(None, help="paper settings: " + " | ".join(PRESETS), choices=tuple(PRESETS),
                                 group="output", card=True)
-    # training strings
     data: str | None = option(None, help="strings: .txt (one per line), .csv/.tsv/.parquet/.arrow or a saved "
                                          "datasets folder (with --column), .jsonl (with --field)", group="data",
                               excludes=("words_top", "random_strings"), resume_safe=True)
@@ -61,7 +50,6 @@ class TrainConfig(RunOptions):
     limit: int | None = option(None, shared="limit", note="a random sample of the strings (seeded)", group="data",
                                resume_safe=True)
     skip_bad_lines: bool = option(False, shared="skip_bad_lines", group="data", resume_safe=True)
-    # the method
     temperature: float = option(0.04, help="InfoNCE temperature tau", range="(0, inf)", group="method", preset=True,
                                 card=True)
     loss: str = option("infonce", help="infonce (paper eq. 1) | ms (multi-similarity loss with online triplet "
@@ -84,7 +72,6 @@ class TrainConfig(RunOptions):
                                  group="method", preset=True, card=True)
     max_length: int = option(50, shared="max_length", range="[3, inf)", why="special tokens plus one token",
                              group="method", preset=True, card=True)
-    # optimisation
     lr: float = option(2e-5, shared="lr", group="optimisation", card=True)
     weight_decay: float = option(0.01, shared="weight_decay", group="optimisation", card=True)
     schedule: str = option("constant", help="constant (paper) | linear (decay to 0 after warmup)",
@@ -95,7 +82,6 @@ class TrainConfig(RunOptions):
                              why="the loss needs in-batch negatives", group="optimisation", card=True)
     epochs: int = option(1, shared="epochs", group="optimisation", preset=True, card=True, resume_safe=True)
     steps: int | None = option(None, shared="steps", group="optimisation", card=True, resume_safe=True)
-    # speed and memory
     packing: str = option("auto", shared="packing", group="hardware")
     compile: bool = option(False, help="torch.compile the model; falls back to eager with a warning if it fails",
                            group="hardware")
@@ -105,7 +91,6 @@ class TrainConfig(RunOptions):
                                                      "embedding gradients, so big batches fit in small memory with "
                                                      "every in-batch negative kept; 0: off", unset="off",
                                           range="[0, inf)", excludes=("controlled_dropout",), group="hardware")
-    # evaluation before the save
     eval_after: str | None = option(None, help="comma-separated eval tasks (e.g. sts,wordsim) run on the trained "
                                                "model before saving; scores go into mirrorbert.json and README.md",
                                     group="eval", resume_safe=True)

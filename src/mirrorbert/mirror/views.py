@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 # Random streams derived from the seed, one per purpose, so that resuming can regenerate them.
 STREAM_ORDER, STREAM_MASK = 1, 2
 
-# ----------------------------------------------------------------------------- tokenisation
+
 def tokenize_once(tokenizer, strings: Sequence[str], max_length: int) -> list[list[int]]:
     """Token ids with special tokens, truncated; done once per run, padding happens per batch."""
     encoded = tokenizer(list(strings), add_special_tokens=True, truncation=True, max_length=max_length)
@@ -38,7 +38,6 @@ def special_token_ids(tokenizer) -> set[int]:
     return {int(i) for i in tokenizer.all_special_ids}
 
 
-# ----------------------------------------------------------------------------- span masking
 def valid_span_starts(ids: Sequence[int], k: int, special: set[int]) -> list[int]:
     """Starts s such that ids[s:s+k] holds no special token; none if the string has <= k real tokens."""
     n_real = sum(1 for t in ids if t not in special)
@@ -63,7 +62,6 @@ def mask_span(ids: Sequence[int], k: int, mask_id: int, special: set[int], draw:
     return out
 
 
-# ----------------------------------------------------------------------------- character span masking
 def char_starts_from_draws(texts: Sequence[str], k: int, min_chars: int, draws: Sequence[float]) -> list[int | None]:
     """Start of the masked k-character span of each string, from one uniform draw in [0, 1) per string; None where
     the string stays unmasked. A string longer than both min_chars and k starts its span at draw * (len - k + 1),
@@ -103,14 +101,8 @@ class MaskingStats:
 
 class SecondViews:
     """The second views of a batch's strings, made when the batch is trained: `views_for(indices, seed, epoch)`.
-
-    The span string i (its row in the training data) hides in epoch e depends only on (seed, e, i), one uniform draw
-    from `index_uniforms(seed, (STREAM_MASK, e), [i])`: not on its batch, the batch size or the processes.
-    unit "char": a string longer than both min_chars and k gets one mask token of the model's own tokenizer for a
-    k-character span and is tokenised again; it counts as many destroyed tokens as original tokens the span
-    overlaps. unit "token": k consecutive real tokens become k mask tokens; a string with k or fewer stays
-    unmasked. `stats` sums what masking did over every batch made.
-    """
+    The span string i hides in epoch e depends only on (seed, e, i), not on its batch, the batch size or the
+    processes; `stats` sums what masking did over every batch made."""
 
     def __init__(self, tokenizer, store, unit: str, k: int, min_chars: int, max_length: int):
         self.tokenizer, self.store = tokenizer, store  # store: data.token_store.TokenStore or ListStore

@@ -17,21 +17,18 @@ RESUME_KEYS = ("seq_length", "batch_size", "grad_accum", "seed", "mlm_probabilit
 
 @dataclass(kw_only=True)
 class PretrainConfig(RunOptions):
-    """Every knob of an MLM pre-training run; each field is the long CLI option of the same name (`_` -> `-`),
-    declared once with its help and facts (settings/fields.py); the bookkeeping ones come from `RunOptions`.
-    `resume_safe` options may change on --resume (the corpus is checked by its key)."""
+    """Every option of an MLM pre-training run (the bookkeeping ones from `RunOptions`); `resume_safe` options may
+    change on --resume (the corpus is checked by its key)."""
 
     corpus: list[str] = option(shared="corpus", note="UTF-8 text file(s): one sentence per line, blank lines "
                                                      "separate documents", default_factory=list, group="output",
                                required=True, nargs="+", metavar="FILE", resume_safe=True)
-    # model: one of model (continued pre-training) or architecture (from scratch, needs tokenizer)
     model: str | None = option(None, shared="model", note="continue pre-training this MLM", group="output",
                                resume_safe=True)
     architecture: str | None = option(None, shared="architecture", note="pre-train from scratch (with --tokenizer)",
                                       group="output")
     tokenizer: str | None = option(None, help="tokenizer folder (required with --architecture; default with --model: "
                                               "the model's)", group="output", resume_safe=True)
-    # data and objective
     seq_length: int = option(128, help="tokens per packed sequence, specials included", range="[8, inf)",
                              group="data")
     mlm_probability: float = option(0.15, help="fraction of tokens to predict", range="(0, 1)", group="data")
@@ -40,7 +37,6 @@ class PretrainConfig(RunOptions):
                                   group="data")
     cache_dir: str | None = option(None, help="where the tokenised corpus is kept",
                                    unset="~/.cache/mirrorbert/mlm-corpus", group="data", resume_safe=True)
-    # optimisation
     lr: float | None = option(None, shared="lr", note="the peak", unset="5e-4 from scratch, 5e-5 continued",
                               group="optimisation")
     weight_decay: float = option(0.01, shared="weight_decay", group="optimisation")
@@ -54,7 +50,6 @@ class PretrainConfig(RunOptions):
     epochs: float | None = option(None, shared="epochs", note="a budget, fractions allowed",
                                   unset="1 when no budget is given", range="(0, inf)", group="optimisation",
                                   resume_safe=True)
-    # hardware and bookkeeping
     eval_every: int = option(500, help="held-out evaluation every N steps", range=COUNT, group="hardware",
                              resume_safe=True)
     eval_sequences: int = option(256, help="held-out sequences per evaluation", range=COUNT, group="hardware",

@@ -31,10 +31,6 @@ class MlmMasker:
         continuation: torch.Tensor | None = None,
     ):
         """`continuation[id]` is True for sub-word tokens that continue the previous word (whole-word masking)."""
-        if mask_token_id is None:
-            raise UserError("the tokenizer has no mask token; MLM pre-training needs one (e.g. [MASK] or <mask>)")
-        if not 0.0 < probability < 1.0:
-            raise UserError(f"--mlm-probability must be in (0, 1), got {probability}")
         self.mask_token_id = int(mask_token_id)
         self.probability = probability
         self.vocab_size = int(vocab_size)
@@ -46,8 +42,6 @@ class MlmMasker:
         self.random_candidates = torch.nonzero(~special).flatten()  # random replacements are ordinary tokens
         if self.random_candidates.numel() == 0:
             raise UserError("the tokenizer vocabulary has no ordinary tokens to use as random replacements")
-        if continuation is not None and continuation.numel() < self.vocab_size:
-            raise ValueError("continuation table is smaller than the vocabulary")
         self.continuation = continuation
 
     @classmethod

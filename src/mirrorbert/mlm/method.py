@@ -1,11 +1,7 @@
 """MLM pre-training as a `Method` of the training engine: packed windows, masks from (seed, epoch, batch),
-accumulated steps, held-out evaluation, and the running metrics carried through checkpoints.
-
-The windows: sequence i of a split is `[CLS] + stream[i*(L-1) : (i+1)*(L-1)]` over its token stream
-(`data.token_stream`, every sentence followed by the separator; `<s>` for RoBERTa): windows tile the stream
-exactly, sentences continue across windows (RoBERTa's FULL-SENTENCES packing), and only the very last sequence of
-a split can need padding.
-"""
+accumulated steps, held-out evaluation, and the running metrics carried through checkpoints. Sequence i of a split
+is `[CLS] + stream[i*(L-1) : (i+1)*(L-1)]` over its token stream (`data.token_stream`): windows tile the stream,
+sentences continue across windows (RoBERTa's FULL-SENTENCES packing), only a split's last sequence pads."""
 
 from __future__ import annotations
 
@@ -19,7 +15,6 @@ import torch
 
 from mirrorbert.data.token_stream import TokenizedCorpus
 from mirrorbert.encoder.masked_lm import lm_head_of
-from mirrorbert.errors import UserError
 from mirrorbert.mlm.config import PretrainConfig
 from mirrorbert.mlm.masking import IGNORE_INDEX, MlmMasker
 from mirrorbert.reporting.metrics import MetricLogger
@@ -39,8 +34,6 @@ class PackedSequences:
     """Fixed-length windows over a token stream, each prefixed by the start token ([CLS] / <s>)."""
 
     def __init__(self, stream: np.ndarray, seq_length: int, start_id: int, pad_id: int):
-        if seq_length < 2:
-            raise UserError(f"--seq-length must be at least 2, got {seq_length}")
         self.stream = stream
         self.seq_length = int(seq_length)
         self.body = self.seq_length - 1

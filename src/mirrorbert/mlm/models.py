@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mirrorbert.encoder.source import config_for_model, fresh_model, open_model
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.preflight import check_max_length
 
@@ -21,8 +22,6 @@ ARCHITECTURE_POSITIONS = 512
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     """The tokenizer of a tokenizer folder (`--tokenizer`), checked like a model's."""
-    from mirrorbert.encoder.source import open_model
-
     with open_model(path, option="--tokenizer", trust_remote_code=trust_remote_code, need_config=False) as handle:
         return handle.tokenizer()
 
@@ -30,8 +29,6 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
 def architecture_config(architecture: str, tokenizer, seq_length: int):
     """A fresh config for a named size or a config JSON file, sized to the tokenizer's vocabulary."""
     from transformers import BertConfig
-
-    from mirrorbert.encoder.source import config_for_model
 
     if architecture in ARCHITECTURES:
         size = ARCHITECTURES[architecture]
@@ -71,8 +68,6 @@ def architecture_config(architecture: str, tokenizer, seq_length: int):
 def build_model(cfg, resume_model: str | None = None, resume_option: str = "--resume"):
     """(model, tokenizer, description) for a fresh architecture or a pretrained MLM; when resuming, the model
     is the checkpoint's (`resume_model`), opened and prepared as any other."""
-    from mirrorbert.encoder.source import fresh_model, open_model
-
     trust = cfg.trust_remote_code
     if cfg.architecture is not None:
         tokenizer = load_tokenizer(cfg.tokenizer, trust)
@@ -105,7 +100,5 @@ def build_model(cfg, resume_model: str | None = None, resume_option: str = "--re
 
 def load_mlm(folder: str, option: str, trust_remote_code: bool):
     """The masked LM saved in `folder` (a checkpoint's, or a best model), opened, checked and prepared."""
-    from mirrorbert.encoder.source import open_model
-
     with open_model(folder, option=option, trust_remote_code=trust_remote_code, need_tokenizer=False) as saved:
         return saved.load("AutoModelForMaskedLM")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mirrorbert.data.token_stream import check_corpus_files, prepare_corpus
+from mirrorbert.encoder.architectures import usable_precision
 from mirrorbert.errors import UserError
 from mirrorbert.mlm.config import RESUME_KEYS, PretrainConfig
 from mirrorbert.mlm.masking import MlmMasker
@@ -73,8 +74,6 @@ class MlmRecipe(Recipe):
         return {k: v for k, v in saved.items() if k not in RESUME_KEYS}  # RESUME_KEYS have their own message
 
     def build(self, run_ctx: RunContext) -> MlmMethod:
-        from mirrorbert.encoder.architectures import usable_precision
-
         cfg, resume = self.cfg, run_ctx.resume
         model, self.source, self.corpus, data = _model_and_data(cfg, resume)
         run_ctx.precision = usable_precision(model, run_ctx.precision, run_ctx.device)

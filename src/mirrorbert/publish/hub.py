@@ -1,13 +1,8 @@
 """Publishing a model on the Hugging Face Hub: `mirrorbert push`, `train --push-to-hub` (a saved folder) and
-`push_encoder` (an encoder in memory, saved into a temporary folder first).
-
-What goes up is the saved folder as transformers and sentence-transformers read it, `mirrorbert.json` and the
-model card (rendered again for the repo unless edited since mirrorbert wrote it), never mirrorbert's
-bookkeeping: dot-files (marker, locks, temporaries), checkpoints (`step-N/`, `best-model/`), nested outputs.
-A symlink, a hard link, a FIFO, socket or device in what would go up is refused, naming it; each file is copied
-from a descriptor opened without following a link and checked to be the very file listed. The card is written
-from the folder's own files only. A dry run writes exactly the files that would be uploaded, through the write
-policy, and touches no network; a network or Hub error is one `UserError` line naming the repo. No torch import.
+`push_encoder` (an encoder in memory, saved into a temporary folder first). What goes up is the saved folder
+without mirrorbert's bookkeeping (dot-files, checkpoints, nested outputs), each file copied from a descriptor
+checked to be the very file listed (docs/design.md, "What a push sends"); a link, FIFO, socket or device is
+refused. A dry run writes exactly those files and touches no network; a Hub error is one `UserError` line.
 """
 
 from __future__ import annotations
@@ -23,10 +18,10 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterator
 
 from mirrorbert.errors import UserError, first_line
-from mirrorbert.publish.model_card import CARD_FILE
+from mirrorbert.publish.model_card import CARD_FILE, render_model_card
 from mirrorbert.safeguards.confined import ConfinedFolder
-from mirrorbert.safeguards.readback import describe_kind, opening
-from mirrorbert.safeguards.writes import MARKER, remove_tree
+from mirrorbert.safeguards.readback import describe_kind, opening, stream_sha256
+from mirrorbert.safeguards.writes import MARKER, WritePlan, atomic_output_dir, remove_tree
 
 DEFAULT_COMMIT_MESSAGE = "Upload a sentence encoder trained with mirrorbert"
 # one part of a repo id, by the Hub's rules (huggingface_hub.utils.validate_repo_id)
@@ -40,7 +35,6 @@ CHECKPOINT_DIR = re.compile(r"^(step-\d+|best-model)$")
 MARKER_LIMIT = 64 << 20  # the write policy's marker lists each file of the folder with its digest
 
 
-# ----------------------------------------------------------------------------- checks (no network, no model load)
 def check_repo_id(repo_id: Any, option: str = "--repo") -> str:
     """`repo_id` if it names a Hub model repo as USER/NAME (or ORG/NAME); otherwise a UserError naming `option`."""
     text = repo_id if isinstance(repo_id, str) else None
@@ -116,7 +110,6 @@ def _check_modules(model: ConfinedFolder, modules: list) -> None:
                 sub.read_json("config.json", dict)
 
 
-# ----------------------------------------------------------------------------- what is uploaded
 PUBLISHED = "only regular files inside the model folder, each its only link, are published"
 
 
@@ -287,8 +280,6 @@ class Upload:
 
 def _card_digest(view: PublishedFolder) -> list:
     """[size, sha256] of the folder's listed README.md, as the write policy's marker records it."""
-    from mirrorbert.safeguards.readback import stream_sha256
-
     with os.fdopen(view.open(CARD_FILE), "rb") as fh:
         return [os.fstat(fh.fileno()).st_size, stream_sha256(fh)]
 
@@ -305,12 +296,10 @@ def _recorded_card_digest(model: ConfinedFolder) -> list | None:
     return list(recorded) if isinstance(recorded, list) else None
 
 
-def plan_upload(folder: str | Path | ConfinedFolder, repo_id: str, render_card: bool | None = None,
-                option: str = "--model") -> Upload:
-    """What pushing `folder` to `repo_id` sends. `render_card`: None renders the card for the repo unless it
+def plan_upload(model: ConfinedFolder, repo_id: str, render_card: bool | None = None) -> Upload:
+    """What pushing `model` to `repo_id` sends. `render_card`: None renders the card for the repo unless it
     was edited since mirrorbert wrote it (the write policy's marker records its digest); True/False force it.
     The card is rendered from the folder's own files only (mirrorbert.json, modules.json, module configs)."""
-    model = folder if isinstance(folder, ConfinedFolder) else ConfinedFolder(folder, option, kind="model folder")
     listing = list_upload(model)
     view = PublishedFolder.of(model, model, listing)
     if render_card is not None:
@@ -329,8 +318,6 @@ def _render_card(model: PublishedFolder, repo_id: str) -> str:
     """The card for the repo, from the folder's files that go up (mirrorbert.json and the module files); a
     field of a type the card cannot show (a list where a name belongs, an object where a count does) is a
     damaged mirrorbert.json, refused."""
-    from mirrorbert.publish.model_card import render_model_card
-
     meta = model.read_json(MIRRORBERT_JSON, dict)
     try:
         return render_model_card(meta, folder=model, name=repo_id, hub=True)
@@ -341,14 +328,11 @@ def _render_card(model: PublishedFolder, repo_id: str) -> str:
                                             f"{type(exc).__name__}: {first_line(exc)})") from None
 
 
-# ----------------------------------------------------------------------------- dry run and push
 def dry_run(folder: str | Path, repo_id: str, output: str | Path, overwrite: bool = False, *,
             model_option: str = "--model", repo_option: str = "--repo", output_option: str = "--output",
             render_card: bool | None = None) -> dict[str, Any]:
     """Write into `output` exactly the files a push of `folder` to `repo_id` would upload; no network. `output`
     follows the write policy (an existing folder only with `overwrite` and only when mirrorbert wrote all of it)."""
-    from mirrorbert.safeguards.writes import WritePlan, atomic_output_dir
-
     repo_id = check_repo_id(repo_id, repo_option)
     plan = WritePlan({model_option: folder}, overwrite=overwrite).folder(output_option, output)
     with plan.locked():
@@ -411,21 +395,13 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool | None = None
 
 def push_encoder(encoder, repo_id: str, *, private: bool | None = None, token: str | None = None,
                  commit_message: str | None = None, dry_run_dir: str | Path | None = None) -> dict[str, Any]:
-    """Upload `encoder` (a `mirrorbert.Encoder`, or anything with its `write(folder)`) to the Hugging Face Hub
-    repo `repo_id` ("user/name"; created when missing); returns a record: repo, files, bytes (and the URL).
-
-    The encoder is written as `Encoder.save` writes it (transformers and sentence-transformers files,
-    `mirrorbert.json`) into a temporary folder, then pushed like `mirrorbert push`, with a model card whose usage
-    snippets load `repo_id`; mirrorbert's bookkeeping files are not sent. `private`: the visibility of a repo
-    created now (None: the Hub's default). `token`: a Hub token (default: `HF_TOKEN` or the saved login).
-    `dry_run_dir`: touch no network, write exactly the files that would be uploaded into this new folder
-    instead. A bad repo id, an existing `dry_run_dir` or a Hub that cannot be reached raises `UserError` naming
-    the argument (`repo_id`, `dry_run_dir`).
-    """
+    """Upload `encoder` (a `mirrorbert.Encoder`, or anything with its `write(folder)`) as `Encoder.save` writes it
+    to the Hub repo `repo_id` ("user/name"; created when missing), pushed like `mirrorbert push` with a card whose
+    snippets load `repo_id`; returns a record: repo, files, bytes (and the URL). `private`, `token`: as
+    `push_folder`. `dry_run_dir`: no network; the files that would go up are written into this new folder. Errors
+    are one `UserError` naming the argument (`repo_id`, `dry_run_dir`)."""
     repo_id = check_repo_id(repo_id, "repo_id")
     if dry_run_dir is not None:
-        from mirrorbert.safeguards.writes import WritePlan
-
         WritePlan({}).folder("dry_run_dir", dry_run_dir).check()  # before the encoder is written out
     with tempfile.TemporaryDirectory(prefix="mirrorbert-push-") as tmp:
         folder = Path(tmp) / "model"

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.reporting.scores import format_value
-
-if TYPE_CHECKING:
-    from mirrorbert.safeguards.confined import ConfinedFolder
+from mirrorbert.safeguards.confined import ConfinedFolder
 
 CARD_FILE = "README.md"
 PLACEHOLDER_NAME = "path/to/model"
@@ -71,7 +69,6 @@ TRANSFORMERS_POOLING = {
 }
 
 
-# ------------------------------------------------------------------------------------------ the card
 def write_model_card(folder: str | Path, meta: dict[str, Any], name: str | None = None) -> Path:
     """Write README.md into a model folder from the content of its mirrorbert.json (and its module files)."""
     path = Path(folder) / CARD_FILE
@@ -194,25 +191,15 @@ def _summary(raw: Any, base: str, method: str | None, dim: Any) -> str:
             f"sentences to a {dim}-dimensional dense vector space; compare them with cosine similarity.")
 
 
-# ------------------------------------------------------------------------------------------ architecture
 def model_folder(folder: str | Path | ConfinedFolder) -> ConfinedFolder:
     """The card's reader of a model folder: every file it shows comes from inside the folder."""
-    from mirrorbert.safeguards.confined import ConfinedFolder
-
     return folder if isinstance(folder, ConfinedFolder) else ConfinedFolder(folder, "--model", kind="model folder")
 
 
 def model_architecture(folder: str | Path | ConfinedFolder) -> str | None:
-    """The model as sentence-transformers prints it, read from `modules.json` and the module configs; None if
-    the folder has none. A module folder that leads out of the folder, or a file that is not a regular JSON file
-    inside it, is refused (`UserError`).
-
-    >>> print(model_architecture("out"))
-    SentenceTransformer(
-      (0): Transformer({'max_seq_length': 50, 'do_lower_case': False, 'architecture': 'BertModel'})
-      (1): Pooling({'word_embedding_dimension': 768, 'pooling_mode_cls_token': True, ...})
-    )
-    """
+    """The model as sentence-transformers prints it (`SentenceTransformer(\n  (0): Transformer({...})...`), read
+    from `modules.json` and the module configs; None if the folder has none. A module folder that leads out of the
+    folder, or a file that is not a regular JSON file inside it, is refused (`UserError`)."""
     model = model_folder(folder)
     if not model.exists("modules.json"):
         return None
@@ -251,7 +238,6 @@ def _optional_json(model: ConfinedFolder, name: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-# ------------------------------------------------------------------------------------------ sections
 def _evaluation_section(eval_after: dict[str, Any] | None) -> list[str]:
     if not eval_after:
         return []

@@ -1,9 +1,6 @@
-"""A line at least every interval while a command runs, whatever it is doing: within `beating(what)` a daemon thread
-notes when a line was last written (any record reaching the root logger's handlers, any progress line) and, after
-`MIRRORBERT_PROGRESS_INTERVAL` seconds (default 30) without one, writes the open progress bar's line, else the
-innermost open phase (`activity`) and how long it has run, else the last line written; an open tqdm bar on a
-terminal is redrawn instead. Standard library only: the command line imports this module.
-"""
+"""A line at least every interval while a command runs, whatever it is doing (`beating`): after
+`MIRRORBERT_PROGRESS_INTERVAL` seconds (default 30) without any line, `Heartbeat.line` is written. Standard library
+only: the command line imports this module."""
 
 from __future__ import annotations
 
@@ -154,7 +151,8 @@ class Heartbeat:
             self.emit(line)
 
     def line(self, now: float) -> str | None:
-        """The open bar's line, the newest open phase, or the last line said; None after redrawing a tqdm bar."""
+        """The newest open phase (before the open bar's line, unless it has run under a second), the open bar's
+        line, or the last line said; None after redrawing a tqdm bar."""
         with _lock:
             entries = [entry for entry in _open if not _closed(entry.bar)]
         bars = [entry.bar for entry in entries if entry.bar is not None]
@@ -162,8 +160,8 @@ class Heartbeat:
             bars[-1].refresh()
             return None
         bar_line = bars[-1].beat(now) if bars else None  # a LogProgress's own line, as of now
-        if entries and entries[-1].bar is None:  # a phase, maybe within the bar's loop
-            entry = entries[-1]
+        entry = entries[-1] if entries else None
+        if entry is not None and entry.bar is None and (not bar_line or now - entry.started >= 1):
             phase = f"still {entry.what}: {_duration(now - entry.started)}"
             return f"{phase}; {bar_line}" if bar_line else phase
         if bar_line:

@@ -1,27 +1,22 @@
 """The experiments of the two papers as cells: what to train (if anything), what to evaluate, and why.
 
-A cell is one (experiment, state) point of a paper table or figure, e.g. "sts/after" = Table 3,
-"+ Mirror" row. ``build_cells`` turns the configuration and the data directory into the list of
-cells that can run here, plus the parts that cannot, each with what it needs. Cells only
-*describe* work (plain dicts, hashable for the cache); ``runner.py`` executes them.
+A cell is one (experiment, state) point of a paper table or figure, e.g. "sts/after" = Table 3, "+ Mirror" row.
+``build_cells`` lists the cells this data directory allows and what it skips (with its needs); cells only
+*describe* work (plain data, hashed for the cache); ``runner.py`` executes them.
 """
 
 from __future__ import annotations
 
 import os
 import random
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
+from mirrorbert.data.strings import read_text_lines, top_words
 from mirrorbert.evaluation.datasets import BLI_PAIRS
 from mirrorbert.safeguards.readback import open_text
-
-MIRROR_EXPERIMENTS = ("wordsim", "random-strings", "sts", "qnli", "bel", "bli", "ablation", "isotropy",
-                      "datasize", "frequency")
-GRBERT_EXPERIMENTS = ("lexsub", "gr-sts", "gr-supervised")
-PAPERS = {"mirror": MIRROR_EXPERIMENTS, "grbert": GRBERT_EXPERIMENTS, "all": MIRROR_EXPERIMENTS + GRBERT_EXPERIMENTS}
 
 CORPORA = "corpora"
 STSB_SENTENCES = "stsbenchmark_train_10k_sents_random_sampled.txt"
@@ -34,6 +29,8 @@ DROPHEAD_RATE = {"roberta": 0.05, "xlm-roberta": 0.05}
 DROPHEAD_DEFAULT = 0.2
 LEXSUB_SETS = ("LS07", "LS14")
 LEXSUB_POST = {"none": (), "emb+valid": ("emb", "valid")}
+#: The GR-BERT cells' models: the base MLM and the two GR architectures, with their names.
+GR_MODELS = ((None, "base"), ("mt", "gr-mt"), ("sc", "gr-sc"))
 
 
 @dataclass
@@ -82,9 +79,6 @@ class Cell:
         """Cells whose result depends on the seed run once per --seeds value."""
         return self.train is not None or self.gr_arch is not None or self.evaluation.task == "finetune-sts"
 
-    def spec(self) -> dict[str, Any]:
-        return asdict(self)
-
     @property
     def file_stem(self) -> str:
         return self.id.replace("/", "__")
@@ -98,8 +92,7 @@ class Skipped:
 
 
 def _lines(path: Path) -> list[str]:
-    with open_text(path, "--data-dir") as fh:
-        return [s for s in (x.strip() for x in fh.read().splitlines()) if s]
+    return [s for s in (x.strip() for x in read_text_lines(path)) if s]
 
 
 def _wordfreq_has(lang: str) -> bool:
@@ -120,29 +113,10 @@ def word_list_source(data_dir: Path, lang: str) -> dict[str, Any] | None:
 
 
 def _describe(source: dict[str, Any]) -> str:
+    """A word_list_source as the report names it."""
     if "data" in source:
         return f"`{Path(source['data']).name}`"
-    if "words_top" in source:
-        return f"wordfreq top {source['words_top']} ({source.get('lang', 'en')})"
-    return f"{source.get('random_strings')} random strings"
-
-
-def bel_names(data_dir: Path, out: Path, n: int, seed: int = 0) -> Path | None:
-    """A seeded sample of n names from the BEL dictionaries present (UMLS itself is licensed)."""
-    from mirrorbert.evaluation.bel import load_dictionary, load_medic
-
-    names: list[str] = []
-    ncbi = data_dir / "bel/ncbi/test_dictionary.txt"
-    medic = data_dir / "bel/bc5cdr/medic_06Jul2012.txt"
-    if ncbi.is_file():
-        names += list(load_dictionary(ncbi).names)
-    if medic.is_file():
-        names += [name for _, concept_names in load_medic(medic) for name in concept_names]
-    names = sorted(set(s.strip() for s in names if s.strip()))
-    if len(names) < 2:
-        return None
-    random.Random(seed).shuffle(names)
-    return _write_lines(out, names[:n])
+    return f"wordfreq top {source['words_top']} ({source['lang']})"
 
 
 #: Evaluation folders that --quick cuts (the others, e.g. training corpora, WordNet, lexsub, are linked whole).
@@ -172,11 +146,8 @@ def _head_text(path: Path, quick: QuickLimits) -> str:
 
 
 def quick_data_dir(data_dir: Path, dest: Path, quick: QuickLimits) -> Path:
-    """A copy of the data directory with every evaluation file cut to its first lines (--quick).
-
-    The evaluation code runs unchanged on it; the other folders are symbolic links to the originals.
-    Files are rewritten only when their content changes, so the cells' data fingerprints stay valid.
-    """
+    """A copy of the data directory with every evaluation file cut to its first lines (--quick), the other folders
+    linked; a file is rewritten only when its content changes, so the cells' data fingerprints stay valid."""
     dest.mkdir(parents=True, exist_ok=True)
     for entry in sorted(data_dir.iterdir()):
         target = dest / entry.name
@@ -251,7 +222,21 @@ class _Context:
         return self.sentence_train is not None
 
     def bel_names(self) -> Path | None:
-        return bel_names(self.data_dir, self.derived / f"bel_names_{self.n_strings}.txt", self.n_strings)
+        """A seeded sample of n_strings names from the BEL dictionaries present (UMLS itself is licensed)."""
+        from mirrorbert.evaluation.bel import load_dictionary, load_medic
+
+        names: list[str] = []
+        ncbi = self.data_dir / "bel/ncbi/test_dictionary.txt"
+        medic = self.data_dir / "bel/bc5cdr/medic_06Jul2012.txt"
+        if ncbi.is_file():
+            names += list(load_dictionary(ncbi).names)
+        if medic.is_file():
+            names += [name for _, concept_names in load_medic(medic) for name in concept_names]
+        names = sorted(set(s.strip() for s in names if s.strip()))
+        if len(names) < 2:
+            return None
+        random.Random(0).shuffle(names)
+        return _write_lines(self.derived / f"bel_names_{self.n_strings}.txt", names[:self.n_strings])
 
 
 def build_cells(
@@ -342,8 +327,6 @@ def _bel_cells(ctx: _Context, exp: str) -> None:
 
 
 def _bli_cells(ctx: _Context, exp: str) -> None:
-    from mirrorbert.data.strings import top_words
-
     pairs = [p for p in BLI_PAIRS if (ctx.data_dir / "bli" / p).is_dir()]
     ctx.skipped += [Skipped(exp, p, f"{ctx.data_dir}/bli/{p}/ (Glavaš et al. 2019 dictionaries)")
                     for p in BLI_PAIRS if p not in pairs]
@@ -384,8 +367,6 @@ def _ablation_cells(ctx: _Context, exp: str) -> None:
 
 
 def _isotropy_cells(ctx: _Context, exp: str) -> None:
-    from mirrorbert.data.strings import top_words
-
     names, n = ctx.bel_names(), ctx.n_strings
     levels: dict[str, tuple[dict[str, Any] | None, str]] = {
         "word": (ctx.word_train, "English word list"),
@@ -413,8 +394,7 @@ def _datasize_cells(ctx: _Context, exp: str) -> None:
     sizes = ctx.quick.datasizes if ctx.quick else DATASIZES
     if ctx.en_words is not None:
         _word_datasize_cells(ctx, exp, sizes)
-    if not ctx.stsb_file.is_file():
-        ctx.need_sentences(exp)
+    if not ctx.need_sentences(exp):
         return
     available = len(_lines(ctx.stsb_file))
     for n in sizes:
@@ -448,8 +428,6 @@ def _frequency_cells(ctx: _Context, exp: str) -> None:
     n_buckets = ctx.quick.buckets if ctx.quick else FREQUENCY_BUCKETS
     size = ctx.quick.bucket_size if ctx.quick else FREQUENCY_BUCKET_SIZE
     try:
-        from mirrorbert.data.strings import top_words
-
         ranked = top_words(n_buckets * size, "en")
     except Exception as exc:  # wordfreq missing or without the list: the figure is skipped
         ctx.skipped.append(Skipped(exp, "all", f"wordfreq's English list ({exc})"))
@@ -465,20 +443,14 @@ def _frequency_cells(ctx: _Context, exp: str) -> None:
                               data_note=f"en words ranked {b * size + 1}-{b * size + len(bucket)} by wordfreq"))
 
 
-def _gr_models() -> list[tuple[str | None, str]]:
-    """The GR-BERT cells' models: the base MLM and the two GR architectures, with their names."""
-    return [(arch, "base" if arch is None else f"gr-{arch}") for arch in (None, "mt", "sc")]
-
-
 def _lexsub_cells(ctx: _Context, exp: str) -> None:
-    # LS07 before the 6x larger CoInCo, no post-processing before the costly validation, all three models
-    # each: a stopped run still has whole columns
+    # cheapest first (LS07, no post-processing), all three models each: a stopped run still has whole columns
     for dataset in LEXSUB_SETS:
         if not (ctx.data_dir / "lexsub" / dataset).is_dir():
             ctx.skipped.append(Skipped(exp, dataset, f"{ctx.data_dir}/lexsub/{dataset} (LexSubCon layout)"))
             continue
         for post, post_opts in LEXSUB_POST.items():
-            for arch, name in _gr_models():
+            for arch, name in GR_MODELS:
                 opts = {"dataset": dataset, "post": list(post_opts), **({"limit": ctx.quick.lexsub_items}
                                                                         if ctx.quick else {})}
                 ctx.cells.append(Cell(f"lexsub/{name}/{post}/{dataset}", exp, f"{name}/{post}",
@@ -487,7 +459,7 @@ def _lexsub_cells(ctx: _Context, exp: str) -> None:
 
 def _gr_sts_cells(ctx: _Context, exp: str) -> None:
     ctx.cells += [Cell(f"gr-sts/{name}", exp, name, replace(_sts_eval(), pooling="first-last"), gr_arch=arch)
-                  for arch, name in _gr_models()]
+                  for arch, name in GR_MODELS]
 
 
 def _gr_supervised_cells(ctx: _Context, exp: str) -> None:
@@ -496,7 +468,7 @@ def _gr_supervised_cells(ctx: _Context, exp: str) -> None:
         return
     opts: dict[str, Any] = {"fractions": [1.0, 0.5, 0.2], **({"epochs": 1} if ctx.quick else {})}
     ctx.cells += [Cell(f"gr-supervised/{name}", exp, name, EvalSpec("finetune-sts", opts), gr_arch=arch)
-                  for arch, name in _gr_models()]
+                  for arch, name in GR_MODELS]
 
 
 #: Experiment -> (paper table/figure, title for the report, the function that adds its cells).
@@ -517,3 +489,6 @@ EXPERIMENTS: dict[str, tuple[str, str, Callable[[_Context, str], None]]] = {
     "gr-supervised": ("GR-BERT", "Supervised STS-B fine-tuning with 100/50/20% of the training pairs",
                       _gr_supervised_cells),
 }
+GRBERT_EXPERIMENTS = tuple(exp for exp, (table, _, _) in EXPERIMENTS.items() if table == "GR-BERT")
+MIRROR_EXPERIMENTS = tuple(exp for exp in EXPERIMENTS if exp not in GRBERT_EXPERIMENTS)
+PAPERS = {"mirror": MIRROR_EXPERIMENTS, "grbert": GRBERT_EXPERIMENTS, "all": tuple(EXPERIMENTS)}

@@ -1,23 +1,27 @@
 """Per-cell time estimates of `mirrorbert reproduce`: this machine's measured throughput x the cell's work.
 
-A cell's work is counted: a dry run of its evaluation with an encoder that only records the texts
-(:class:`CountingEncoder`) lists every string it encodes and times the rest; training is steps x batch x two
-views. The throughput is timed here with the base model on a sample of the cell's own texts, and the measured /
-predicted time of the cells already run (training and evaluation apart) corrects the later estimates.
+A cell's work: the texts a dry run of its evaluation encodes (:class:`CountingEncoder`) and the time of the rest;
+training's steps x batch x two views. The throughput is timed with the base model on a sample of the cell's texts,
+and corrected by the measured / predicted time of the cells already run (docs/design.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import logging
 import math
 import random
+import tempfile
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from mirrorbert.search.exact import l2_normalize
 
 logger = logging.getLogger(__name__)
 
@@ -41,20 +45,13 @@ class CountingEncoder:
         self.texts.extend(texts)
         rng = np.random.default_rng(len(self.texts))
         vectors = rng.standard_normal((len(texts), self.dim)).astype(np.float32)
-        if normalize:
-            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        return vectors
+        return l2_normalize(vectors) if normalize else vectors
 
 
 def dry_run(task: str, options: dict[str, Any], data_dir, batch_size: int, reference: bool) -> tuple[list[str], float]:
-    """(every text the evaluation encodes, seconds of everything else it does: reading the sets, the
-    metrics, the plots), from a run of the evaluation as the cell calls it, with counting encoders."""
-    import tempfile
+    """(every text the cell's evaluation encodes, seconds of the rest of it), from a run with counting encoders."""
+    from mirrorbert.evaluation.runner import evaluate
 
-    from mirrorbert.evaluation.runner import TASKS, evaluate
-
-    if task not in TASKS:
-        return [], 0.0
     counter, before = CountingEncoder(), CountingEncoder()
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # the real run says it (skipped sets and the like)
@@ -70,18 +67,12 @@ def dry_run(task: str, options: dict[str, Any], data_dir, batch_size: int, refer
 
 def warm_up() -> None:
     """Import now what the first cells would otherwise pay for once (the trainer, the plotting library)."""
-    import importlib
-
     for name in ("mirrorbert.mirror.train", "mirrorbert.evaluation.runner", "scipy.stats", "matplotlib"):
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            continue
-        if name == "matplotlib":  # the backend the report and the evaluation plots use
-            import matplotlib
-
-            matplotlib.use("Agg")
-            importlib.import_module("matplotlib.pyplot")
+        with contextlib.suppress(ImportError):
+            module = importlib.import_module(name)
+            if name == "matplotlib":  # the backend the report and the evaluation plots use
+                module.use("Agg")
+                importlib.import_module("matplotlib.pyplot")
 
 
 @dataclass
@@ -116,9 +107,7 @@ class Estimator:
                 texts, other_s = [], 0.0
             self._eval[key] = (len(texts), len(texts) * self._per_text(texts) + other_s) if texts else (0, 0.0)
         n, seconds = self._eval[key]
-        if not n:
-            return None
-        return seconds + (self.load_s if loads else 0.0)
+        return seconds + (self.load_s if loads else 0.0) if n else None
 
     def train_prediction(self, train_cfg) -> float:
         """Steps x batch x views x passes at the measured per-text time of the cell's training strings."""

@@ -40,10 +40,10 @@ class PaperCell:
     note: str = ""
 
 
-@lru_cache(maxsize=4)
-def load_paper_numbers(path: str | None = None) -> dict[str, Any]:
+@lru_cache(maxsize=1)
+def load_paper_numbers() -> dict[str, Any]:
     """The parsed paper-numbers file (cells as PaperCell, keyed by id)."""
-    doc = json.loads(Path(path or PAPER_NUMBERS_FILE).read_text(encoding="utf-8"))
+    doc = json.loads(PAPER_NUMBERS_FILE.read_text(encoding="utf-8"))
     cells = {c["id"]: PaperCell(**c) for c in doc["cells"]}
     return {**doc, "cells": cells}
 

@@ -12,6 +12,7 @@ import logging
 import os
 import statistics
 from collections import OrderedDict
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -149,8 +150,6 @@ def _wide_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
 
 def results_json(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: dict[str, str],
                  data_dir: Path) -> dict[str, Any]:
-    from dataclasses import asdict
-
     return {
         "model": run.config.model, "base_model": run.base_model, "paper_comparison": run.base_model is not None,
         "command": run.config.command, "config": asdict(run.config), "data_dir": str(data_dir), "versions": versions,
@@ -166,7 +165,7 @@ def results_json(run: ReproduceResult, cells: dict[str, dict[str, Any]], version
 def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: dict[str, str], data_dir: Path,
              plots: dict[str, Path], out: Path) -> str:
     lines = _header(run, versions, data_dir)
-    failed = [r for r in run.results if r.status == "error"]
+    failed = run.failed
     if failed:
         lines += ["## Failed cells", "", "Not cached: rerun the same command to try them again.", ""]
         lines += [f"- **{r.cell}**" + ("" if r.seed is None else f" seed {r.seed}") + f": {r.message}" for r in failed]
@@ -188,19 +187,18 @@ def markdown(run: ReproduceResult, cells: dict[str, dict[str, Any]], versions: d
 
 
 def _header(run: ReproduceResult, versions: dict[str, str], data_dir: Path) -> list[str]:
-    lines = [f"# Reproduction report: `{run.config.model}`", ""]
-    lines += [f"- command: `{run.config.command or 'mirrorbert reproduce'}`",
-              f"- papers: {run.config.paper}; seeds: {', '.join(map(str, run.config.seeds))}"
-              + ("; **--quick smoke test: not a result**" if run.config.quick else ""),
-              "- base model: " + (f"**{run.base_model}**, one of the paper's: cells show ours | paper | Δ"
-                                   if run.base_model is not None else "not one of the paper's base models "
-                                   "(bert-base-uncased, roberta-base, mBERT, PubMedBERT at base size): ours only"),
-              f"- data directory: `{data_dir}`",
-              "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-              f"- {run.computed} cell runs computed now, {len(run.results) - run.computed} reused from the cache; "
-              f"this run took {run.wall_s:.0f} s",
-              "- values x100; the paper's numbers come from `paper_numbers.json` (source and table of each)", ""]
-    return lines
+    return [f"# Reproduction report: `{run.config.model}`", "",
+            f"- command: `{run.config.command or 'mirrorbert reproduce'}`",
+            f"- papers: {run.config.paper}; seeds: {', '.join(map(str, run.config.seeds))}"
+            + ("; **--quick smoke test: not a result**" if run.config.quick else ""),
+            "- base model: " + (f"**{run.base_model}**, one of the paper's: cells show ours | paper | Δ"
+                                 if run.base_model is not None else "not one of the paper's base models "
+                                 "(bert-base-uncased, roberta-base, mBERT, PubMedBERT at base size): ours only"),
+            f"- data directory: `{data_dir}`",
+            "- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+            f"- {run.computed} cell runs computed now, {len(run.results) - run.computed} reused from the cache; "
+            f"this run took {run.wall_s:.0f} s",
+            "- values x100; the paper's numbers come from `paper_numbers.json` (source and table of each)", ""]
 
 
 def _experiment(run: ReproduceResult, exp: str, rows: list[tuple[str, dict[str, Any]]], plots: dict[str, Path],
@@ -254,14 +252,10 @@ def write_report(run: ReproduceResult, data_dir: Path, out: Path, versions: dict
     claim_files(out, ["plots/datasize.png", "plots/frequency.png", "plots/before_after.png", "results.json",
                       "report.md"], REPRODUCE_KIND)
     cells = aggregate(run.results, run.base_model)
-    plots: dict[str, Path] = {}
-    for exp, xlabel in (("datasize", "training strings"), ("frequency", "frequency bucket (1 = most frequent 10k)")):
-        p = _plot_curves(cells, exp, out / "plots" / f"{exp}.png", xlabel)
-        if p:
-            plots[exp] = p
-    p = _plot_before_after(cells, out / "plots" / "before_after.png")
-    if p:
-        plots["before_after"] = p
+    plots = {exp: _plot_curves(cells, exp, out / "plots" / f"{exp}.png", xlabel) for exp, xlabel in
+             (("datasize", "training strings"), ("frequency", "frequency bucket (1 = most frequent 10k)"))}
+    plots["before_after"] = _plot_before_after(cells, out / "plots" / "before_after.png")
+    plots = {name: path for name, path in plots.items() if path is not None}
     write_text_atomic(out / "results.json", jsonio.dumps(results_json(run, cells, versions, data_dir), indent=1,
                                                        ensure_ascii=False, default=str) + "\n", overwrite=True)
     report = out / "report.md"

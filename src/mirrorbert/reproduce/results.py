@@ -22,8 +22,7 @@ GR_OPTIONS_FIXED = {"model", "output", "data_dir", "overwrite", "device", "show_
 
 @dataclass(kw_only=True)
 class ReproduceConfig(Options):
-    """Options of `mirrorbert reproduce`; each field but `command` is the CLI option of the same name
-    (settings/fields.py)."""
+    """Options of `mirrorbert reproduce`: each field but `command` is its CLI option (settings/fields.py)."""
 
     model: str | None = option(None, shared="model", note="the base masked LM", required=True)
     output: str | None = option(None, shared="output", note="a folder for report.md, results.json, plots/, cells/ "
@@ -63,7 +62,6 @@ class ReproduceConfig(Options):
 
         self._overrides("train_options", FIELD_NAMES, "unknown option(s)",
                         lambda: resolve_config({"model": self.model, **self.train_options}))
-        # the runner sets these itself (per cell) or they would break the cache and the report
         gr_fields = {f.name for f in fields(GlossPretrainConfig)} - GR_OPTIONS_FIXED
         self._overrides("gr_options", gr_fields, "unknown or runner-set option(s)",
                         lambda: GlossPretrainConfig(model=self.model or "-", output="-", **self.gr_options))

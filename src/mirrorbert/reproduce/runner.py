@@ -1,10 +1,8 @@
 """Run the cells of ``cells.py``: train (once per training configuration and seed), evaluate, cache.
 
-Each (cell, seed) result is written to ``<output>/cells/<cell>--s<seed>.json`` with a hash of
-everything it depends on (cell spec, base model, seed, data fingerprints, library versions of
-mirrorbert); a rerun reuses every file whose hash matches, so an interrupted run resumes and a
-rerun computes only what is missing. Trained models live in ``<output>/models/`` until the last
-cell that needs them is done (``keep_models`` keeps them).
+Each (cell, seed) result goes to ``<output>/cells/<cell>--s<seed>.json`` with a hash of all it depends on (cell,
+base model, seed, data fingerprints, mirrorbert version): a rerun computes only what is missing or stale. Trained
+models live in ``<output>/models/`` until their last cell is done (``keep_models`` keeps them).
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import mirrorbert.jsonio as jsonio
-from mirrorbert.errors import UserError
+from mirrorbert.errors import UserError, first_line
 from mirrorbert.safeguards.confined import ConfinedFolder
-from mirrorbert.errors import first_line
 from mirrorbert.safeguards.readback import open_regular, parse_json, read_regular_bytes, set_aside
 from mirrorbert.reproduce.cells import Cell, QuickLimits, build_cells, quick_data_dir
 from mirrorbert.reproduce.results import CellResult, ReproduceConfig, ReproduceResult
@@ -41,7 +38,6 @@ TASK_DATA = {
     "isotropy": ("sts/STSBenchmark",), "lexsub": ("lexsub", "wordnet"), "finetune-sts": ("sts/STSBenchmark",),
 }
 
-# ----------------------------------------------------------------------------- fingerprints
 _FINGERPRINTS: dict[str, str] = {}
 
 
@@ -88,12 +84,6 @@ def _hash(obj: Any, output: Path | None = None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _model_type(model: str) -> str:
-    model_type = read_config(model).get("model_type")
-    return model_type if isinstance(model_type, str) else "roberta" if "roberta" in model.lower() else "bert"
-
-
-# ----------------------------------------------------------------------------- the run
 class _Context:
     """What a cell computation needs: the configuration, folders, base encoder cache."""
 
@@ -101,7 +91,6 @@ class _Context:
         self.cfg, self.data_dir, self.out, self.quick = cfg, data_dir, out, quick
         self.identity = model_identity(cfg.model)
         self.models_dir = out / "models"
-        self.plots_dir = out / "plots"
         self._base_encoders: dict[str, Any] = {}
 
     def base_encoder(self, pooling: str):
@@ -112,9 +101,7 @@ class _Context:
                                                         trust_remote_code=self.cfg.trust_remote_code)
         return self._base_encoders[pooling]
 
-    # -- training configurations
     def train_overrides(self, cell: Cell, seed: int) -> dict[str, Any]:
-        assert cell.train is not None
         overrides = {**cell.train, **self.cfg.train_options, "model": self.cfg.model, "seed": seed,
                      "device": self.cfg.device, "show_progress": False}
         if self.cfg.trust_remote_code:
@@ -130,9 +117,6 @@ class _Context:
 
     def trained_model_dir(self, cell: Cell, seed: int) -> Path:
         return self.models_dir / f"mirror-{_hash([self.identity, self.train_overrides(cell, seed)])}"
-
-    def gr_model_dir(self, arch: str, seed: int) -> Path:
-        return self.models_dir / f"gr-{arch}-{_hash([self.identity, self.gr_options(arch, seed)])}"
 
     def gr_options(self, arch: str, seed: int) -> dict[str, Any]:
         import torch
@@ -152,7 +136,7 @@ def cell_hash(ctx: _Context, cell: Cell, seed: int | None) -> str:
     train = ctx.train_overrides(cell, seed) if cell.train is not None else None
     if train and train.get("data"):
         data["train"] = fingerprint(Path(train["data"]))
-    return _hash({"cell": cell.spec(), "model": ctx.identity, "seed": seed, "train": train,
+    return _hash({"cell": asdict(cell), "model": ctx.identity, "seed": seed, "train": train,
                   "gr": ctx.gr_options(cell.gr_arch, seed or 0) if cell.gr_arch else None, "data": data,
                   "quick": asdict(ctx.quick) if ctx.quick else None, "eval_batch_size": ctx.cfg.eval_batch_size,
                   "mirrorbert": __version__}, output=ctx.out)
@@ -206,7 +190,7 @@ def _prepare_model(ctx: _Context, cell: Cell, seed: int | None) -> tuple[str, li
         from mirrorbert.gloss.pretrain import GlossPretrainConfig, pretrain
 
         opts = ctx.gr_options(cell.gr_arch, seed or 0)
-        folder = ctx.gr_model_dir(cell.gr_arch, seed or 0)
+        folder = ctx.models_dir / f"gr-{cell.gr_arch}-{_hash([ctx.identity, opts])}"
         command = _command(f"mirrorbert gloss-pretrain --model {ctx.cfg.model} --data-dir {ctx.data_dir} "
                            f"--output {folder}", opts)
         if not (folder / "config.json").is_file():
@@ -221,11 +205,8 @@ def _prepare_model(ctx: _Context, cell: Cell, seed: int | None) -> tuple[str, li
 
 
 def preflight(ctx: _Context, jobs: list[tuple[Cell, int | None]], config: Any) -> None:
-    """Every input of every cell, checked before the first one runs: one UserError naming what is wrong.
-
-    Each training cell's options through the same typed config as `mirrorbert train` (its data file, its
-    max length against the model's `config`), each evaluation's options as `mirrorbert eval` takes them.
-    """
+    """Every input of every cell checked before the first one runs (one UserError): training options through
+    `mirrorbert train`'s config (data file, max length against the model's `config`), evaluation options as `eval`'s."""
     from mirrorbert.mirror.config import resolve_config
     from mirrorbert.evaluation.runner import TASKS, check_task_options
     from mirrorbert.safeguards.preflight import check_max_length, check_readable
@@ -281,7 +262,7 @@ def compute_cell(ctx: _Context, cell: Cell, seed: int | None) -> CellResult:
 
             encoder = Encoder.load(model, pooling=ev.pooling, device=ctx.cfg.device,
                                    trust_remote_code=ctx.cfg.trust_remote_code)
-        plot_dir = ctx.plots_dir / cell.file_stem / f"s{seed}"
+        plot_dir = ctx.out / "plots" / cell.file_stem / f"s{seed}"
         reference = ctx.base_encoder("mean") if ev.reference_base else None
         outcome = evaluate(encoder, tasks=[ev.task], data_dir=ctx.data_dir, plot_dir=plot_dir, overwrite=True,
                            batch_size=ctx.cfg.eval_batch_size, task_options={ev.task: dict(ev.options)},
@@ -314,8 +295,7 @@ def _damage(data: Any) -> str | None:
 
 
 def _load_cached(path: Path, key: str) -> CellResult | None:
-    """The cached result of a cell, or None (absent, stale, a failure, or damaged: set aside with one warning,
-    `safeguards.readback.set_aside`)."""
+    """A cell's cached result, or None (absent, stale, a failure, or damaged: set aside with one warning)."""
     if not path.exists() and not path.is_symlink():
         return None
     data, why = None, "not a file"
@@ -420,8 +400,8 @@ def _plan(ctx: _Context, jobs: list[tuple[Cell, int | None]], todo: list[int], p
         if eval_pred is None:
             continue
         predictions[i] = parts + [(f"eval:{ev.task}", eval_pred)]
-    total = [estimator.estimate(p) for p in predictions.values()]
-    progress(f"estimated {_fmt_s(sum(t for t in total if t is not None))} for {len(predictions)} cell runs "
+    total = sum(estimator.estimate(parts) for parts in predictions.values())  # each has its evaluation part
+    progress(f"estimated {_fmt_s(total)} for {len(predictions)} cell runs "
              f"(throughput measured here in {time.perf_counter() - start:.0f} s)")
     return _JobPlan(jobs, estimator, predictions)
 
@@ -454,13 +434,9 @@ def _output_plan(cfg: ReproduceConfig, data_dir: Path):
 
 @contextlib.contextmanager
 def output_folder(cfg: ReproduceConfig, data_dir: Path) -> Iterator[Path]:
-    """The output folder under the write policy, locked for this run.
-
-    A new or empty folder is claimed (its marker says "reproduce"); a folder whose marker says it is a
-    reproduce output, holding nothing mirrorbert did not write, is continued (its cells are the cache);
-    anything else needs --overwrite, which replaces only a folder mirrorbert wrote. The marker lists
-    the files written; it is brought up to date after every cell (`record_files`).
-    """
+    """The output folder under the write policy, locked for this run: a new or empty folder is claimed (marker
+    "reproduce"); a reproduce output holding nothing mirrorbert did not write is continued (its cells are the cache);
+    anything else needs --overwrite, which replaces only a folder mirrorbert wrote. The marker lists the files."""
     from mirrorbert.safeguards.writes import discard_folder, mark_folder, read_marker, record_files
 
     with _output_plan(cfg, data_dir).locked() as paths:
@@ -509,7 +485,10 @@ def _reproduce(cfg: ReproduceConfig, experiments: list[str], data_dir: Path, out
         from mirrorbert.safeguards.preflight import check_model_reachable
 
         check_model_reachable(cfg.model)
-    cells, skipped = build_cells(experiments, data_dir, out, _model_type(cfg.model), quick)
+    model_type = read_config(cfg.model).get("model_type")
+    if not isinstance(model_type, str):
+        model_type = "roberta" if "roberta" in cfg.model.lower() else "bert"
+    cells, skipped = build_cells(experiments, data_dir, out, model_type, quick)
     record_files(out, REPRODUCE_KIND)  # the files build_cells derived into OUTPUT
     versions = library_versions()
     jobs = [(c, s) for c in cells for s in (cfg.seeds if c.seeded else (None,))]

@@ -45,11 +45,10 @@ def autocast_supported(device: torch.device, precision: str) -> bool:
     """Whether torch's autocast runs in `precision` on `device` (some releases switch it off with a warning)."""
     import warnings
 
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            with torch.autocast(device_type=device.type, dtype=dtype):
+            with autocast(device, precision):
                 return torch.is_autocast_enabled(device.type)
         except (RuntimeError, TypeError):
             return False
@@ -177,8 +176,7 @@ def set_threads(threads: int | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def tf32_matmuls(device: torch.device) -> Iterator[bool]:
-    """TF32 fp32 matmuls inside the block on Ampere and newer GPUs, the previous settings back on exit; yields
-    whether TF32 was switched on."""
+    """TF32 fp32 matmuls inside the block on Ampere and newer GPUs (yields whether), the previous ones after."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 8:
         yield False
         return

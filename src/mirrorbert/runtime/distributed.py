@@ -1,9 +1,5 @@
-"""Several processes (torchrun, accelerate launch): process group, batch shards, gathered negatives, DDP.
-
-Each process embeds its shard of the global batch; `gather_views` puts every process's rows, with gradients
-for its own, into the global order [x_1..x_B, xbar_1..xbar_B], so every process computes the loss of the whole
-batch and the parameter gradient is that of one process holding it (docs/design.md, "Several processes"). The
-launchers start the processes; this module only reads their environment variables.
+"""Several processes (torchrun, accelerate launch): process group, batch shards, gathered negatives, DDP. The
+launchers start the processes; this module reads their environment (docs/design.md, "Several processes").
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from mirrorbert.errors import UserError
+from mirrorbert.errors import UserError, first_line
 from mirrorbert.runtime.device import resolve_device
 from mirrorbert.runtime.randomness import derived_generator
 
@@ -36,20 +32,9 @@ STREAM_DROPOUT = 3
 T = TypeVar("T")
 
 
-def launched_world_size() -> int:
-    """Processes started by torchrun / accelerate (1 when started directly), checked (`launch_environment`)."""
-    return launch_environment()[0]
-
-
-def launched_rank() -> int:
-    """This process's global rank from the launcher's environment (no collective), checked."""
-    return launch_environment()[1]
-
-
 def launch_environment() -> tuple[int, int]:
-    """(WORLD_SIZE, RANK) as torchrun and accelerate set them, checked: whole numbers, 0 <= RANK < WORLD_SIZE,
-    LOCAL_RANK a whole number, and with several processes MASTER_ADDR and MASTER_PORT set. A half-set
-    environment is one UserError line before any work."""
+    """(WORLD_SIZE, RANK) as torchrun and accelerate set them, checked with LOCAL_RANK, MASTER_ADDR and
+    MASTER_PORT: a half-set environment is one UserError line before any work."""
     def number(name: str, default: int) -> int:
         text = os.environ.get(name, "").strip()
         if not text:
@@ -91,21 +76,18 @@ class DistContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    # ------------------------------------------------------------------ sharding
     def shard_sizes(self, n: int) -> list[int]:
         """Sizes of the contiguous shards of n items: the first n % W processes take one more."""
         base, extra = divmod(n, self.world_size)
         return [base + (1 if r < extra else 0) for r in range(self.world_size)]
 
     def shard(self, items: Sequence[T]) -> list[T]:
-        """This process's contiguous part of a global batch (a pure function of the batch and W). A process
-        whose part is empty gets the batch's first item as a stand-in, for the forward and backward DDP waits
-        for; `gather_views` drops it."""
+        """This process's contiguous part of a global batch; an empty part gets the batch's first item as a
+        stand-in for the forward and backward DDP waits for (`gather_views` drops it)."""
         sizes = self.shard_sizes(len(items))
         start = sum(sizes[: self.rank])
         return list(items[start:start + sizes[self.rank]]) or list(items[:1])
 
-    # ------------------------------------------------------------------ gathering
     def gather_views(self, local: torch.Tensor, n_strings: int) -> torch.Tensor:
         """All-gather the local rows [x.., xbar..] into the global [x_1..x_B, xbar_1..xbar_B], in the global
         batch's order (so the loss's labels i <-> i+B hold); this process's own rows keep their gradient,
@@ -130,17 +112,12 @@ class DistContext:
         return gathered
 
     def agree(self, code: int) -> int:
-        """The largest of every process's `code` (one all-reduce), on every process: the engine's stop
-        agreement at a step boundary (training/signals.py)."""
+        """The largest of every process's `code` (one all-reduce): the engine's stop agreement at a step."""
         if not self.enabled:
             return int(code)
         value = torch.tensor([int(code)], device=self._collective_device())
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return int(value.item())
-
-    def barrier(self) -> None:
-        if self.enabled:
-            dist.barrier()
 
     def on_main(self, work: Callable[[], T], others: T) -> T:
         """Run `work` (writing files) on rank 0 only; the others wait and get `others`, or a UserError at once
@@ -162,14 +139,11 @@ class DistContext:
             raise UserError(f"rank {self.rank}: rank 0 failed ({message}); stopping")
         return result
 
-    # ------------------------------------------------------------------ randomness
     def seed_step(self, seed: int, step: int) -> None:
-        """Under several processes, seed torch from (seed, step, rank): each process draws its own dropout
-        masks, and a resumed run the same ones again. A single process keeps its saved RNG state."""
+        """Under several processes, seed torch from (seed, step, rank): each its own dropout masks, on resume too."""
         if self.enabled:
             torch.manual_seed(derived_generator(seed, STREAM_DROPOUT, step, self.rank).initial_seed())
 
-    # ------------------------------------------------------------------ DDP
     def wrap(self, encoder: torch.nn.Module) -> None:
         """Put the encoder's inner Hugging Face model under DDP in place (`Encoder.embed` goes through it)."""
         if not self.enabled or isinstance(encoder.model, _ModelDDP):
@@ -185,13 +159,11 @@ class DistContext:
         if isinstance(encoder.model, _ModelDDP):
             encoder.model = encoder.model.module
 
-    # ------------------------------------------------------------------ failures
     @contextlib.contextmanager
     def failure_guard(self, last_checkpoint: Callable[[], Any], interrupt: Any = None) -> Iterator[None]:
         """A collective that fails (a peer gone, MIRRORBERT_DIST_TIMEOUT expired) ends this process with one
-        UserError line naming the last good checkpoint, and saying whether a signal had arrived (`interrupt`:
-        the engine's InterruptFlag). Without `interrupt`, a SIGTERM raises here at once. A single process is
-        left untouched."""
+        UserError line naming the last good checkpoint and any signal the engine's `interrupt` flag caught;
+        without `interrupt`, a SIGTERM raises here at once. A single process is left untouched."""
         if not self.enabled:
             yield
             return
@@ -215,8 +187,7 @@ class DistContext:
             if isinstance(exc, _LauncherStop):
                 why = "stopped by the launcher (another process failed or the job was cancelled)"
             else:
-                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-                why = f"another process of the job failed or timed out ({first})"
+                why = f"another process of the job failed or timed out ({first_line(exc)[:200]})"
                 if interrupt is not None and interrupt.raised:
                     name = signal.Signals(interrupt.signal).name if interrupt.signal else "a signal"
                     why = f"{name} received, but the processes could not agree to stop: {why}"
@@ -282,7 +253,6 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.factor, None
 
 
-# ---------------------------------------------------------------------- setup / teardown
 def _device_for(name: str | None, local_rank: int) -> torch.device:
     """One device per local rank: `auto`/`cuda` become cuda:<local rank>; MPS is not used by several processes."""
     if name in (None, "", "auto"):
@@ -307,10 +277,9 @@ def timeout_seconds() -> int:
 
 
 def init_from_env(device: str | None = "auto") -> DistContext:
-    """The context of this process, from the launcher's environment: a single process on `device` when started
-    directly; otherwise a member of the job's process group (NCCL on GPUs, gloo on CPU, a timeout on every
-    collective), joined unless the caller already did, with mirrorbert's logging quiet on ranks other than 0."""
-    if not dist.is_initialized() and launched_world_size() <= 1:
+    """The context of this process: a single process on `device` when started directly; otherwise a member of
+    the launcher's process group (NCCL on GPUs, gloo on CPU), mirrorbert's logging quiet on ranks other than 0."""
+    if not dist.is_initialized() and launch_environment()[0] <= 1:
         return DistContext(device=resolve_device(device))
     target = _device_for(device, int(os.environ.get("LOCAL_RANK", "0") or 0))
     if not dist.is_initialized():
@@ -326,8 +295,7 @@ def init_from_env(device: str | None = "auto") -> DistContext:
 
 
 def shutdown(synchronize: bool = False) -> None:
-    """Leave the process group, if any; with `synchronize` (a command that finished normally) after a barrier
-    with the others, so no process tears it down while a peer is still in its last collective."""
+    """Leave the process group, if any; with `synchronize` (a command that finished normally) after a barrier."""
     if dist.is_available() and dist.is_initialized():
         if synchronize:
             try:
@@ -337,7 +305,6 @@ def shutdown(synchronize: bool = False) -> None:
         dist.destroy_process_group()
 
 
-# ---------------------------------------------------------------------- sharded encoding
 _ENCODING: DistContext | None = None
 
 
@@ -354,8 +321,7 @@ def sharded_encoding(ctx: DistContext) -> Iterator[None]:
 
 
 def encoding_rows(n: int) -> list[int]:
-    """The input rows this process encodes: all of them, or its strided share (r, r+W, ...) while sharded
-    encoding is on."""
+    """The input rows this process encodes: all, or its strided share (r, r+W, ...) while sharded encoding is on."""
     if _ENCODING is None:
         return list(range(n))
     return list(range(_ENCODING.rank, n, _ENCODING.world_size))

@@ -32,9 +32,8 @@ _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
 def index_uniforms(seed: int, stream: Sequence[int], indices: Sequence[int]) -> np.ndarray:
-    """One uniform float in [0, 1) per index, each a pure function of (seed, stream, index) alone: the stream's
-    key mixed with the index by SplitMix64's finaliser, so a draw does not depend on which other indices are
-    drawn with it (a batch, a shard, a resumed run draw what a whole epoch would)."""
+    """One uniform float in [0, 1) per index, a pure function of (seed, stream, index) alone (SplitMix64's
+    finaliser): a batch, a shard, a resumed run draw what a whole epoch would."""
     key = np.random.SeedSequence([seed, *stream]).generate_state(1, dtype=np.uint64)[0]
     with np.errstate(over="ignore"):  # the mixing is arithmetic modulo 2**64
         z = np.asarray(indices, dtype=np.uint64) * _GOLDEN ^ key
@@ -64,9 +63,7 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None:
-        set_cuda_rng_states(state["cuda"])
+    set_torch_rng_state((state["torch"], state.get("cuda")))
 
 
 def set_cuda_rng_states(states) -> None:
@@ -84,8 +81,7 @@ def set_cuda_rng_states(states) -> None:
 
 @contextlib.contextmanager
 def replay_rng() -> Iterator[None]:
-    """The torch generators' state captured on entry and restored on exit, so a second run of a block draws
-    the same (controlled dropout: the second view sees the first one's masks)."""
+    """The torch generators' state restored on exit: a second run of the block draws the same (dropout masks)."""
     state = torch_rng_state()
     try:
         yield

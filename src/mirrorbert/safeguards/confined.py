@@ -1,13 +1,7 @@
-"""The one reader of a folder from a stranger: model folders, checkpoints, index folders, dataset folders, caches.
-
-Every file of such a folder that mirrorbert reads, or hands to a library, is opened here, relative to the
-folder's own descriptor, one path component at a time without following a link (`openat` with `O_NOFOLLOW`): a
-file or folder swapped for a link while it is read is refused, never followed. A link that is part of the folder
-is resolved here and followed only when its target lies inside the folder (or inside the Hugging Face cache's
-blob store, for a cache snapshot). What is opened is a regular file of bounded size (`readback.checked_descriptor`);
-a path named inside a file (modules.json, a dataset's state.json, a manifest) is resolved by the same rule. A
-library that opens files itself gets `library_path`, a name of the checked descriptor. A refusal is one
-`UserError` naming the option, the file and the reason; opens are marked `readback.opening` for the audit.
+"""The one reader of a folder from a stranger (model, checkpoint, index and dataset folders, caches): each file is
+opened relative to the folder's descriptor, a component at a time, never through a link; a link of the folder is
+followed only to a target inside it (or the Hugging Face cache's blob store). Only a regular file of bounded size
+is opened; a refusal is one `UserError` naming the option, the file and the reason.
 """
 
 from __future__ import annotations
@@ -37,8 +31,7 @@ PROC_FD = Path("/proc/self/fd")
 
 
 def shown(path: Any) -> str:
-    """A path or name from a stranger's folder as it may be printed: control characters and undecodable bytes
-    escaped, so a crafted file name cannot move the cursor or recolour the terminal."""
+    """A stranger's path or name as it may be printed: control characters and undecodable bytes escaped."""
     text = os.fsdecode(path) if isinstance(path, bytes) else str(path)
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
@@ -49,8 +42,7 @@ def _inside(path: str, area: str) -> bool:
 
 
 def hf_blob_store(root: Path) -> Path | None:
-    """The blob store a Hugging Face cache snapshot's links point into (`models--X/blobs` for
-    `models--X/snapshots/REV`), or None when `root` is not such a snapshot."""
+    """The blob store (`models--X/blobs`) of a Hugging Face cache snapshot `models--X/snapshots/REV`, or None."""
     parent = root.parent
     if parent.name == "snapshots" and parent.parent.name.split("--")[0] in ("models", "datasets"):
         return parent.parent / "blobs"
@@ -92,9 +84,8 @@ class ConfinedFolder:
 
     def _walk(self, name: str | os.PathLike, named_in: str | None, last_flags: int | None):
         """(descriptor of the folder holding `name`'s last component, that component, its real path), walking
-        from the root one component at a time; a link is resolved here and must stay in the areas. With
-        `last_flags` the last component is opened too and its descriptor returned instead. A missing component
-        ends the walk with FileNotFoundError."""
+        from the root a component at a time, a link resolved here staying in the areas; with `last_flags` the
+        last component's own descriptor. A missing component raises FileNotFoundError."""
         text = os.fspath(name)
         parts = self._parts(name, named_in)
         real, links = str(self.root), 0
@@ -107,7 +98,13 @@ class ConfinedFolder:
                     links += 1
                     if links > MAX_LINKS:
                         raise self.refuse(text[:200], "too many links", named_in)
-                    target = os.path.normpath(os.path.join(real, os.readlink(part, dir_fd=fd)))
+                    try:
+                        link = os.readlink(part, dir_fd=fd)
+                    except OSError as exc:
+                        if exc.errno == errno.EINVAL:  # no longer a link: swapped since the stat above
+                            raise self.refuse(text[:200], "changed while it was read", named_in) from None
+                        raise
+                    target = os.path.normpath(os.path.join(real, link))
                     area = next((a for a in self.areas if _inside(target, a)), None)
                     if area is None:
                         raise self.refuse(text[:200], f"leads out of the {self.kind} (a link to "
@@ -162,8 +159,7 @@ class ConfinedFolder:
             return False
 
     def subfolder(self, name: str, named_in: str | None = None) -> "ConfinedFolder":
-        """A folder named inside a file (a module folder, a shard folder): inside this one, and read by the
-        same rules, within this folder's bounds."""
+        """A folder named inside a file (a module or shard folder): inside this one, read by the same rules."""
         real = self.resolve(name, named_in)
         try:
             st = os.stat(real)
@@ -205,9 +201,8 @@ class ConfinedFolder:
 
     @contextlib.contextmanager
     def library_path(self, name: str, limit: int | None = None, named_in: str | None = None) -> Iterator[Path]:
-        """A path a library may open for the checked file `name`: the descriptor this reader opened
-        (`/proc/self/fd/N`), or where the platform has no such names a private copy written from it. Valid
-        inside the block only."""
+        """A path a library may open, inside the block, for the checked file `name`: the descriptor this reader
+        opened (`/proc/self/fd/N`), or where the platform has no such names a private copy written from it."""
         fd = self.open(name, limit, named_in)
         try:
             if PROC_FD.is_dir():

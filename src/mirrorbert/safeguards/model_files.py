@@ -1,12 +1,7 @@
-"""A model folder from a stranger, checked file by file through the confined reader, once.
-
-`check_model_folder` reads every file a loader may open through `ConfinedFolder`: each entry is a regular file
-or a folder inside the folder; JSON and text files are UTF-8, bounded and shallow; safetensors headers parse
-and the file holds what its header promises; pickle weights name no globals beyond tensors (scanned, never
-unpickled); each module folder of modules.json lies inside, names a sentence-transformers module class and is
-checked the same way; an `auto_map` or a foreign module type is refused unless the user trusts the folder. The
-result keeps the bytes of the small files and a descriptor of each large one, from which `safeguards.snapshot`
-writes the only folder a library is handed. A hostile folder is one line naming the file.
+"""A model folder from a stranger, checked file by file through `ConfinedFolder`, once (`check_model_folder`):
+regular files inside it; JSON and text UTF-8, bounded and shallow; safetensors as their headers promise; pickles
+naming no globals beyond tensors; modules.json's folders inside and of sentence-transformers' classes; no code
+run without trust. The result's bytes and descriptors feed `safeguards.snapshot`. A refusal names the file.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from mirrorbert.errors import UserError
+from mirrorbert.errors import UserError, first_line
 from mirrorbert.safeguards.confined import JSON_LIMIT, TEXT_LIMIT, ConfinedFolder, describe_kind
 from mirrorbert.safeguards.readback import loads_untrusted
 
@@ -109,8 +104,7 @@ def _keep_weights(model: CheckedModel, rel: str, fd: int) -> None:
         for v in tensors.values():
             [int(d) for d in v["shape"]]
     except (ValueError, KeyError, TypeError, IndexError) as exc:
-        reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise model.folder.refuse(rel, f"damaged (not a valid safetensors file: {reason})") from None
+        raise model.folder.refuse(rel, f"damaged (not a valid safetensors file: {first_line(exc)[:120]})") from None
     if needed > size:
         raise model.folder.refuse(rel, f"truncated ({size} bytes, its header needs {needed}); copy or download it "
                                        f"again")
@@ -261,8 +255,7 @@ def _check_kinds(model: CheckedModel, need_config: bool, need_tokenizer: bool) -
 
 def check_model_folder(root: str | os.PathLike, option: str = "--model", *, trust_remote_code: bool = False,
                        need_config: bool = True, need_tokenizer: bool = True) -> CheckedModel:
-    """Check every file a loader may open in a local model folder (see the module docstring); one `UserError`
-    naming the file otherwise. The caller closes the result (`CheckedModel.close`)."""
+    """Check every file a loader may open in a local model folder; the caller closes the result."""
     CHECKS["model folders"] += 1
     model = CheckedModel(ConfinedFolder(root, option, kind="model folder"), trust_remote_code)
     try:

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from mirrorbert.errors import UserError
+from mirrorbert.safeguards.readback import open_regular
 
 # Models whose position ids start after the padding index, so pad_token_id + 1 positions are unusable.
 OFFSET_POSITION_MODEL_TYPES = ("roberta", "xlm-roberta", "camembert", "longformer")
@@ -35,8 +36,7 @@ def looks_like_path(name: str) -> bool:
 
 
 def check_model_exists(name: str, option: str = "--model") -> None:
-    """A path-looking model name that is not there, or anything but a folder where a model folder belongs: one
-    line, before any Hub lookup or read."""
+    """A path-looking model name that is not there, or a non-folder where a model folder belongs: one line."""
     if os.path.lexists(name) and not os.path.isdir(name):
         raise UserError(f"{option} {name}: not a folder (a model is a folder of config, tokenizer and weight "
                         "files, or a Hugging Face hub id)")
@@ -80,15 +80,9 @@ def check_model_reachable(name: str, option: str = "--model") -> None:
 
 
 def check_readable(path: str | os.PathLike, option: str) -> Path:
-    """An existing, readable regular file, or one error line naming the option and the file."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"{option} {path}: no such file")
-    if path.is_dir():
-        raise UserError(f"{option} {path}: is a folder, expected a file")
-    if not os.access(path, os.R_OK):
-        raise UserError(f"{option} {path}: permission denied (the file is not readable)")
-    return path
+    """An existing, readable regular file (`readback.open_regular`), or one error line naming the option and file."""
+    os.close(open_regular(Path(path), option))
+    return Path(path)
 
 
 def max_positions(config) -> int | None:

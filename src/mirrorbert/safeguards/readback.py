@@ -1,9 +1,5 @@
-"""Reading back a file mirrorbert did not just write (an index file, a cache, a manifest, a data file).
-
-Every such file is opened by `open_checked`: a regular file, checked on the opened descriptor (no race between
-a check and the open; opened non-blocking, so a FIFO cannot stall it), of bounded size where asked. A device,
-FIFO or folder is one `UserError` naming it, never an endless read; JSON is UTF-8 and nested at most
-`MAX_JSON_DEPTH` levels, checked before the parser recurses.
+"""Reading back a file mirrorbert did not just write (`open_checked`): a regular file of bounded size, checked on
+the descriptor opened non-blocking; JSON is UTF-8 and nested at most `MAX_JSON_DEPTH` levels.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mirrorbert.errors import UserError
+from mirrorbert.errors import UserError, first_line
 
 MAX_JSON_DEPTH = 64  # JSON nested deeper than this is refused before the parser recurses
 _mark = threading.local()
@@ -74,9 +70,8 @@ def open_errors():
 
 
 def checked_descriptor(fd: int, limit: int | None) -> int:
-    """`fd`, opened non-blocking, when it is a regular file of at most `limit` bytes (None: any size), back in
-    blocking mode; closed and refused (`NotRegularFile`) otherwise. A file whose size says 0 but that has
-    content or fails a read (/proc, /sys) is not a regular file."""
+    """`fd`, opened non-blocking, when it is a regular file (not /proc or /sys) of at most `limit` bytes (None:
+    any size), back in blocking mode; closed and refused (`NotRegularFile`) otherwise."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -139,8 +134,7 @@ def read_regular_bytes(path: Path, what: str, limit: int) -> bytes:
 
 
 def json_depth_ok(raw: bytes) -> bool:
-    """False when brackets nest deeper than MAX_JSON_DEPTH (counted before `json` recurses; brackets inside
-    strings count too, which can only make this stricter)."""
+    """False when brackets (inside strings too) nest deeper than MAX_JSON_DEPTH, counted before `json` recurses."""
     depth = 0
     for byte in raw:
         if byte in (0x5B, 0x7B):
@@ -161,8 +155,7 @@ def loads_untrusted(raw: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise ValueError(f"damaged (not UTF-8 text: byte {exc.start})") from None
     except (ValueError, RecursionError) as exc:
-        reason = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-        raise ValueError(f"damaged (not valid JSON: {reason})") from None
+        raise ValueError(f"damaged (not valid JSON: {first_line(exc)[:120]})") from None
 
 
 def parse_json(raw: bytes, what: str, path: Path) -> Any:
@@ -208,8 +201,7 @@ def stream_sha256(fh, chunk: int = 1 << 22) -> str:
 
 
 class PositionedReader:
-    """Reads at an offset of an open (and checked) file with `os.pread`: no shared file position, so another
-    thread may read too; the file stays open as long as this does."""
+    """Reads at an offset of an open, checked file with `os.pread` (no shared position: threads may share it)."""
 
     def __init__(self, fh):
         self._fh = fh

@@ -1,10 +1,6 @@
-"""The only folder a library is handed for a model mirrorbert did not write: a private snapshot of checked files.
-
-`Snapshot` makes a new folder only this user can enter (`tempfile.mkdtemp`, mode 0700) and puts each checked file
-there under its own name: a small file as the bytes the check read, a large one as a link to the descriptor the
-check opened (`/proc/self/fd/N`: the very file that was checked) or, where the platform has no such names, a copy
-written from that descriptor. A file of the stranger's folder swapped after the check is never read. The snapshot
-is removed when it is closed (or collected).
+"""The only folder a library is handed for a model mirrorbert did not write: a private (0700) snapshot of the
+checked files, as the bytes the check read or links to the descriptors it opened (`/proc/self/fd/N`; a copy
+where the platform has no such names), removed when closed.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""An approximate index for corpora too large to scan: faiss IVF with 8-bit codes, exact rescoring from the
-float vectors.
-
-A query scans the `nprobe` lists (of `nlist`, centroids by k-means on a seeded sample) nearest to it; its
-`RESCORE_FACTOR * k` best candidates by their 8-bit residual codes (`IndexIVFScalarQuantizer`, inner product)
-are rescored in float64 against the float vectors (only their rows read), so every score is the exact cosine
-of its id, ordered as exact search orders them: only which rows are found is approximate. The index is defined
-by three numpy arrays (`IVFParts`: centroids, quantiser ranges, each row's list), never a faiss file; the
-faiss index is rebuilt from them at load by the function that builds it. `auto` is exact below `AUTO_IVF_ROWS`.
+"""The approximate index: faiss IVF with 8-bit codes; a query's candidates from its `nprobe` nearest lists are
+rescored in float64 against the float vectors, so only which rows are found is approximate. The index is defined
+by three numpy arrays (`IVFParts`), never a faiss file (docs/design.md, "The approximate index").
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Exact nearest-neighbour search: `chunked_topk`, the one implementation behind `search`, `search --corpus` and
-the evaluation's retrieval; `SearchIndex`, a corpus encoded once; `build_index` and `search`, which take any
-encoder (an object with `encode`, such as `mirrorbert.Encoder`).
-
-The query x key score matrix is never materialised (queries in blocks, keys in chunks, a running top-k), and
-every path ranks alike: float32 products (numpy/torch or faiss) only propose the `k + CANDIDATE_EXTRA` best
-keys (every key within `RESCORE_MARGIN` of the k-th where the set may miss one), and the final order comes from
-one float64 score per (query, key) pair, ties to the smaller key id, whatever the chunk size, batch or CPU.
+"""Exact nearest-neighbour search: `chunked_topk` (behind `search`, `search --corpus` and the evaluation's
+retrieval), `SearchIndex`, and `build_index` and `search` over any encoder (an object with `encode`). Every path
+ranks alike, never materialising the score matrix: float32 products propose candidates, one float64 score per
+(query, key) pair orders them, ties to the smaller key id (docs/design.md, "Ranking alike on every path").
 """
 
 from __future__ import annotations
@@ -19,6 +15,8 @@ import numpy as np
 
 from mirrorbert.errors import UserError
 from mirrorbert.search.approximate import IVFIndex, check_query_nprobe, resolve_index_type
+from mirrorbert.search.index_claims import Manifest
+from mirrorbert.search.index_store import read_index, save_search_index
 from mirrorbert.search.quantized import SEARCH_QUANTIZATIONS, check_quantization, quantized_topk
 from mirrorbert.search.ranking import (RESCORE_BLOCK_VALUES, build_faiss_index, faiss_available, l2_normalize,
                                       pair_scores, select_topk, wants_faiss)
@@ -118,7 +116,6 @@ def cosine_topk(queries: np.ndarray, keys: np.ndarray, k: int, **options: Any) -
     return chunked_topk(l2_normalize(queries), l2_normalize(keys), k, **options)
 
 
-# ------------------------------------------------------------------------------------------ text search
 class Hit(NamedTuple):
     """One search result: position of the entry in the corpus, its text and the cosine similarity."""
 
@@ -211,8 +208,6 @@ class SearchIndex:
         policy (an existing folder is replaced only with ``overwrite`` and only when mirrorbert wrote it; a
         failure is a UserError that leaves it as it was). ``meta``'s model, pooling and max_length become the
         manifest's; its other entries must be flat (strings, numbers, bools)."""
-        from mirrorbert.search.index_store import save_search_index
-
         return save_search_index(self, folder, overwrite)
 
     @classmethod
@@ -220,16 +215,7 @@ class SearchIndex:
         """An index folder (`save`, `mirrorbert index`), read as untrusted with every check `search --index` makes
         of its files; the vectors memory-mapped, a text read when a hit needs it. ``use_faiss``: as
         `search_vectors`."""
-        from mirrorbert.search.index_claims import Manifest
-        from mirrorbert.search.index_store import read_index
-
-        return cls.from_stored(read_index(Path(folder), Manifest.read(Path(folder), "folder"), use_faiss,
-                                          option="folder"))
-
-    @classmethod
-    def from_stored(cls, parts: dict[str, Any]) -> "SearchIndex":
-        """A SearchIndex over the fields `index_store.read_index` read from a folder."""
-        return cls(**parts)
+        return cls(**read_index(Path(folder), Manifest.read(Path(folder), "folder"), use_faiss, option="folder"))
 
 
 def _check_nprobe(nprobe: Any, index: SearchIndex | None, use_faiss: bool | None, quantize: str) -> None:

@@ -1,11 +1,7 @@
-"""The manifest of an index folder, and the checks of what it claims before an answer comes from it.
-
-`manifest.json` records the model's fingerprint (search/fingerprints.py), pooling and maximum length, the
-corpus's path, SHA-256, size and line count, the folder's shape and each file's SHA-256; every field is
-type-checked when read. Each claim is checked against what can prove it: the corpus's hash and line count (which
-bounds the ids) against the corpus, the model's against its files, pooling and maximum length against the vectors
-(`index_store.check_vectors_match_model`). An index saved from Python (`SearchIndex.save`) records no corpus and
-no model fingerprint: `search --index` then needs `--model`, and checks the stored vectors against it.
+"""The manifest of an index folder, every field type-checked when read, and the checks of what it claims before an
+answer comes from it: the corpus's hash and line count against the corpus, the model's fingerprint against its
+files (an index saved from Python has none: `search --index` then needs `--model`, and checks the stored vectors
+by re-encoding, `index_store.check_vectors_match_model`).
 """
 
 from __future__ import annotations

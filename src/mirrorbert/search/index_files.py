@@ -1,12 +1,7 @@
 """An index folder's files read back as untrusted, through its `ConfinedFolder`; each refusal is one `UserError`
-naming the file.
-
-`vectors.npy` is hashed in a streaming pass, its header read without pickles and checked against the manifest,
-then memory-mapped from the same open file and checked finite and of unit length a chunk at a time; the small
-arrays (ids.npy, the IVF parts) are read whole once their SHA-256 matched. `texts.jsonl` is hashed, then parsed
-line by line from the same open file, keeping each line's start and a 64-bit digest: a hit's text is read again
-when shown (`StoredTexts`) and must be the line that was checked. With `--corpus`, the texts and ids are checked
-against the corpus's records (`CorpusRecords`).
+naming the file. Every file's SHA-256 is matched before it is parsed, from the same open file; a hit's text is read
+again when shown (`StoredTexts`) and must be the line that was checked; with `--corpus`, the texts and ids are
+checked against the corpus's records (`CorpusRecords`).
 """
 
 from __future__ import annotations
@@ -55,13 +50,12 @@ def npy_header(buffer: BinaryIO, folder: Path, name: str) -> tuple[tuple, bool, 
         raise damaged(folder, name, f"not a .npy file: {reason}") from None
 
 
-def _data_offset(folder: ConfinedFolder, name: str, buffer: BinaryIO, size: int, dtype: str, shape: tuple,
-                 noun: str) -> int:
-    """Where the data of a .npy file of `size` bytes starts, once its header says `dtype` (`noun`) and `shape`
-    and the data has the length they need."""
+def _data_offset(folder: ConfinedFolder, name: str, buffer: BinaryIO, size: int, dtype: str, shape: tuple) -> int:
+    """Where the data of a .npy file of `size` bytes starts, once its header says `dtype` and `shape` and the data
+    has the length they need."""
     found_shape, fortran, found = npy_header(buffer, folder, name)
     if found.hasobject or found != np.dtype(dtype):
-        raise damaged(folder, name, f"dtype {found}, expected {noun} (an index holds no objects)")
+        raise damaged(folder, name, f"dtype {found}, expected {np.dtype(dtype).name} (an index holds no objects)")
     if fortran or tuple(found_shape) != shape:
         raise damaged(folder, name, f"shape {tuple(found_shape)}, manifest.json says {shape}")
     need = int(np.prod(shape)) * np.dtype(dtype).itemsize
@@ -87,7 +81,7 @@ def open_vectors(folder: ConfinedFolder, rows: int, dim: int, expected_sha256: s
         if stream_sha256(fh) != expected_sha256:
             raise damaged(folder, name, "its SHA-256 is not the one recorded in manifest.json")
         fh.seek(0)
-        offset = _data_offset(folder, name, fh, os.fstat(fh.fileno()).st_size, "<f4", (rows, dim), "float32")
+        offset = _data_offset(folder, name, fh, os.fstat(fh.fileno()).st_size, "<f4", (rows, dim))
         vectors = np.memmap(fh, dtype="<f4", mode="r", offset=offset, shape=(rows, dim))
     for r0 in range(0, rows, FINITE_CHUNK):
         chunk = vectors[r0:r0 + FINITE_CHUNK]
@@ -110,19 +104,18 @@ def read_checked(folder: ConfinedFolder, name: str, expected_sha256: str, limit:
     return raw
 
 
-def read_small_npy(folder: ConfinedFolder, name: str, expected_sha256: str, dtype: str, shape: tuple,
-                   noun: str) -> np.ndarray:
+def read_small_npy(folder: ConfinedFolder, name: str, expected_sha256: str, dtype: str, shape: tuple) -> np.ndarray:
     """A small array file of the index, whole: size bounded by its shape, SHA-256 matched before parsing,
     header and length checked."""
     raw = read_checked(folder, name, expected_sha256, 4096 + int(np.prod(shape)) * np.dtype(dtype).itemsize)
-    offset = _data_offset(folder, name, io.BytesIO(raw), len(raw), dtype, shape, noun)
+    offset = _data_offset(folder, name, io.BytesIO(raw), len(raw), dtype, shape)
     return np.frombuffer(raw, dtype=dtype, offset=offset).reshape(shape).copy()
 
 
 def read_ids_npy(folder: ConfinedFolder, rows: int, corpus_lines: int, expected_sha256: str) -> np.ndarray:
     """ids.npy: `rows` int64 line numbers of the corpus, increasing, each below its line count."""
     name = "ids.npy"
-    ids = read_small_npy(folder, name, expected_sha256, "<i8", (rows,), "int64")
+    ids = read_small_npy(folder, name, expected_sha256, "<i8", (rows,))
     bad = np.flatnonzero((ids < 0) | (ids >= corpus_lines))
     if bad.size:
         raise damaged(folder, name, f"entry {bad[0]} is {ids[bad[0]]}, not a line number of the corpus "
@@ -138,9 +131,9 @@ def read_ivf_parts(folder: ConfinedFolder, rows: int, dim: int, ivf: dict, files
     ranges [2 * dim] (a minimum and a range per dimension) finite float32, list numbers [rows] int32 in
     0..nlist-1. A tampered part that passes can only make the index find fewer true neighbours."""
     nlist = ivf["nlist"]
-    centroids = read_small_npy(folder, IVF_FILES[0], files[IVF_FILES[0]], "<f4", (nlist, dim), "float32")
-    sq = read_small_npy(folder, IVF_FILES[1], files[IVF_FILES[1]], "<f4", (2 * dim,), "float32")
-    lists = read_small_npy(folder, IVF_FILES[2], files[IVF_FILES[2]], "<i4", (rows,), "int32")
+    centroids = read_small_npy(folder, IVF_FILES[0], files[IVF_FILES[0]], "<f4", (nlist, dim))
+    sq = read_small_npy(folder, IVF_FILES[1], files[IVF_FILES[1]], "<f4", (2 * dim,))
+    lists = read_small_npy(folder, IVF_FILES[2], files[IVF_FILES[2]], "<i4", (rows,))
     for name, array in zip(IVF_FILES[:2], (centroids, sq)):
         if not np.isfinite(array).all():
             raise damaged(folder, name, "a value is not finite (NaN or infinity)")

@@ -1,12 +1,7 @@
 """The one index folder format: `mirrorbert index` and `SearchIndex.save` write it, `search --index` and
-`SearchIndex.load` read it.
-
-The folder holds the L2-normalised vectors (`vectors.npy`), the texts (`texts.jsonl`), each row's id in the
-corpus (`ids.npy`: its line or record number), the search structure (`faiss.index`, an exact IndexFlatIP, or
-an IVF index's parts) and `manifest.json` (search/index_claims.py) with each file's SHA-256. It is read back as
-untrusted through `ConfinedFolder`: each file's checksum matched before it is parsed (a file without one is
-refused), the arrays, texts and ids checked (search/index_files.py), `faiss.index` holding exactly the vectors.
-`check_vectors_match_model` then re-encodes a few stored texts.
+`SearchIndex.load` read it: `vectors.npy`, `texts.jsonl`, `ids.npy` (each row's record number in the corpus), the
+search structure (`faiss.index`, or an IVF index's parts) and `manifest.json` (search/index_claims.py) with each
+file's SHA-256, all read back as untrusted (search/index_files.py).
 """
 
 from __future__ import annotations
@@ -32,7 +27,6 @@ SPOT_MAX_BYTES = 1 << 20  # a stored text longer than this is not re-encoded
 MODEL_META = ("model", "pooling", "max_length")  # SearchIndex.meta entries that are manifest fields
 
 
-# ----------------------------------------------------------------------------- writing
 def write_index(folder: Path, texts: Iterable[str] | None, ids: Sequence[int], manifest: Manifest, *, vectors=None,
                 nprobe: int | None = None, ivf_parts=None) -> None:
     """Everything into `folder` (a temporary folder of the write policy, renamed into place by the caller), the
@@ -67,9 +61,8 @@ def write_index(folder: Path, texts: Iterable[str] | None, ids: Sequence[int], m
 
 
 def save_search_index(index, folder: str | Path, overwrite: bool = False) -> Path:
-    """`SearchIndex.save`: `index` into the new folder `folder`, atomically through the write policy; the manifest
-    records the model, pooling and maximum length `meta` names, no corpus and no model fingerprint (an encoder in
-    memory may have been trained since it was loaded)."""
+    """`SearchIndex.save`; the manifest records no corpus and no model fingerprint (an encoder in memory may have
+    been trained since it was loaded)."""
     from mirrorbert.safeguards.writes import atomic_output_dir
 
     rows = len(index)
@@ -92,10 +85,9 @@ def save_search_index(index, folder: str | Path, overwrite: bool = False) -> Pat
     return Path(folder)
 
 
-# ----------------------------------------------------------------------------- reading
 def read_index(folder: Path, manifest: Manifest, use_faiss: bool | None, corpus: str | Path | None = None,
                skip_bad_lines: bool = False, option: str = "--index") -> dict[str, Any]:
-    """The fields of a `SearchIndex` (`SearchIndex.from_stored`) read from the folder, every file checked against
+    """The fields of a `SearchIndex` (`SearchIndex(**fields)`) read from the folder, every file checked against
     the manifest first; with `corpus` (matched by `check_index`) the ids and texts against its records too. The
     stored faiss index or the IVF index rebuilt from its parts is used when faiss is wanted and present."""
     confined = ConfinedFolder(folder, option, "index folder")
@@ -150,7 +142,6 @@ def _read_faiss(folder: ConfinedFolder, manifest: Manifest, vectors):
     return index
 
 
-# ----------------------------------------------------------------------------- the vectors against the model
 def check_vectors_match_model(encoder, index, folder: Path, option: str = "--index") -> None:
     """Re-encode a few stored texts (`_spot_rows`) with the loaded model as the manifest configured it; each must
     give its stored vector (cosine >= SPOT_MIN_COSINE), so the vectors are what these weights, this pooling and

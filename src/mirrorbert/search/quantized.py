@@ -68,20 +68,16 @@ def _int8_topk(queries: np.ndarray, corpus: np.ndarray, top_k: int, cache: dict,
     steps = (ranges[1] - ranges[0]) / 255
     n, dim = codes.shape
     k, m = min(top_k, n), min(n, top_k * RESCORE_MULTIPLIER)
-    # Integer dot products through float32 BLAS, a corpus slice at a time: exact while dim * 128 * 128 < 2**24
-    # (every product and partial sum an integer float32 holds); wider vectors take the int64 path.
-    exact_in_float32 = dim * 128 * 128 < 2 ** 24
+    # integer dot products through float32 BLAS while exact (docs/design.md); wider vectors take the int64 path
+    kind = np.float32 if dim * 128 * 128 < 2 ** 24 else np.int64
     scores, ids = np.empty((len(queries), k)), np.empty((len(queries), k), dtype=np.int64)
     for start in range(0, len(queries), query_block):
         block = queries[start:start + query_block]
         block_codes = quantization.quantize_embeddings(block, "int8", ranges=ranges)
-        coarse = np.empty((len(block), n), dtype=np.float32 if exact_in_float32 else np.int64)
+        coarse = np.empty((len(block), n), dtype=kind)
         for lo in range(0, n, corpus_block):
             part = codes[lo:lo + corpus_block]
-            if exact_in_float32:
-                coarse[:, lo:lo + len(part)] = block_codes.astype(np.float32) @ part.astype(np.float32).T
-            else:
-                coarse[:, lo:lo + len(part)] = block_codes.astype(np.int64) @ part.astype(np.int64).T
+            coarse[:, lo:lo + len(part)] = block_codes.astype(kind) @ part.astype(kind).T
         candidates = np.argpartition(-coarse, m - 1, axis=1)[:, :m] if m < n else np.tile(np.arange(n), (len(block), 1))
         dequantised = (codes[candidates].astype(np.float32) + 128) * steps + ranges[0]  # [b, m, d]
         fine = np.einsum("bd,bmd->bm", block, dequantised)

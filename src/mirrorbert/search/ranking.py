@@ -23,11 +23,9 @@ def select_topk(scores: np.ndarray, index: np.ndarray, k: int) -> tuple[np.ndarr
     if scores.shape[1] > k:
         part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
         kth = np.take_along_axis(scores, part, axis=1).min(axis=1, keepdims=True)
-        if (scores >= kth).sum() > scores.shape[0] * k:  # ties at the k-th place: sort whole rows
-            order = np.lexsort((index, -scores), axis=1)[:, :k]
-            return np.take_along_axis(scores, order, axis=1), np.take_along_axis(index, order, axis=1)
-        scores, index = np.take_along_axis(scores, part, axis=1), np.take_along_axis(index, part, axis=1)
-    order = np.lexsort((index, -scores), axis=1)
+        if (scores >= kth).sum() == scores.shape[0] * k:  # no ties at the k-th place: sort the k best only
+            scores, index = np.take_along_axis(scores, part, axis=1), np.take_along_axis(index, part, axis=1)
+    order = np.lexsort((index, -scores), axis=1)[:, :k]
     return np.take_along_axis(scores, order, axis=1), np.take_along_axis(index, order, axis=1)
 
 

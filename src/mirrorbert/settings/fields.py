@@ -1,10 +1,6 @@
-"""Options declared once, on their dataclass field, and the readers that derive everything else from them.
-
-    temperature: float = option(0.04, help="InfoNCE temperature tau", range="(0, inf)", preset=True, card=True)
-
-`option(...)` returns a `dataclasses.field` whose metadata holds the option's facts; the command line makes its
-flag and --help from them (cli/options.py) and one function checks every value (settings/validation.py). A field
-declared without `option` is not an option. The facts (all optional but `help`):
+"""Options declared once, on their dataclass field (docs/development.md, "How to add an option"), and the readers
+that derive everything else from them: `option(...)` is a `dataclasses.field` whose metadata holds the option's
+facts (all optional but `help`):
 
     help, note         the --help text (a shared wording from `option_help` plus the `note` this field adds)
     unset              what a None value means, for --help ("(default: <unset>)")
@@ -178,8 +174,7 @@ def say(f: dataclasses.Field, value: Any = NO_VALUE) -> str:
 
 
 def option_fields(config_class: type) -> list[dataclasses.Field]:
-    """The class's options (fields declared with `option`) in declaration order, then those its bases declare
-    (a command's own options before the run options every trainer shares): the order of --help and the card."""
+    """The class's options (fields declared with `option`) in declaration order, those its bases declare last."""
     fields = [f for f in dataclasses.fields(config_class) if "help" in f.metadata]
     inherited = {f.name for base in config_class.__mro__[1:] if dataclasses.is_dataclass(base)
                  for f in dataclasses.fields(base)}
@@ -205,8 +200,7 @@ def flag_of(f: dataclasses.Field) -> str:
 
 
 def names_with(config_class: type, fact: str) -> tuple[str, ...]:
-    """The options whose `fact` is true ("resume_safe", "preset", "card", "command_line_only"), in --help order
-    (the card's order)."""
+    """The options whose `fact` is true ("resume_safe", "preset", "card", ...), in --help order (the card's)."""
     return tuple(f.name for f in option_fields(config_class) if f.metadata.get(fact))
 
 

@@ -1,6 +1,5 @@
-"""The wording and the checks of every option that several commands share, written once: a field names one with
-`option(..., shared="lr")`; `unset` is what a None default means in --help, `facts` the default facts (`choices`,
-`range`) a field may override. Standard library only.
+"""The wording and checks (facts a field may override) of every option several commands share, written once:
+`option(..., shared="lr")`. Standard library only.
 """
 
 from __future__ import annotations
@@ -11,8 +10,7 @@ from typing import Any
 from mirrorbert.settings.choices import PACKING_MODES, POOLINGS, PRECISIONS
 
 COUNT = "[1, inf)"  # a whole number of something, at least one
-# Seeds every generator accepts (numpy's legacy seed, torch.manual_seed, random): a bigger one (a 20-digit --seed)
-# would end in an overflow inside torch after the data was read.
+# Seeds every generator accepts (numpy's legacy seed, torch.manual_seed, random): a bigger one overflows in torch.
 SEEDS = f"[0, {2**32 - 1}]"
 # The --max-length note of the commands that run a masked LM over sentences (gloss-pretrain, lexsub, finetune-sts).
 MODEL_POSITIONS = "at most the model's positions"

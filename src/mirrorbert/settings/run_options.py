@@ -1,6 +1,5 @@
-"""The bookkeeping options every trainer shares (where the run writes, how it checkpoints, logs and resumes, its
-seed and hardware), read by the run lifecycle (training/run.py); a trainer whose default or meaning differs
-redeclares that field only (`settings.fields.redeclare`). Standard library only.
+"""The bookkeeping options every trainer shares (output, checkpoints, logs, resume, seed, hardware), read by
+training/run.py; a trainer redeclares only a field whose default differs (`fields.redeclare`). Standard library only.
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ class RunOptions(Options):
     trust_remote_code: bool = option(False, shared="trust_remote_code", command_line_only=True, resume_safe=True)
 
     def resolved_checkpoint_dir(self) -> Path:
-        """Checkpoints live beside the output (`<output>.checkpoints`), so the final model folder can be
-        written atomically next to them."""
+        """`--checkpoint-dir`, or beside the output (`<output>.checkpoints`)."""
         if self.checkpoint_dir:
             return Path(self.checkpoint_dir)
         return Path(f"{Path(self.output).as_posix().rstrip('/')}{CHECKPOINTS_SUFFIX}")

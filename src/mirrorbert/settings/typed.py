@@ -1,6 +1,5 @@
-"""Config values checked against the dataclass field types, so `overwrite: "false"` never means true: booleans
-must be booleans, integers integers, numbers numbers (a numeric string such as YAML's `2e-5` is accepted for a
-float), text text; lists and mappings are refused wherever a single value is expected.
+"""Config values checked against the dataclass field types (`overwrite: "false"` never means true); a float also
+takes a numeric string (YAML reads `2e-5` as text); a list or mapping only where the type is one.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Every value of every command's options checked from its field's declared facts, by one function. `Options`, the
-base of each command's options, is checked when made and whenever a field is set (a refused value leaves the old
-one); `validate()` also asks for the `required` ones. In order, each naming the option as the user wrote it: the
-type (settings/typed.py); per value finite, one of `choices`, inside `range`; not blank where the default is not;
-`excludes`; the class's own `rules()`. Standard library only.
+"""Every value of every command's options checked from its field's declared facts, by one function (`check`);
+`Options`, the base of each command's options, is checked when made and whenever a field is set (a refused value
+leaves the old one). Standard library only.
 """
 
 from __future__ import annotations
@@ -40,8 +38,7 @@ def check_value(f: dataclasses.Field, value: Any) -> None:
 
 
 def check(instance: Any) -> None:
-    """Types, then every option's facts (`excludes`: options it cannot be given with), then the class's
-    `rules()`."""
+    """Types, then every option's facts (`excludes`: options it cannot be given with), then `rules()`."""
     check_types(instance)
     fields = option_fields(type(instance))
     for f in fields:
@@ -66,8 +63,7 @@ def require(instance: Any) -> None:
 
 @dataclasses.dataclass(kw_only=True)
 class Options:
-    """The base of a command's options: checked when made and when a field is set; keywords only (a position
-    would name a different option in each subclass)."""
+    """The base of a command's options (keywords only): checked when made and when a field is set."""
 
     def __post_init__(self) -> None:
         check(self)

@@ -168,22 +168,21 @@ def remove_stale_temps(root: str | os.PathLike) -> None:
             remove_tree(child)
 
 
-def check_checkpoint_root(root: str | os.PathLike, resuming: bool, overwrite: bool,
-                          option: str = "--checkpoint-dir") -> None:
+def check_checkpoint_root(root: str | os.PathLike, resuming: bool, overwrite: bool) -> None:
     """A checkpoint folder belongs to one run: a new run over it must say --resume or --overwrite (which removes
     only the earlier run's `step-N` folders and `best-model`)."""
     root = Path(root)
     if not root.exists():
         return
     if not root.is_dir():
-        raise UserError(f"{option} {root} exists and is not a folder")
+        raise UserError(f"--checkpoint-dir {root} exists and is not a folder")
     remove_stale_temps(root)  # the caller holds the folder's lock: nobody else is writing there
     ours = [folder for _, folder in step_folders(root)] + [p for p in (root / BEST_MODEL,) if p.is_dir()]
     if resuming or not ours:
         return
     if not overwrite:
-        raise UserError(f"{option} {root} holds checkpoints of an earlier run; pass --resume {root} to continue "
-                        f"it or --overwrite to discard them")
+        raise UserError(f"--checkpoint-dir {root} holds checkpoints of an earlier run; pass --resume {root} to "
+                        f"continue it or --overwrite to discard them")
     logger.warning("--overwrite: discarding the earlier run's checkpoints in %s", root)
     for folder in ours:  # only what mirrorbert wrote; anything else in the folder stays (a link: only the link)
         remove_tree(folder)

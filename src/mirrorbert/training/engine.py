@@ -1,8 +1,6 @@
-"""The training loop, written once for Mirror-BERT, MLM pre-training and GR-BERT. A `Method` supplies its batches,
-one step, its bookkeeping after a step and what a checkpoint holds; the engine owns the step counter, progress,
-checkpoints, the resume position, Ctrl-C and SIGTERM (every process stops at the same step, rank 0 writes one
-checkpoint), non-finite losses, and a final save that never loses the trained state (why: docs/design.md).
-"""
+"""The training loop, written once for Mirror-BERT, MLM pre-training and GR-BERT: a `Method` supplies batches, steps
+and checkpoint contents; the engine owns the step counter, progress, checkpoints, resume, Ctrl-C and SIGTERM (every
+process stops at the same step), non-finite losses and a final save that never loses the trained state."""
 
 from __future__ import annotations
 
@@ -18,6 +16,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from mirrorbert.errors import UserError, first_line
+from mirrorbert.reporting.progress import progress_bar
 from mirrorbert.runtime.distributed import DistContext
 from mirrorbert.safeguards.writes import MARKER, atomic_output_dir, remove_tree
 from mirrorbert.safeguards.writes.failures import WriteFailed
@@ -95,13 +94,7 @@ class Engine:
     def _phase(self, name: str):
         return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
 
-    def resume_at(self, step: int, checkpoint: Path) -> None:
-        """Continue from `checkpoint`, written after `step` steps (its training state restored by the caller)."""
-        self.step, self.last_checkpoint, self.resumed_from = step, checkpoint, checkpoint
-
     def run(self) -> Outcome:
-        from mirrorbert.reporting.progress import progress_bar
-
         progress = progress_bar(total=self.total_steps, initial=self.step, show=self.show_progress and self.dist.is_main,
                                 desc=self.desc, unit="step")
         agreed = NO_SIGNAL

@@ -34,9 +34,6 @@ class BatchPlan:
         for b in range(first, self.batches_per_epoch):
             yield order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
-        return list(self.iter_batches(epoch))
-
 
 def contrastive_plan(n: int, batch_size: int, seed: int, stream: int, steps: int | None, epochs: int) -> BatchPlan:
     """The plan of a contrastive method: the batch shrunk to the data when the data are fewer; its budget is

@@ -1,9 +1,5 @@
-"""One training run, set up in one place for Mirror-BERT, MLM pre-training and GR-BERT: `run(recipe)` guards the
-outputs, settles device, precision and processes, lets the method read its data, seeds, checks a `--resume`
-(options that are not resume-safe, the method's own facts), builds the method, runs the `Engine` and ends with
-the recipe's result: where a stopped run's checkpoint is, or a finished run's output, written atomically with
-its trained state never lost (docs/development.md, "The run lifecycle"). A method supplies a `Recipe`.
-"""
+"""One training run, set up in one place for Mirror-BERT, MLM pre-training and GR-BERT: `run(recipe)` takes a
+method's `Recipe` from guarding the outputs to its result (docs/development.md, "The run lifecycle")."""
 
 from __future__ import annotations
 
@@ -162,7 +158,7 @@ def _engine(recipe: Recipe, method: Method, run_ctx: RunContext) -> Engine:
                     desc=recipe.label, show_progress=cfg.show_progress, timer=run_ctx.timer)
     if resume is not None:
         extra = restore_training_state(resume, method.optimizer, method.scheduler, method.scaler)
-        engine.resume_at(int(extra["step"]), resume.path)
+        engine.step, engine.last_checkpoint, engine.resumed_from = int(extra["step"]), resume.path, resume.path
         recipe.restore(method, extra, resume)
         logger.info("resumed from %s at step %d", resume.path, engine.step)
     stop = recipe.stop_at(engine.step)

@@ -10,8 +10,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError, first_line
+from mirrorbert.safeguards.confined import ConfinedFolder
 
 FORMAT = "mirrorbert-training-state"
 VERSION = 1
@@ -25,9 +30,6 @@ _UNSIGNED_VIEWS = {"<u2": "<i2", "<u4": "<i4", "<u8": "<i8"}
 
 def encode(obj: Any, tensors: dict[str, Any], path: str = "s") -> Any:
     """`obj` as JSON-ready values; every tensor (and numpy array) moves into `tensors` under a path-like key."""
-    import numpy as np
-    import torch
-
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, int):
@@ -92,8 +94,6 @@ def _hashable(key: Any) -> Any:
 
 def save_state(folder: str | os.PathLike, stem: str, state: Any) -> tuple[Path, Path]:
     """Write `folder/stem.safetensors` and `folder/stem.json`; returns both paths."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     tensors: dict[str, Any] = {}
     structure = encode(state, tensors)
@@ -117,10 +117,6 @@ def save_state(folder: str | os.PathLike, stem: str, state: Any) -> tuple[Path, 
 def load_state(folder: str | os.PathLike, stem: str, option: str) -> Any:
     """What `save_state` wrote, or one UserError naming the damaged file. Both files are read only inside
     `folder` (`safeguards.confined`: no link out, no FIFO or device, the JSON bounded in size and depth)."""
-    from safetensors.torch import load_file
-
-    from mirrorbert.safeguards.confined import ConfinedFolder
-
     folder = Path(folder)
     tensor_file, json_file = folder / f"{stem}.safetensors", folder / f"{stem}.json"
     try:

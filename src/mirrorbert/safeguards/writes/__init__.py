@@ -1,13 +1,7 @@
-"""The write policy: every path any mirrorbert command writes goes through this package, checked before a model
-or any data is loaded. The rules are in docs/guide/training.md ("What mirrorbert will and will not write") and
-docs/guide/security.md.
-
-Modules, lowest first: `paths` (where an output is, the path rules), `held` (signals held across a write's two
-states), `failures` (what failed, decided by what happened; a failed write as one line), `temporaries`
-(temporaries and their owner records, the atomic replace of a file, removal without following a link),
-`markers` (proving a folder is mirrorbert's), `locks` (one run per output), `plan` (one plan per command: what
-may be replaced, room to write, `guard_run` per training run), `atomic` (atomic writers of files and folders).
-This package exports what other packages use; the rest is imported from its module.
+"""The write policy: every path any mirrorbert command writes goes through here, checked before any work
+(rules: docs/guide/training.md, docs/guide/security.md). Modules, lowest first: `paths` (the path rules), `held`,
+`failures` (a failed write as one line), `temporaries`, `markers` (proving a folder is mirrorbert's), `locks`,
+`plan` (one plan per command, `guard_run` per training run), `atomic` (atomic writers of files and folders).
 """
 
 from __future__ import annotations

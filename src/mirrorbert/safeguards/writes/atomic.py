@@ -1,13 +1,11 @@
-"""Atomic writers of outputs: a file or folder is written under a temporary name beside its target and renamed
-into place in the folder opened when the write began; on any failure the temporary is removed and what was there
-before is left as it was. A full disk (quota, read-only filesystem, name too long) is one UserError naming the
-output; a link at the output's name is replaced (with `overwrite`), never followed."""
+"""Atomic writers of outputs: written under a temporary name beside the target and renamed into place in the
+folder opened when the write began (a link at its name replaced, never followed); on any failure what was there
+before is left as it was."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 import sys
 from pathlib import Path
@@ -15,14 +13,14 @@ from typing import Any, Iterator
 
 import mirrorbert.jsonio as jsonio
 from mirrorbert.errors import UserError
-from mirrorbert.safeguards.readback import describe_kind, opening
+from mirrorbert.safeguards.readback import describe_kind
 from mirrorbert.safeguards.writes.failures import utf8_path, write_errors
 from mirrorbert.safeguards.writes.held import held_signals
 from mirrorbert.safeguards.writes.markers import files_below, mark_folder
 from mirrorbert.safeguards.writes.paths import PathLike, existing_ancestor, locate
 from mirrorbert.safeguards.writes.plan import check_replaceable, check_replaceable_file
 from mirrorbert.safeguards.writes.temporaries import (FILE_MODE, current_umask, fix_folder_mode, make_temporary,
-                                                      open_temporary, replace_file, set_aside_name)
+                                                      open_temporary, remove_tree, replace_file, set_aside_name)
 
 
 class _Folder:
@@ -52,21 +50,12 @@ class _Folder:
         os.replace(source, target, src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
     def remove(self, name: str) -> None:
-        """Remove `name` from this folder (a folder with everything in it; a link is unlinked, never followed)."""
-        try:
-            st = os.lstat(name, dir_fd=self.fd)
-        except FileNotFoundError:
-            return
-        if stat.S_ISDIR(st.st_mode):
-            with opening():  # rmtree opens each folder it empties: the boundary's own opens, no file read
-                if sys.version_info >= (3, 11):
-                    shutil.rmtree(name, dir_fd=self.fd, ignore_errors=True)
-                else:  # pragma: no cover - Python 3.10: through the descriptor's /proc entry where there is one
-                    here = Path(f"/proc/self/fd/{self.fd}")
-                    shutil.rmtree((here if here.is_dir() else self.path) / name, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=self.fd)
+        """Remove `name` from this folder (`remove_tree`: a link is unlinked, never followed)."""
+        if sys.version_info >= (3, 11):
+            remove_tree(name, dir_fd=self.fd)
+        else:  # pragma: no cover - Python 3.10's rmtree takes no dir_fd: the descriptor's /proc entry if any
+            here = Path(f"/proc/self/fd/{self.fd}")
+            remove_tree((here if here.is_dir() else self.path) / name)
 
     def alias(self, name: str) -> Path:
         """`name` in this folder as a library taking UTF-8 names only may be handed it: its path, or where that
@@ -132,7 +121,6 @@ def atomic_output_dir(final: PathLike, overwrite: bool = False, *, kind: str = "
     try:
         with write_errors(shown, option):
             tmp = make_temporary(final, folder=True)
-        with write_errors(shown, option):
             yield folder.alias(tmp.name)
             if not keep_empty and not files_below(tmp):
                 folder.remove(tmp.name)
@@ -169,7 +157,6 @@ def atomic_output_file(final: PathLike, overwrite: bool = False, option: str = "
     try:
         with write_errors(shown, option):
             tmp = make_temporary(final, suffix=final.suffix)
-        with write_errors(shown, option):
             yield folder.alias(tmp.name)
         check_replaceable_file(final, overwrite, option)  # a file may have appeared there while we worked
         folder.check(option, shown)

@@ -1,8 +1,5 @@
-"""What went wrong when a write or a resource failed, decided by what happened (an errno, a file that stopped at
-the file-size limit, a filesystem with no room left), never by a library's wording alone. A write that failed
-for want of space, quota, a writable filesystem, a shorter name or a larger file-size limit, or because the path
-to it cannot hold a folder, is one `UserError` line naming the output and what was missing; any other error
-passes through unchanged."""
+"""What went wrong when a write or a resource failed, decided by what happened, never by a library's wording
+alone: a failed write is one `UserError` line naming the output and what was missing; other errors pass."""
 
 from __future__ import annotations
 
@@ -61,9 +58,8 @@ def file_size_limit() -> int | None:
 
 
 def write_failure(exc: BaseException, target: PathLike | None = None) -> int | None:
-    """The errno of a write that failed for want of space, quota, a writable filesystem, a shorter name or a
-    larger file-size limit; None for any other error. A library error that carries no errno (a short write) is
-    decided by what the filesystem at `target` says now (`probe_write`)."""
+    """The errno (`WRITE_ERRNOS`) of a write that failed for want of room or a writable place; None for any other
+    error. A library error without an errno is decided by what the filesystem at `target` says now."""
     code = failure_errno(exc)
     if code is not None:
         return code if code in WRITE_ERRNOS else None
@@ -73,9 +69,8 @@ def write_failure(exc: BaseException, target: PathLike | None = None) -> int | N
 
 
 def probe_write(target: PathLike) -> int | None:
-    """What the filesystem says about writing at `target` now: EFBIG when a file of it stopped at the file-size
-    limit, ENOSPC when its filesystem has less than PROBE_BYTES free, otherwise the errno a probe write of
-    PROBE_BYTES gets there; None when writing works."""
+    """The errno writing at `target` gets now: EFBIG when a file of it stopped at the file-size limit, else that
+    of a probe write of PROBE_BYTES (ENOSPC below that much free); None when writing works."""
     target = locate(target)
     limit = file_size_limit()
     if limit is not None and _stopped_at(target, limit):
@@ -98,8 +93,7 @@ def probe_write(target: PathLike) -> int | None:
 
 
 def write_probe(folder: PathLike, size: int = 0) -> None:
-    """Create a file in `folder`, write `size` bytes to disk, and remove it; raises the OSError the filesystem
-    gives. Signals wait while the probe exists, so none is ever left behind."""
+    """Create a file in `folder` (signals held), write `size` bytes to disk, and remove it; raises its OSError."""
     with held_signals():
         fd, name = tempfile.mkstemp(prefix=".mirrorbert-write-test-", dir=folder)
         try:
@@ -158,9 +152,8 @@ def _why(code: int) -> str:
 
 @contextlib.contextmanager
 def write_errors(target: PathLike, option: str = "--output") -> Iterator[None]:
-    """Turn a failed write (full disk, quota, read-only filesystem, name too long, file-size limit, I/O error,
-    a path that cannot hold a folder or that the library cannot encode), whatever the library raised, into
-    one UserError line naming `target` and what was missing; any other error passes through."""
+    """A failed write (`write_failure`, or a path that cannot hold a folder or that the library cannot encode),
+    whatever the library raised, becomes one UserError line naming `target`; any other error passes through."""
     try:
         yield
     except UserError:
@@ -190,9 +183,8 @@ def _related(filename: str, target: PathLike) -> bool:
 
 
 def _path_problem(exc: BaseException, target: PathLike) -> str | None:
-    """What in the path to `target` made a write fail (a file or a missing link target where a folder must
-    go, a filesystem that holds no new folders, no permission, a mount point, a name a library cannot encode),
-    in words; None for an error that is not about that path."""
+    """What in the path to `target` made a write fail (a file where a folder must go, no permission, a mount
+    point, a name a library cannot encode), in words; None for an error that is not about that path."""
     odd = [part for part in locate(target).parts if not utf8_path(part)]
     if odd and (isinstance(exc, TypeError) or isinstance(exc, UnicodeEncodeError) and isinstance(exc.object, str)
                 and any(part in exc.object for part in odd)):  # the path handed over, not a text written

@@ -1,6 +1,5 @@
-"""Signals held while a write is between two states (a file made but not yet known to its clean-up, a folder set
-aside but its replacement not yet in place): Ctrl-C, SIGTERM and SIGHUP that arrive meanwhile are handed to
-their handlers when the block ends."""
+"""Signals held while a write is between two states (a temporary not yet known to its clean-up, a folder set
+aside before its replacement is in place)."""
 
 from __future__ import annotations
 
@@ -10,15 +9,13 @@ import signal
 import threading
 from typing import Iterator
 
-# The signals that end a command.
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 @contextlib.contextmanager
 def held_signals() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends, then go to the handlers they would have gone to
-    (a default handler ends the process as it would have). Off the main thread, where no handler runs, nothing
-    is held. An ignored signal stays ignored."""
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends, then go to the handlers they would have gone to;
+    off the main thread, where no handler runs, nothing is held."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

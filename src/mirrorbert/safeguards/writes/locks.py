@@ -1,7 +1,5 @@
-"""One run at a time per output: an `fcntl.flock` on a lock file beside it, released by the kernel however the
-process ends. The lock file is created with O_CREAT|O_EXCL|O_NOFOLLOW; a symlink or anything but a regular file
-at its path is refused; an existing regular file there is locked read-only, never written, and removed only when
-it is a lock record of this user's mirrorbert (a killed run's)."""
+"""One run at a time per output: an `fcntl.flock` on a lock file beside it, never through a link; an existing
+file there is locked read-only, and removed only when it is a lock record of this user's mirrorbert."""
 
 from __future__ import annotations
 

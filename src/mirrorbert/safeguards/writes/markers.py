@@ -1,9 +1,5 @@
-"""Markers: how mirrorbert proves it wrote every file of a folder before it replaces or removes it.
-
-A folder's marker (`MARKER`, JSON) lists the files mirrorbert wrote there with their size and SHA-256; a
-`step-N` checkpoint (or `best-model`) proves its files through its manifest. A folder holding any other file,
-a listed file whose content no longer matches, or one listed without a digest, is not provably mirrorbert's; a
-folder without a marker never is.
+"""Markers: how mirrorbert proves it wrote every file of a folder (its marker, or a checkpoint's manifest, lists
+each with its size and SHA-256) before it replaces or removes it; a folder without a marker never is proven.
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ from mirrorbert.safeguards.readback import NotRegularFile, loads_untrusted, open
 from mirrorbert.safeguards.writes.paths import OWN_TEMPORARY, PathLike, locate
 from mirrorbert.safeguards.writes.temporaries import remove_stale_temporaries, remove_tree, replace_file, set_aside_name
 
-# Written into every folder this tool creates (trained models, MLM/GR outputs, plot folders, reproduce outputs).
 MARKER = ".mirrorbert-output"
 MARKER_FORMAT = 1
 # The marker's kind of a `reproduce` output: such a folder is continued (it is a cache) without --overwrite.
@@ -31,14 +26,12 @@ STEP_DIR = re.compile(r"^step-\d+$")
 BEST_MODEL = "best-model"
 # A marker or checkpoint manifest larger than this is not one of ours (it is read whole to check it).
 RECORD_LIMIT = 64 << 20
-# (device, inode, size, mtime, ctime) -> SHA-256 of a file this process read (any change to a file changes its
-# ctime, which no caller can set back): a check and the rename after it each ask, a large file is read once.
+# (device, inode, size, mtime, ctime) -> SHA-256 of a file this process read (a change to a file changes its ctime)
 _DIGESTS: dict[tuple, str] = {}
 
 
 def _read_record(path: Path) -> Any:
-    """The JSON of a marker or manifest at `path`: a regular file (not a link, FIFO or device, checked on
-    the open descriptor) of at most RECORD_LIMIT bytes; None when there is none or it is anything else."""
+    """The JSON of the regular file (not a link) at `path`, of at most RECORD_LIMIT bytes; None for anything else."""
     try:
         fd = open_checked(path, follow=False, limit=RECORD_LIMIT)
     except NotRegularFile:
@@ -52,8 +45,7 @@ def _read_record(path: Path) -> Any:
 
 
 def read_marker(folder: PathLike) -> dict[str, Any] | None:
-    """The folder's marker as a dict with its `files` list; None when there is no marker mirrorbert writes
-    (none, a link or special file, or a file that is not a JSON object listing file names)."""
+    """The folder's marker (a JSON object listing file names in `files`), or None for anything else there."""
     data = _read_record(Path(folder) / MARKER)
     if not isinstance(data, dict) or not isinstance(data.get("files"), list) \
             or not all(isinstance(name, str) for name in data["files"]):
@@ -76,8 +68,7 @@ def files_below(folder: Path, own: bool = False) -> list[str]:
 
 
 def _digest(path: Path) -> list | None:
-    """[size, sha256] of a regular file, ["symlink", target] of a link (never followed), None if absent or
-    anything else (a FIFO planted there is never read: it would wait forever)."""
+    """[size, sha256] of a regular file, ["symlink", target] of a link (never followed), None for anything else."""
     try:
         if os.path.islink(path):
             return ["symlink", os.readlink(path)]
@@ -96,8 +87,7 @@ def _digest(path: Path) -> list | None:
 
 
 def _is_digest(value: Any) -> bool:
-    """A recorded [size, sha256] (or ["symlink", target] of a link mirrorbert made): what proves a listed
-    file is the one mirrorbert wrote."""
+    """A recorded [size, sha256] (or ["symlink", target] of a link mirrorbert made)."""
     if not isinstance(value, (list, tuple)) or len(value) != 2 or not isinstance(value[1], str):
         return False
     if value[0] == "symlink":
@@ -124,11 +114,8 @@ def proven(path: Path, recorded: Any) -> bool:
 
 def mark_folder(folder: PathLike, kind: str = "output", files: Iterable[str] = (),
                 being_written: Iterable[str] = ()) -> None:
-    """Claim a folder as ours, listing the files mirrorbert wrote there with their size and SHA-256 (a
-    checkpoint root lists none: its `step-N` checkpoints carry manifests). A later `--overwrite` replaces
-    the folder only while it holds nothing but these files, unchanged. `being_written`: listed without a
-    digest (a run about to write them may be killed halfway); such a file proves nothing until recorded.
-    """
+    """Claim a folder as ours, listing the files mirrorbert wrote there with their size and SHA-256;
+    `being_written`: listed without a digest (a run may be killed halfway), proving nothing until recorded."""
     folder = Path(folder)
     pending = set(being_written)
     listed = sorted(set(files) | pending)
@@ -157,14 +144,9 @@ def checkpoint_stray(folder: Path) -> Path | None:
 
 
 def foreign_file(folder: PathLike, cache_prefix: str | None = None) -> Path | None:
-    """The first file below `folder` that mirrorbert cannot prove it wrote, or None when all are ours.
-
-    Ours: a file the folder's marker lists with the size and SHA-256 it still has; anything in a subfolder
-    (at any depth) with its own marker that proves it; in a marked folder, a `step-N` checkpoint or
-    `best-model` whose manifest proves its files; mirrorbert's own locks and temporaries. A folder without a
-    marker holds only foreign files. Files under `cache_prefix` count by being listed, not by content (a
-    continued run sets a damaged cache file aside itself).
-    """
+    """The first file below `folder` that its marker (a subfolder's own marker, a checkpoint's manifest) does not
+    prove with the size and SHA-256 it still has, or None; mirrorbert's locks and temporaries are ours. Files
+    under `cache_prefix` count by being listed (a continued run sets a damaged cache file aside itself)."""
     folder = Path(folder)
     marker = read_marker(folder)
     listed = set(marker["files"]) if marker else set()
@@ -195,8 +177,7 @@ def foreign_file(folder: PathLike, cache_prefix: str | None = None) -> Path | No
 
 
 def claim_files(folder: PathLike, rel_paths: Iterable[str], kind: str) -> None:
-    """Add files to the folder's marker *before* writing them, so an interrupted run's files stay ours
-    (listed without a digest until `record_files` runs)."""
+    """Add files to the folder's marker, without a digest, *before* writing them (`record_files` records them)."""
     marker = read_marker(folder) or {}
     old = marker.get("digests") if isinstance(marker.get("digests"), dict) else {}
     pending = {name for name, digest in old.items() if digest is None} | set(rel_paths)
@@ -204,11 +185,8 @@ def claim_files(folder: PathLike, rel_paths: Iterable[str], kind: str) -> None:
 
 
 def record_files(folder: PathLike, kind: str) -> None:
-    """List everything below `folder` in its marker (files under a subfolder with its own marker excepted).
-
-    Only for a folder this run holds the lock on and found holding nothing but mirrorbert's files:
-    whatever is below it now was written by this run or an earlier one.
-    """
+    """List everything below `folder` in its marker (a subfolder with its own marker excepted); only for a
+    folder this run holds the lock on and found holding nothing but mirrorbert's files."""
     folder = Path(folder)
     marker = read_marker(folder) or {}
     kept = {f for f in marker.get("files") or [] if (folder / f).exists()}
@@ -216,8 +194,7 @@ def record_files(folder: PathLike, kind: str) -> None:
 
 
 def discard_folder(folder: PathLike) -> None:
-    """Remove a folder mirrorbert wrote (the caller checked `foreign_file`; a link there loses only the link):
-    renamed aside, then deleted."""
+    """Remove a folder mirrorbert wrote (the caller checked `foreign_file`; a link loses only the link)."""
     folder = locate(folder)
     remove_stale_temporaries(folder)
     aside = set_aside_name(folder)

@@ -10,7 +10,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Mapping
 
 from mirrorbert.errors import UserError
 from mirrorbert.safeguards.readback import describe_kind
@@ -52,17 +52,6 @@ def own_name(path: PathLike, tag: str, room: int = 0) -> str:
     return f".{cut}~{digest}{tail}"
 
 
-def check_name_length(path: PathLike, option: str) -> None:
-    """Refuse, in one line naming the option, a path with a part longer than its filesystem accepts."""
-    path = Path(os.path.abspath(os.path.expanduser(str(path))))
-    limit = min(NAME_MAX, name_max(path.parent))
-    for part in path.parts[1:]:
-        size = len(os.fsencode(part))
-        if size > limit:
-            raise UserError(f"{option} {path}: a name of {size} bytes in it is longer than the filesystem allows "
-                            f"({limit}); choose a shorter name")
-
-
 def kind_of(path: PathLike, follow: bool = True) -> str | None:
     """What is at `path` in words ("a FIFO", "a character device", ...); None when nothing is."""
     try:
@@ -75,8 +64,17 @@ def check_place(path: PathLike, option: str) -> Path:
     """The rules of every output's path, returning where it is written (`locate`): each name within the
     filesystem's limit, no link to nothing among its folders, nothing but a file or a folder (or a link to one)
     at it: mirrorbert never replaces a device, FIFO or socket."""
-    check_name_length(path, option)
-    check_no_dangling_link(path, option)
+    lexical = Path(os.path.abspath(os.path.expanduser(str(path))))
+    limit = min(NAME_MAX, name_max(lexical.parent))
+    for part in lexical.parts[1:]:
+        size = len(os.fsencode(part))
+        if size > limit:
+            raise UserError(f"{option} {lexical}: a name of {size} bytes in it is longer than the filesystem allows "
+                            f"({limit}); choose a shorter name")
+    for folder in lexical.parents:  # creating the folders would create a dangling link's target
+        if os.path.islink(folder) and not os.path.exists(folder):
+            raise UserError(f"{option} {path}: {folder} is {link_words(folder)}; mirrorbert never creates a "
+                            f"link's target: create it or remove the link")
     where = locate(path)
     kind = kind_of(where)
     if kind not in (None, "a file", "a folder"):
@@ -118,15 +116,6 @@ def _relation(path: Path, other: Path) -> str | None:
     return "lies inside" if other in path.parents else None
 
 
-def _each_input(inputs: Inputs) -> Iterator[tuple[str, PathLike]]:
-    for name, value in inputs.items():
-        if name == "--data-dir" and not value:  # every command's --data-dir defaults to $MIRRORBERT_DATA
-            value = os.environ.get("MIRRORBERT_DATA")
-        for item in (value if isinstance(value, (list, tuple)) else [value]):
-            if item:
-                yield name, item
-
-
 def check_not_overlapping(path: PathLike, option: str, inputs: Inputs) -> Path:
     """Refuse an output that is, contains or lies inside an input, or is/contains the cwd or home."""
     target = resolve(path)
@@ -137,12 +126,15 @@ def check_not_overlapping(path: PathLike, option: str, inputs: Inputs) -> Path:
         relation = _relation(target, folder)
         if relation in ("is", "contains"):
             raise UserError(f"{option} {path}: refusing to write there, it {relation} {where} ({folder})")
-    for name, value in _each_input(inputs):
-        if not Path(os.path.expanduser(str(value))).exists():
-            continue  # a hub id or a missing file is not a folder we could damage
-        relation = _relation(target, resolve(value))
-        if relation is not None:
-            raise UserError(f"{option} {path}: refusing to write there, it {relation} the input {name} {value}")
+    for name, given in inputs.items():
+        if name == "--data-dir" and not given:  # every command's --data-dir defaults to $MIRRORBERT_DATA
+            given = os.environ.get("MIRRORBERT_DATA")
+        for value in (given if isinstance(given, (list, tuple)) else [given]):
+            if not value or not Path(os.path.expanduser(str(value))).exists():
+                continue  # a hub id or a missing file is not a folder we could damage
+            relation = _relation(target, resolve(value))
+            if relation is not None:
+                raise UserError(f"{option} {path}: refusing to write there, it {relation} the input {name} {value}")
     return target
 
 
@@ -156,22 +148,10 @@ def check_not_nested(a: PathLike, a_option: str, b: PathLike, b_option: str) -> 
         raise UserError(f"{a_option} {a} and {b_option} {b} overlap; give them separate locations")
 
 
-def check_no_dangling_link(path: PathLike, option: str) -> None:
-    """Refuse a path with a link to nothing among its folders: creating the folders would create the link's
-    target, somewhere the path does not say."""
-    lexical = Path(os.path.abspath(os.path.expanduser(str(path))))
-    for folder in lexical.parents:
-        if os.path.islink(folder) and not os.path.exists(folder):
-            raise UserError(f"{option} {path}: {folder} is {link_words(folder)}; mirrorbert never creates a "
-                            f"link's target: create it or remove the link")
-
-
 def check_append_folder(path: PathLike, option: str) -> None:
     """A folder files are added to (a log or cache folder): a folder, a link to one (a cache moved to another
     disk), or nothing yet; a link to nothing, or anything but a folder, is refused."""
-    check_name_length(path, option)
-    check_no_dangling_link(path, option)
-    where = locate(path)
+    where = check_place(path, option)
     if os.path.islink(where) and not os.path.exists(where):
         raise UserError(f"{option} {path} is {link_words(where)}; mirrorbert never writes through a link: "
                         f"create the folder it names or remove the link")

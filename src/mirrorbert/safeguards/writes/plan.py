@@ -1,10 +1,5 @@
-"""One plan per command: everything it will write, checked against every rule in one call before any work, then
-one lock per output; `guard_run` does the same for a training run and its checkpoint folder.
-
-What may be replaced: an existing file only with --overwrite; a folder only with --overwrite and only when
-mirrorbert can prove it wrote all of it (`markers.foreign_file`); a link at an output's name only as a link,
-never its target; a device, FIFO, socket or mount point never. Room to write: a probe file created there, the
-free space and the file-size limit an output needs."""
+"""One plan per command: everything it will write, checked against every rule before any work (what may be
+replaced, room to write), then one lock per output; `guard_run` does the same for a training run."""
 
 from __future__ import annotations
 
@@ -42,9 +37,8 @@ def _check_link_or_mount(path: Path, shown: Any, overwrite: bool, option: str, i
 def check_replaceable(path: PathLike, overwrite: bool, option: str = "--output", resume_kind: str | None = None
                       ) -> Path:
     """A folder output: an existing folder is replaced only with --overwrite, and only when mirrorbert can prove
-    it wrote all of it (`foreign_file`); a link at `path` only with --overwrite, and then only the link.
-    `resume_kind`: an empty folder, or one whose marker has this kind (and nothing foreign), is continued
-    without --overwrite (reproduce's cache)."""
+    it wrote all of it (`foreign_file`); a link at `path` only as the link. `resume_kind`: an empty folder or one
+    whose marker has this kind is continued without --overwrite."""
     shown, path = path, check_place(path, option)
     into = resume_kind is not None and not overwrite  # a continued output is written into, never renamed
     if not os.path.lexists(path) or _check_link_or_mount(path, shown, overwrite, option, into):
@@ -213,10 +207,8 @@ def check_checkpoints_proven(root: PathLike, option: str = "--checkpoint-dir") -
 
 @dataclass(frozen=True)
 class RunPaths:
-    """What a training run reads and writes, for `guard_run`: `inputs` (option -> path or paths), the output,
-    the checkpoint folder, `extra_outputs` (log and cache folders: files are added there), `extra_files`, and
-    `model_bytes` (the starting weights' size: the output needs about one copy, each checkpoint about three,
-    weights plus AdamW's two moments)."""
+    """What a training run reads and writes, for `guard_run`; `extra_outputs` are folders files are added to,
+    `model_bytes` the starting weights' size (the output needs one copy, a checkpoint three: AdamW's moments)."""
 
     output: PathLike
     inputs: Inputs

@@ -1,10 +1,6 @@
-"""Temporaries beside a target, named with their writer's owner record; the one atomic replace of a file; removing
-what mirrorbert wrote without following a link.
-
-A temporary is created exclusively without following links (`mkstemp`/`mkdtemp`) and renamed into place; a
-name that would pass the filesystem's limit is shortened (`own_name`). Its name carries its writer's owner
-record (pid, boot id, start time), so the next writer of the same target removes what a killed run left there,
-and only that: this user's files and folders of that exact pattern whose writer is gone, never a link.
+"""Temporaries beside a target, created exclusively and named with their writer's owner record (pid, boot id,
+start time: the next writer removes a killed run's leftovers, and only those); the one atomic replace of a file;
+removing what mirrorbert wrote without following a link.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ from mirrorbert.safeguards.writes.paths import PathLike, own_name
 
 logger = logging.getLogger(__name__)
 
-# An owner record `{pid}.{boot}.{start}`: process id, the first hex digits of the kernel's boot id, the process's
-# start time (clock ticks since boot); OWNER_ROOM: the bytes it may take in a name.
+# An owner record `{pid}.{boot}.{start}` (`owner_record`); OWNER_ROOM: the bytes it may take in a name.
 OWNER_ROOM = 40
 _OWNER = r"(\d+)\.([0-9a-f]{8})\.(\d+)"
 # Created folders and files get these permissions minus the umask (tempfile makes 0700 folders, 0600 files).
@@ -35,19 +30,19 @@ FILE_MODE = 0o666
 _OWNER_RECORDS: dict[int, str] = {}
 
 
-def remove_tree(path: PathLike) -> None:
-    """Remove a folder mirrorbert wrote (or a file); a symlink (to a folder or anything else) is unlinked, never
-    followed (`shutil.rmtree` follows none below the top)."""
+def remove_tree(path: PathLike, dir_fd: int | None = None) -> None:
+    """Remove a folder mirrorbert wrote (or a file), relative to the folder `dir_fd` when given; a symlink is
+    unlinked, never followed (`shutil.rmtree` follows none below the top)."""
     try:
-        st = os.lstat(path)
+        st = os.lstat(path, dir_fd=dir_fd)
     except FileNotFoundError:
         return
     if not stat.S_ISDIR(st.st_mode):
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+            os.unlink(path, dir_fd=dir_fd)
         return
     with opening():  # rmtree opens each folder it empties: the boundary's own opens, no file read
-        shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(path, ignore_errors=True, **({} if dir_fd is None else {"dir_fd": dir_fd}))
 
 
 def boot_id() -> str:
@@ -61,8 +56,7 @@ def boot_id() -> str:
 
 
 def start_ticks(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22); None when there is no
-    such process or no /proc to ask."""
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22); None when unknown."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             text = fh.read()
@@ -72,7 +66,7 @@ def start_ticks(pid: int) -> int | None:
 
 
 def owner_record() -> str:
-    """This process's owner record, `{pid}.{boot}.{start}`."""
+    """This process's owner record `{pid}.{boot}.{start}`: its id, the boot id (`boot_id`), its `start_ticks`."""
     pid = os.getpid()
     if pid not in _OWNER_RECORDS:  # keyed by pid: a forked child is another owner
         _OWNER_RECORDS[pid] = f"{pid}.{boot_id()}.{start_ticks(pid) or 0}"
@@ -110,9 +104,8 @@ def _temporary_prefix(target: Path, kind: str, suffix: str = "") -> str:
 
 
 def remove_stale_temporaries(target: PathLike, suffix: str = "") -> list[Path]:
-    """Remove what a killed writer of `target` left beside it: its temporaries and set-aside copies whose
-    owner record names a process that is gone. Only this user's regular files and folders whose names
-    match that pattern exactly; a link, anything of another user's or of a live process stays."""
+    """Remove what a killed writer of `target` left beside it: this user's regular files and folders named exactly
+    as its temporaries and set-aside copies, whose owner is gone; a link or anything else stays."""
     target = Path(target)
     tmp, old = _temporary_prefix(target, "tmp", suffix), _temporary_prefix(target, "old")
     pattern = re.compile(rf"^(?:{re.escape(tmp)}{_OWNER}-[A-Za-z0-9_]+{re.escape(suffix)}|{re.escape(old)}{_OWNER})$")
@@ -141,11 +134,8 @@ def remove_stale_temporaries(target: PathLike, suffix: str = "") -> list[Path]:
 
 
 def make_temporary(target: PathLike, folder: bool = False, suffix: str = "") -> Path:
-    """A new temporary file (or `folder`) beside `target`, created exclusively and never through a link,
-    whose name carries this process's owner record; a killed writer's leftovers there are removed first.
-    `suffix` ends the file's name (`.npy`: numpy keeps a name it ends). It is created with signals held and
-    removed again if this call is interrupted; a caller assigns the result inside the `try` whose clean-up
-    removes it."""
+    """A new temporary file (or `folder`) beside `target`, created exclusively with signals held, never through a
+    link, named with this process's owner record and ending in `suffix`; a killed writer's leftovers go first."""
     target = Path(target)
     remove_stale_temporaries(target, suffix)
     prefix = f"{_temporary_prefix(target, 'tmp', suffix)}{owner_record()}-"
@@ -166,8 +156,7 @@ def make_temporary(target: PathLike, folder: bool = False, suffix: str = "") -> 
 
 
 def open_temporary(path: PathLike, mode: str = "wb"):
-    """A temporary (or a new file inside a temporary folder) opened for writing without following a link at
-    its name (emptied, except with mode "r+b"): what a writer hands a library instead of the path."""
+    """A temporary (or a file in one) opened for writing, never through a link (emptied, except with "r+b")."""
     flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_RDWR if "+" in mode else os.O_WRONLY | os.O_TRUNC)
     return os.fdopen(os.open(path, flags, FILE_MODE), mode)
 
@@ -186,8 +175,7 @@ def current_umask() -> int:
 
 
 def fix_folder_mode(folder: PathLike) -> None:
-    """Give a finished output the usual umask-based modes (temporaries are 0700 folders, some files 0600);
-    links are never followed."""
+    """Give a finished output the usual umask-based modes (not the temporaries' 0700/0600), links untouched."""
     umask = current_umask()
     folder = Path(folder)
     below = [Path(root) / name for root, dirs, files in os.walk(folder) for name in dirs + files]
