@@ -5,7 +5,9 @@ pytest's temporary root; the shared data directory) that happens on mirrorbert's
 `src/mirrorbert` on the stack, whichever library does the opening) and not inside the reader
 (`safeguards.readback.opening`, which marks the thread while the confined reader or `open_checked` opens a file)
 is recorded; the test then fails naming the path and the mirrorbert frame that asked for it. No module is
-allowed by name: a read of a stranger's file goes through the reader, or it is a failure.
+allowed by name: a read of a stranger's file goes through the reader, or it is a failure. What this process
+just wrote is no stranger's: a path inside a temporary named with this process's owner record
+(`safeguards.writes.temporaries.make_temporary`, e.g. an export's graph read back to convert it) is not watched.
 
 Libraries that open files from native code (tokenizers, safetensors, faiss, onnxruntime) raise no audit event:
 for those the boundary is that they are handed only mirrorbert's private snapshot or a checked descriptor
@@ -67,10 +69,13 @@ def _hook(event: str, args: tuple) -> None:
     _state.busy = True
     try:
         from mirrorbert.safeguards.readback import reader_active
+        from mirrorbert.safeguards.writes.temporaries import owner_record
 
         if reader_active():
             return
         text = os.path.abspath(os.fsdecode(path))
+        if f".tmp-{owner_record()}-" in text:
+            return  # inside a temporary this process made (named with its owner record): what it just wrote
         if not any(text == root or text.startswith(root + os.sep) for root in Audit.roots) or os.path.isdir(text):
             return  # outside the watched areas, or a folder (listed or removed, no file's content read)
         where = _mirrorbert_frame()

@@ -28,3 +28,21 @@ def test_an_open_around_the_reader_is_seen_and_the_readers_own_is_not(tmp_path, 
     os.close(open_checked(path))  # the reader's own open
     path.read_text(encoding="utf-8")  # the test's own read
     assert audit_hook.seen == []
+
+
+def test_what_this_process_just_wrote_is_not_watched_but_a_look_alike_is(tmp_path, audit_hook):
+    """A file inside a temporary this process made (its owner record in the name) is its own output; the same
+    name with another process's record is a stranger's folder."""
+    from mirrorbert.safeguards.writes.temporaries import make_temporary
+
+    own = make_temporary(tmp_path / "served", folder=True)
+    other = tmp_path / own.name.replace(".tmp-", ".tmp-1", 1)
+    for folder in (own, other):
+        folder.mkdir(exist_ok=True)
+        (folder / "model.onnx").write_bytes(b"graph")
+    audit_hook.seen = []
+    _mirrorbert_function()(own / "model.onnx")
+    assert audit_hook.seen == []
+    _mirrorbert_function()(other / "model.onnx")
+    seen, audit_hook.seen = list(audit_hook.seen), []
+    assert len(seen) == 1 and str(other / "model.onnx") in seen[0]
